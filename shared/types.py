@@ -1,0 +1,230 @@
+"""Plain types that cross a service boundary: what the scheduler tells the workers
+each step, what the workers answer, what the scheduler streams to a frontend.
+
+They mirror the protobuf messages in protos/ one to one; the services translate
+at their edges (a servicer is a thin translation), and the cores work on these.
+The wire rule lives here too: a request's full data (prompt ids, sampling
+parameters) travels once in NewRequestData; afterwards a step carries only
+increments in CachedRequestData (new block ids, computed counts, resumed flags).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass, field
+
+
+class FinishReason(enum.IntEnum):
+    """Why a request stopped. STOP covers EOS, a stop token id and a stop string."""
+
+    STOP = 1
+    LENGTH = 2  # max_tokens or max_model_len reached
+    ABORT = 3  # the client went away, or the frontend matched a stop string
+
+
+class InvalidRequestError(ValueError):
+    """Bad input from a client; becomes INVALID_ARGUMENT / HTTP 400 at the edge."""
+
+
+@dataclass(slots=True)
+class SamplingParams:
+    """Per-request sampling and stopping parameters.
+
+    Defaults follow the OpenAI API and the reference system (vLLM).
+    `top_k == 0` disables top-k; `top_p == 1.0` and `min_p == 0.0` disable theirs;
+    `temperature == 0.0` is greedy. `logprobs` is the number of top alternatives
+    returned beside each sampled token's own logprob (None = no logprobs).
+    """
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_tokens: int = 0
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    logprobs: int | None = None
+
+    MAX_LOGPROBS = 20
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def validate(self, vocab_size: int | None = None) -> None:
+        """Raise InvalidRequestError naming the first bad field; changes nothing."""
+
+        def bad(msg: str) -> None:
+            raise InvalidRequestError(msg)
+
+        for name in ("temperature", "top_p", "min_p", "presence_penalty",
+                     "frequency_penalty", "repetition_penalty"):
+            if not math.isfinite(getattr(self, name)):
+                bad(f"{name} must be a finite number")
+        if self.max_tokens < 1:
+            bad(f"max_tokens must be at least 1, got {self.max_tokens}")
+        if self.temperature < 0.0:
+            bad(f"temperature must be non-negative, got {self.temperature}")
+        if not 0.0 < self.top_p <= 1.0:
+            bad(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0 and self.top_k != -1:
+            bad(f"top_k must be 0 or -1 (disabled) or a positive integer, got {self.top_k}")
+        if vocab_size is not None and self.top_k > vocab_size:
+            bad(f"top_k must be at most the vocabulary size {vocab_size}, got {self.top_k}")
+        if not 0.0 <= self.min_p <= 1.0:
+            bad(f"min_p must be in [0, 1], got {self.min_p}")
+        if not -2.0 <= self.presence_penalty <= 2.0:
+            bad(f"presence_penalty must be in [-2, 2], got {self.presence_penalty}")
+        if not -2.0 <= self.frequency_penalty <= 2.0:
+            bad(f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty}")
+        if not 0.0 < self.repetition_penalty <= 2.0:
+            bad(f"repetition_penalty must be in (0, 2], got {self.repetition_penalty}")
+        if self.min_tokens < 0:
+            bad(f"min_tokens must be non-negative, got {self.min_tokens}")
+        if self.min_tokens > self.max_tokens:
+            bad(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
+        if self.logprobs is not None and not 0 <= self.logprobs <= self.MAX_LOGPROBS:
+            bad(f"logprobs must be in [0, {self.MAX_LOGPROBS}], got {self.logprobs}")
+        if self.seed is not None and not -(2**63) <= self.seed < 2**64:
+            bad("seed must fit in 64 bits")
+        for tid in self.stop_token_ids:
+            if tid < 0 or (vocab_size is not None and tid >= vocab_size):
+                bad(f"stop_token_ids contains {tid}, outside the vocabulary")
+
+
+# ---------------------------------------------------------------------------
+# scheduler -> workers, once per step
+
+
+@dataclass(slots=True)
+class NewRequestData:
+    """A request the workers have not seen: its full data, sent exactly once."""
+
+    req_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    block_ids: list[int]
+    num_computed_tokens: int  # prefix-cache hit: KV already in these blocks
+
+
+@dataclass(slots=True)
+class CachedRequestData:
+    """Requests the workers already hold, column-wise: entry i of each list is
+    request req_ids[i]. `new_block_ids[i]` is appended to the block table, or,
+    when `resumed_from_preemption[i]`, replaces it (the worker kept the request's
+    token ids across the preemption; only its blocks were lost)."""
+
+    req_ids: list[str] = field(default_factory=list)
+    resumed_from_preemption: list[bool] = field(default_factory=list)
+    new_block_ids: list[list[int]] = field(default_factory=list)
+    num_computed_tokens: list[int] = field(default_factory=list)
+
+    def append(self, req_id: str, resumed: bool, new_block_ids: list[int],
+               num_computed_tokens: int) -> None:
+        self.req_ids.append(req_id)
+        self.resumed_from_preemption.append(resumed)
+        self.new_block_ids.append(new_block_ids)
+        self.num_computed_tokens.append(num_computed_tokens)
+
+    def __len__(self) -> int:
+        return len(self.req_ids)
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    """One step. For every scheduled request, the worker computes the tokens at
+    positions [num_computed_tokens, num_computed_tokens + num_scheduled_tokens)
+    where num_computed_tokens is the value sent here (before this step). When that
+    range reaches the end of the request's known tokens, the step samples one token.
+
+    Workers first drop `finished_req_ids` entirely and drop the block tables of
+    `preempted_req_ids` (keeping their token ids), then run the step."""
+
+    step_id: int
+    scheduled_new_reqs: list[NewRequestData] = field(default_factory=list)
+    scheduled_cached_reqs: CachedRequestData = field(default_factory=CachedRequestData)
+    num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
+    total_num_scheduled_tokens: int = 0
+    finished_req_ids: set[str] = field(default_factory=set)
+    preempted_req_ids: set[str] = field(default_factory=set)
+
+
+# ---------------------------------------------------------------------------
+# workers -> scheduler, once per step
+
+
+@dataclass(slots=True)
+class TokenLogprobs:
+    """Logprob of one sampled token plus the top-n alternatives (id, logprob)."""
+
+    token_id: int
+    logprob: float
+    rank: int  # 1 = the most likely token
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class StepTimings:
+    """The worker's own clock for one step, in milliseconds."""
+
+    prepare_ms: float = 0.0  # host-side input preparation
+    forward_ms: float = 0.0
+    sample_ms: float = 0.0
+    idle_ms: float = 0.0  # waiting for this step since the previous one finished
+    start_unix_s: float = 0.0
+    end_unix_s: float = 0.0
+
+
+@dataclass(slots=True)
+class ModelRunnerOutput:
+    """Sampled tokens of one step: `sampled_token_ids[i]` belongs to `req_ids[i]`
+    and is empty for a request whose prefill chunk was not its last."""
+
+    step_id: int
+    req_ids: list[str] = field(default_factory=list)
+    sampled_token_ids: list[list[int]] = field(default_factory=list)
+    logprobs: list[list[TokenLogprobs] | None] = field(default_factory=list)
+    timings: StepTimings = field(default_factory=StepTimings)
+
+
+# ---------------------------------------------------------------------------
+# scheduler -> frontend, per request
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    """New tokens of one request since the last output, and its end if it ended."""
+
+    req_id: str
+    new_token_ids: list[int] = field(default_factory=list)
+    new_logprobs: list[TokenLogprobs] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    stop_token_id: int | None = None  # the EOS or stop token id that ended it
+    num_preemptions: int = 0
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(slots=True)
+class ModelInfo:
+    """What a worker reports at the handshake, and the frontend serves."""
+
+    model_name: str
+    vocab_size: int
+    max_model_len: int
+    eos_token_ids: list[int]
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: str
+    num_kv_blocks: int
+    block_size: int
