@@ -1,0 +1,102 @@
+from shared.proto import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class AddRequest(_message.Message):
+    __slots__ = ("request_id", "prompt_token_ids", "sampling_params", "priority", "cache_salt", "arrival_unix_s")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_PARAMS_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    CACHE_SALT_FIELD_NUMBER: _ClassVar[int]
+    ARRIVAL_UNIX_S_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    sampling_params: _common_pb2.SamplingParams
+    priority: int
+    cache_salt: str
+    arrival_unix_s: float
+    def __init__(self, request_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling_params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., priority: _Optional[int] = ..., cache_salt: _Optional[str] = ..., arrival_unix_s: _Optional[float] = ...) -> None: ...
+
+class AbortRequests(_message.Message):
+    __slots__ = ("request_ids",)
+    REQUEST_IDS_FIELD_NUMBER: _ClassVar[int]
+    request_ids: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, request_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class EngineRequest(_message.Message):
+    __slots__ = ("add", "abort")
+    ADD_FIELD_NUMBER: _ClassVar[int]
+    ABORT_FIELD_NUMBER: _ClassVar[int]
+    add: AddRequest
+    abort: AbortRequests
+    def __init__(self, add: _Optional[_Union[AddRequest, _Mapping]] = ..., abort: _Optional[_Union[AbortRequests, _Mapping]] = ...) -> None: ...
+
+class RequestOutput(_message.Message):
+    __slots__ = ("request_id", "new_token_ids", "new_logprobs", "finish_reason", "stop_token_id", "num_preemptions", "num_cached_tokens")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    NEW_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    NEW_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
+    STOP_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    NUM_PREEMPTIONS_FIELD_NUMBER: _ClassVar[int]
+    NUM_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    new_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    new_logprobs: _containers.RepeatedCompositeFieldContainer[_common_pb2.TokenLogprobs]
+    finish_reason: _common_pb2.FinishReason
+    stop_token_id: int
+    num_preemptions: int
+    num_cached_tokens: int
+    def __init__(self, request_id: _Optional[str] = ..., new_token_ids: _Optional[_Iterable[int]] = ..., new_logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprobs, _Mapping]]] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., stop_token_id: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., num_cached_tokens: _Optional[int] = ...) -> None: ...
+
+class Rejection(_message.Message):
+    __slots__ = ("request_id", "status")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    status: _common_pb2.Status
+    def __init__(self, request_id: _Optional[str] = ..., status: _Optional[_Union[_common_pb2.Status, _Mapping]] = ...) -> None: ...
+
+class EngineResponse(_message.Message):
+    __slots__ = ("outputs", "rejections")
+    OUTPUTS_FIELD_NUMBER: _ClassVar[int]
+    REJECTIONS_FIELD_NUMBER: _ClassVar[int]
+    outputs: _containers.RepeatedCompositeFieldContainer[RequestOutput]
+    rejections: _containers.RepeatedCompositeFieldContainer[Rejection]
+    def __init__(self, outputs: _Optional[_Iterable[_Union[RequestOutput, _Mapping]]] = ..., rejections: _Optional[_Iterable[_Union[Rejection, _Mapping]]] = ...) -> None: ...
+
+class GetStatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class EngineStatus(_message.Message):
+    __slots__ = ("num_running", "num_waiting", "max_num_seqs", "kv_cache_usage", "num_kv_blocks", "num_free_blocks", "num_preemptions_total", "prefix_cache_queries", "prefix_cache_hits", "num_steps_total", "num_sessions")
+    NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
+    NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
+    MAX_NUM_SEQS_FIELD_NUMBER: _ClassVar[int]
+    KV_CACHE_USAGE_FIELD_NUMBER: _ClassVar[int]
+    NUM_KV_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    NUM_FREE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
+    NUM_PREEMPTIONS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHE_QUERIES_FIELD_NUMBER: _ClassVar[int]
+    PREFIX_CACHE_HITS_FIELD_NUMBER: _ClassVar[int]
+    NUM_STEPS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    NUM_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    num_running: int
+    num_waiting: int
+    max_num_seqs: int
+    kv_cache_usage: float
+    num_kv_blocks: int
+    num_free_blocks: int
+    num_preemptions_total: int
+    prefix_cache_queries: int
+    prefix_cache_hits: int
+    num_steps_total: int
+    num_sessions: int
+    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., num_kv_blocks: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_preemptions_total: _Optional[int] = ..., prefix_cache_queries: _Optional[int] = ..., prefix_cache_hits: _Optional[int] = ..., num_steps_total: _Optional[int] = ..., num_sessions: _Optional[int] = ...) -> None: ...
