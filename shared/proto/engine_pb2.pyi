@@ -76,27 +76,39 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class EngineStatus(_message.Message):
-    __slots__ = ("num_running", "num_waiting", "max_num_seqs", "kv_cache_usage", "num_kv_blocks", "num_free_blocks", "num_preemptions_total", "prefix_cache_queries", "prefix_cache_hits", "num_steps_total", "num_sessions")
+    __slots__ = ("num_running", "num_waiting", "num_waiting_not_ready", "max_num_seqs", "kv_cache_usage", "num_kv_blocks", "num_free_blocks", "num_preemptions_total", "num_preemptions_in_window", "window_s", "prefix_cache_queries", "prefix_cache_hits", "num_steps_total", "num_sessions", "diagnosis", "summary", "lever")
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
     NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
+    NUM_WAITING_NOT_READY_FIELD_NUMBER: _ClassVar[int]
     MAX_NUM_SEQS_FIELD_NUMBER: _ClassVar[int]
     KV_CACHE_USAGE_FIELD_NUMBER: _ClassVar[int]
     NUM_KV_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     NUM_FREE_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     NUM_PREEMPTIONS_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    NUM_PREEMPTIONS_IN_WINDOW_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_S_FIELD_NUMBER: _ClassVar[int]
     PREFIX_CACHE_QUERIES_FIELD_NUMBER: _ClassVar[int]
     PREFIX_CACHE_HITS_FIELD_NUMBER: _ClassVar[int]
     NUM_STEPS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     NUM_SESSIONS_FIELD_NUMBER: _ClassVar[int]
+    DIAGNOSIS_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    LEVER_FIELD_NUMBER: _ClassVar[int]
     num_running: int
     num_waiting: int
+    num_waiting_not_ready: int
     max_num_seqs: int
     kv_cache_usage: float
     num_kv_blocks: int
     num_free_blocks: int
     num_preemptions_total: int
+    num_preemptions_in_window: int
+    window_s: float
     prefix_cache_queries: int
     prefix_cache_hits: int
     num_steps_total: int
     num_sessions: int
-    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., num_kv_blocks: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_preemptions_total: _Optional[int] = ..., prefix_cache_queries: _Optional[int] = ..., prefix_cache_hits: _Optional[int] = ..., num_steps_total: _Optional[int] = ..., num_sessions: _Optional[int] = ...) -> None: ...
+    diagnosis: str
+    summary: str
+    lever: str
+    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_waiting_not_ready: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., num_kv_blocks: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_preemptions_total: _Optional[int] = ..., num_preemptions_in_window: _Optional[int] = ..., window_s: _Optional[float] = ..., prefix_cache_queries: _Optional[int] = ..., prefix_cache_hits: _Optional[int] = ..., num_steps_total: _Optional[int] = ..., num_sessions: _Optional[int] = ..., diagnosis: _Optional[str] = ..., summary: _Optional[str] = ..., lever: _Optional[str] = ...) -> None: ...
