@@ -1,0 +1,220 @@
+"""Resident memory of a serving stack: the processes whose command line matches a
+pattern (or given pids and their descendants), summed, sampled while a benchmark runs.
+
+    python benchmarks/stack_memory.py --match "gapserve "     # once, now
+    python benchmarks/stack_memory.py --pid 1234 --watch 30    # peak over 30 s
+
+Linux only (reads /proc). Three sums, because they answer different questions:
+RSS double-counts pages that processes share (one mmapped checkpoint, the Python
+runtime's libraries), PSS splits shared pages between their users, and the sum of
+each process's own high-water mark (VmHWM) bounds the stack's peak from above even
+where sampling missed a short spike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PROC = Path("/proc")
+
+
+@dataclass(slots=True)
+class ProcessMemory:
+    pid: int
+    cmd: str
+    rss_bytes: int
+    pss_bytes: int
+    peak_rss_bytes: int  # VmHWM: this process's own high-water mark
+
+
+@dataclass(slots=True)
+class StackMemory:
+    processes: list[ProcessMemory] = field(default_factory=list)
+
+    @property
+    def rss_bytes(self) -> int:
+        return sum(p.rss_bytes for p in self.processes)
+
+    @property
+    def pss_bytes(self) -> int:
+        return sum(p.pss_bytes for p in self.processes)
+
+    @property
+    def sum_peak_rss_bytes(self) -> int:
+        return sum(p.peak_rss_bytes for p in self.processes)
+
+
+def _status_kib(pid: int, key: str) -> int:
+    for line in (PROC / str(pid) / "status").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    return 0  # kernel threads and zombies have no memory lines
+
+
+def _pss_kib(pid: int) -> int:
+    try:
+        text = (PROC / str(pid) / "smaps_rollup").read_text()
+    except (PermissionError, FileNotFoundError):
+        return 0
+    for line in text.splitlines():
+        if line.startswith("Pss:"):
+            return int(line.split()[1])
+    return 0
+
+
+def _cmdline(pid: int) -> str:
+    raw = (PROC / str(pid) / "cmdline").read_bytes()
+    return raw.replace(b"\0", b" ").decode(errors="replace").strip()
+
+
+def _ppid(pid: int) -> int:
+    stat = (PROC / str(pid) / "stat").read_text()
+    return int(stat.rsplit(")", 1)[1].split()[1])  # the name in parens may hold spaces
+
+
+def _all_pids() -> list[int]:
+    return [int(p.name) for p in PROC.iterdir() if p.name.isdigit()]
+
+
+def _ancestors(pid: int) -> set[int]:
+    seen = set()
+    while pid > 1 and pid not in seen:
+        seen.add(pid)
+        try:
+            pid = _ppid(pid)
+        except (FileNotFoundError, ProcessLookupError):
+            break
+    return seen
+
+
+def find_pids(match: str | None = None, roots: list[int] | None = None) -> list[int]:
+    """Pids whose command line contains `match`, plus `roots` and all their
+    descendants; never this process or its ancestors (a benchmark started with
+    the pattern on its own command line must not measure itself)."""
+    mine = _ancestors(os.getpid())
+    parents: dict[int, int] = {}
+    chosen: set[int] = set()
+    for pid in _all_pids():
+        try:
+            parents[pid] = _ppid(pid)
+            if match and pid not in mine and match in _cmdline(pid):
+                chosen.add(pid)
+        except (FileNotFoundError, ProcessLookupError, PermissionError):
+            continue
+    frontier = [p for p in (roots or []) if p in parents]
+    chosen.update(frontier)
+    while frontier:  # walk down the tree: `gapserve serve` starts the services as children
+        children = [c for c, parent in parents.items() if parent in frontier]
+        frontier = [c for c in children if c not in chosen]
+        chosen.update(frontier)
+    return sorted(chosen - mine)
+
+
+def measure(pids: list[int]) -> StackMemory:
+    """One reading; processes that exited meanwhile are left out."""
+    stack = StackMemory()
+    for pid in pids:
+        try:
+            stack.processes.append(ProcessMemory(
+                pid=pid, cmd=_cmdline(pid)[:120],
+                rss_bytes=_status_kib(pid, "VmRSS") * 1024,
+                pss_bytes=_pss_kib(pid) * 1024,
+                peak_rss_bytes=_status_kib(pid, "VmHWM") * 1024))
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return stack
+
+
+class MemorySampler:
+    """Samples the stack's summed RSS and PSS on a thread until stopped; the peak
+    of the sums is what the stack held at once, as far as sampling saw."""
+
+    def __init__(self, match: str | None = None, roots: list[int] | None = None,
+                 interval_s: float = 0.25) -> None:
+        if not match and not roots:
+            raise ValueError("give a command-line pattern or pids to measure")
+        self.match, self.roots, self.interval_s = match, roots, interval_s
+        self.peak_rss_bytes = 0
+        self.peak_pss_bytes = 0
+        self.samples = 0
+        self.last = StackMemory()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="stack-memory", daemon=True)
+
+    def sample(self) -> StackMemory:
+        stack = measure(find_pids(self.match, self.roots))
+        self.peak_rss_bytes = max(self.peak_rss_bytes, stack.rss_bytes)
+        self.peak_pss_bytes = max(self.peak_pss_bytes, stack.pss_bytes)
+        self.samples += 1
+        self.last = stack
+        return stack
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self.interval_s)
+
+    def start(self) -> "MemorySampler":
+        self.sample()  # one reading before returning, so a short run still has one
+        self._thread.start()
+        return self
+
+    def stop(self) -> dict:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        self.sample()
+        return self.report()
+
+    def report(self) -> dict:
+        return {
+            "samples": self.samples,
+            "peak_sum_rss_bytes": self.peak_rss_bytes,
+            "peak_sum_pss_bytes": self.peak_pss_bytes,
+            "sum_peak_rss_bytes": self.last.sum_peak_rss_bytes,
+            "processes": [{"pid": p.pid, "cmd": p.cmd, "rss_bytes": p.rss_bytes,
+                           "pss_bytes": p.pss_bytes, "peak_rss_bytes": p.peak_rss_bytes}
+                          for p in self.last.processes],
+        }
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.0f} MiB"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--match", help="substring of the command lines to measure")
+    parser.add_argument("--pid", type=int, action="append", default=[],
+                        help="a process to measure with its descendants (repeatable)")
+    parser.add_argument("--watch", type=float, default=0.0,
+                        help="sample for this many seconds and report the peak")
+    parser.add_argument("--json", action="store_true", help="print JSON")
+    args = parser.parse_args(argv)
+    if not args.match and not args.pid:
+        parser.error("give --match or --pid")
+    sampler = MemorySampler(args.match, args.pid).start()
+    time.sleep(args.watch)  # a CLI waiting for wall time, not synchronisation
+    report = sampler.stop()
+    if not report["processes"]:
+        parser.exit(1, "no matching process\n")
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    for p in report["processes"]:
+        print(f"{p['pid']:>8}  rss {_mib(p['rss_bytes']):>10}  pss {_mib(p['pss_bytes']):>10}"
+              f"  peak {_mib(p['peak_rss_bytes']):>10}  {p['cmd']}")
+    print(f"stack: peak summed RSS {_mib(report['peak_sum_rss_bytes'])}, "
+          f"peak summed PSS {_mib(report['peak_sum_pss_bytes'])}, "
+          f"sum of per-process peaks {_mib(report['sum_peak_rss_bytes'])}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
