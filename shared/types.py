@@ -111,6 +111,8 @@ class NewRequestData:
     sampling_params: SamplingParams
     block_ids: list[int]
     num_computed_tokens: int  # prefix-cache hit: KV already in these blocks
+    # W3C trace context of the request's scheduler span, so worker spans join its trace
+    trace_context: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -153,6 +155,8 @@ class SchedulerOutput:
     total_num_scheduled_tokens: int = 0
     finished_req_ids: set[str] = field(default_factory=set)
     preempted_req_ids: set[str] = field(default_factory=set)
+    # W3C trace context of the scheduler's step span, so worker step spans nest under it
+    trace_context: dict[str, str] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------
