@@ -56,7 +56,14 @@ class CachedRequestData(_message.Message):
     def __init__(self, req_ids: _Optional[_Iterable[str]] = ..., resumed_from_preemption: _Optional[_Iterable[bool]] = ..., new_block_ids: _Optional[_Iterable[_Union[BlockIds, _Mapping]]] = ..., num_computed_tokens: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class SchedulerOutput(_message.Message):
-    __slots__ = ("step_id", "scheduled_new_reqs", "scheduled_cached_reqs", "scheduled_req_ids", "num_scheduled_tokens", "total_num_scheduled_tokens", "finished_req_ids", "preempted_req_ids")
+    __slots__ = ("step_id", "scheduled_new_reqs", "scheduled_cached_reqs", "scheduled_req_ids", "num_scheduled_tokens", "total_num_scheduled_tokens", "finished_req_ids", "preempted_req_ids", "trace_context")
+    class TraceContextEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     SCHEDULED_NEW_REQS_FIELD_NUMBER: _ClassVar[int]
     SCHEDULED_CACHED_REQS_FIELD_NUMBER: _ClassVar[int]
@@ -65,6 +72,7 @@ class SchedulerOutput(_message.Message):
     TOTAL_NUM_SCHEDULED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     FINISHED_REQ_IDS_FIELD_NUMBER: _ClassVar[int]
     PREEMPTED_REQ_IDS_FIELD_NUMBER: _ClassVar[int]
+    TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     scheduled_new_reqs: _containers.RepeatedCompositeFieldContainer[NewRequestData]
     scheduled_cached_reqs: CachedRequestData
@@ -73,7 +81,8 @@ class SchedulerOutput(_message.Message):
     total_num_scheduled_tokens: int
     finished_req_ids: _containers.RepeatedScalarFieldContainer[str]
     preempted_req_ids: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, step_id: _Optional[int] = ..., scheduled_new_reqs: _Optional[_Iterable[_Union[NewRequestData, _Mapping]]] = ..., scheduled_cached_reqs: _Optional[_Union[CachedRequestData, _Mapping]] = ..., scheduled_req_ids: _Optional[_Iterable[str]] = ..., num_scheduled_tokens: _Optional[_Iterable[int]] = ..., total_num_scheduled_tokens: _Optional[int] = ..., finished_req_ids: _Optional[_Iterable[str]] = ..., preempted_req_ids: _Optional[_Iterable[str]] = ...) -> None: ...
+    trace_context: _containers.ScalarMap[str, str]
+    def __init__(self, step_id: _Optional[int] = ..., scheduled_new_reqs: _Optional[_Iterable[_Union[NewRequestData, _Mapping]]] = ..., scheduled_cached_reqs: _Optional[_Union[CachedRequestData, _Mapping]] = ..., scheduled_req_ids: _Optional[_Iterable[str]] = ..., num_scheduled_tokens: _Optional[_Iterable[int]] = ..., total_num_scheduled_tokens: _Optional[int] = ..., finished_req_ids: _Optional[_Iterable[str]] = ..., preempted_req_ids: _Optional[_Iterable[str]] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class StepTimings(_message.Message):
     __slots__ = ("prepare_ms", "forward_ms", "sample_ms", "idle_ms", "start_unix_s", "end_unix_s")
