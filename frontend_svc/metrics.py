@@ -1,0 +1,167 @@
+"""Telemetry of the frontend, kept at its edges: the root span of each request
+(continuing the caller's trace), client-perceived latencies and token counts as
+Prometheus metrics, served on the frontend's own HTTP port at /metrics.
+
+A handler makes four calls:
+
+    t = RequestTracker.start(req_id, model_name, params, num_prompt_tokens,
+                             headers_or_grpc_metadata, operation="chat")
+    with t.activate():                       # logs inside carry the trace id
+        carrier = t.carrier()                # send with the request to the scheduler
+        ... for each output from the scheduler: t.on_tokens(len(out.new_token_ids))
+        t.finish(out.finish_reason, num_preemptions=..., num_cached_tokens=...)
+    # or, on an error: t.fail("UNAVAILABLE", "scheduler unreachable")
+
+/metrics body and content type: shared.telemetry.metrics_text().
+Metric names mirror vLLM's `vllm:*` ones (docs/observability.md has the table).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
+from prometheus_client import Counter, Histogram
+
+from shared.telemetry import context_carrier, extract_context, finish_reason_name, get_tracer
+from shared.types import FinishReason, SamplingParams
+
+_M = ["model_name"]
+TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+                7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
+ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
+               10.0, 20.0, 40.0, 80.0]
+REQUEST_TIME_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
+                        50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
+TOKEN_BUCKETS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000]
+
+TIME_TO_FIRST_TOKEN = Histogram("gapserve:time_to_first_token_seconds",
+                                "Time to first token, as the frontend sees it.", _M,
+                                buckets=TTFT_BUCKETS)
+INTER_TOKEN_LATENCY = Histogram("gapserve:inter_token_latency_seconds",
+                                "Time between consecutive output tokens.", _M,
+                                buckets=ITL_BUCKETS)
+E2E_REQUEST_LATENCY = Histogram("gapserve:e2e_request_latency_seconds",
+                                "End-to-end request latency.", _M, buckets=REQUEST_TIME_BUCKETS)
+PROMPT_TOKENS = Counter("gapserve:prompt_tokens", "Prompt tokens processed.", _M)
+GENERATION_TOKENS = Counter("gapserve:generation_tokens", "Output tokens generated.", _M)
+REQUEST_PROMPT_TOKENS = Histogram("gapserve:request_prompt_tokens",
+                                  "Prompt tokens per finished request.", _M,
+                                  buckets=TOKEN_BUCKETS)
+REQUEST_GENERATION_TOKENS = Histogram("gapserve:request_generation_tokens",
+                                      "Output tokens per finished request.", _M,
+                                      buckets=TOKEN_BUCKETS)
+REQUEST_MAX_TOKENS = Histogram("gapserve:request_params_max_tokens",
+                               "The max_tokens parameter of requests.", _M,
+                               buckets=TOKEN_BUCKETS)
+REQUEST_SUCCESS = Counter("gapserve:request_success", "Finished requests, by finish reason.",
+                          _M + ["finished_reason"])
+REQUEST_ERRORS = Counter("gapserve:request_errors",
+                         "Requests that ended in an error, by status code.", _M + ["code"])
+
+_tracer = get_tracer("gapserve.frontend")
+
+
+@dataclass(slots=True)
+class RequestTracker:
+    req_id: str
+    model_name: str
+    num_prompt_tokens: int
+    span: trace.Span
+    arrival_s: float
+    first_token_s: float | None = None
+    last_token_s: float | None = None
+    num_output_tokens: int = 0
+    done: bool = False
+
+    @classmethod
+    def start(cls, req_id: str, model_name: str, params: SamplingParams,
+              num_prompt_tokens: int, incoming: Any = None,
+              operation: str = "text_completion") -> RequestTracker:
+        """Open the request's root span (server kind), continuing the caller's
+        trace when `incoming` headers or gRPC metadata carry a traceparent."""
+        span = _tracer.start_span(
+            f"{operation} {model_name}", context=extract_context(incoming), kind=SpanKind.SERVER,
+            attributes={
+                "gen_ai.operation.name": operation,
+                "gen_ai.provider.name": "gapserve",
+                "gen_ai.request.id": req_id,
+                "gen_ai.request.model": model_name,
+                "gen_ai.request.max_tokens": params.max_tokens,
+                "gen_ai.request.temperature": params.temperature,
+                "gen_ai.request.top_p": params.top_p,
+                "gen_ai.request.top_k": params.top_k,
+                "gen_ai.request.presence_penalty": params.presence_penalty,
+                "gen_ai.request.frequency_penalty": params.frequency_penalty,
+                "gen_ai.usage.input_tokens": num_prompt_tokens,
+            })
+        if params.seed is not None:
+            span.set_attribute("gen_ai.request.seed", params.seed)
+        REQUEST_MAX_TOKENS.labels(model_name).observe(params.max_tokens)
+        return cls(req_id, model_name, num_prompt_tokens, span, time.monotonic())
+
+    def activate(self):
+        """Make the span current (logs carry its trace id) without ending it on exit."""
+        return trace.use_span(self.span, end_on_exit=False)
+
+    def carrier(self) -> dict[str, str]:
+        """W3C trace context of this request, for the call to the scheduler."""
+        return context_carrier(trace.set_span_in_context(self.span))
+
+    def metadata(self) -> list[tuple[str, str]]:
+        """The same, as gRPC metadata pairs."""
+        return list(self.carrier().items())
+
+    def on_tokens(self, num_new_tokens: int, now_s: float | None = None) -> None:
+        """New output tokens arrived from the scheduler (0 is allowed: ignored)."""
+        if num_new_tokens <= 0 or self.done:
+            return
+        now = time.monotonic() if now_s is None else now_s
+        m = self.model_name
+        if self.first_token_s is None:
+            self.first_token_s = now
+            TIME_TO_FIRST_TOKEN.labels(m).observe(now - self.arrival_s)
+            self.span.add_event("first_token")
+        else:
+            # tokens that arrive together share the gap since the previous batch
+            gap = (now - self.last_token_s) / num_new_tokens
+            for _ in range(num_new_tokens):
+                INTER_TOKEN_LATENCY.labels(m).observe(gap)
+        self.last_token_s = now
+        self.num_output_tokens += num_new_tokens
+        GENERATION_TOKENS.labels(m).inc(num_new_tokens)
+
+    def finish(self, reason: FinishReason, num_preemptions: int = 0,
+               num_cached_tokens: int = 0) -> None:
+        """The request ended normally (stop, length) or was aborted."""
+        if self.done:
+            return
+        self.done = True
+        m = self.model_name
+        name = finish_reason_name(reason)
+        E2E_REQUEST_LATENCY.labels(m).observe(time.monotonic() - self.arrival_s)
+        PROMPT_TOKENS.labels(m).inc(self.num_prompt_tokens)
+        REQUEST_PROMPT_TOKENS.labels(m).observe(self.num_prompt_tokens)
+        REQUEST_GENERATION_TOKENS.labels(m).observe(self.num_output_tokens)
+        REQUEST_SUCCESS.labels(m, name).inc()
+        self.span.add_event("finished", {"reason": name})
+        self.span.set_attributes({
+            "gen_ai.usage.output_tokens": self.num_output_tokens,
+            "gen_ai.response.finish_reasons": [name],
+            "gapserve.request.num_preemptions": num_preemptions,
+            "gapserve.request.num_cached_tokens": num_cached_tokens,
+        })
+        self.span.end()
+
+    def fail(self, code: str, message: str) -> None:
+        """The request ended in an error (a gRPC status code name, e.g. UNAVAILABLE)."""
+        if self.done:
+            return
+        self.done = True
+        REQUEST_ERRORS.labels(self.model_name, code).inc()
+        self.span.set_attribute("error.type", code)
+        self.span.set_status(Status(StatusCode.ERROR, message))
+        self.span.end()

@@ -1,0 +1,352 @@
+"""Telemetry of the scheduler, kept at its edges: Prometheus metrics, the span of
+every scheduling step (linked to the request spans it served), each request's
+lifecycle span (queued, scheduled, preempted, first token, finished), the
+preemption warning, and the live capacity diagnosis.
+
+The engine makes a handful of calls, all with objects it already has:
+
+    tel = SchedulerTelemetry(model_name, max_num_seqs, max_num_batched_tokens)
+    tel.request_added(req_id, num_prompt_tokens, sampling_params, trace_context)
+    tel.request_carrier(req_id)                 # trace context for its NewRequestData
+    carrier = tel.step_scheduled(scheduler_output, scheduler.stats(), started_s)
+    tel.step_finished(step_id, model_runner_output)
+    tel.request_outputs(request_outputs)        # first tokens and finishes
+    tel.status(scheduler.stats())               # GetStatus: the diagnosis dict
+
+Metric names mirror vLLM's `vllm:*` ones (docs/observability.md has the table).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+from prometheus_client import Counter, Gauge, Histogram
+
+from scheduler_svc.diagnosis import CapacityMonitor, CapacityReading, Diagnosis
+from shared.telemetry import (
+    context_carrier, extract_context, finish_reason_name, get_logger, get_tracer)
+from shared.types import FinishReason, ModelRunnerOutput, RequestOutput, SamplingParams, SchedulerOutput
+
+_M = ["model_name"]
+REQUEST_TIME_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
+                        50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
+
+NUM_REQUESTS_RUNNING = Gauge("gapserve:num_requests_running",
+                             "Number of requests in RUNNING (model execution batches).", _M)
+NUM_REQUESTS_WAITING = Gauge("gapserve:num_requests_waiting",
+                             "Number of requests in WAITING.", _M)
+NUM_REQUESTS_WAITING_BY_REASON = Gauge(
+    "gapserve:num_requests_waiting_by_reason",
+    "Requests in WAITING, by reason: capacity (no room) or not_ready.", _M + ["reason"])
+KV_CACHE_USAGE = Gauge("gapserve:kv_cache_usage_perc",
+                       "KV-cache usage: 1 = every block held (0..1).", _M)
+NUM_PREEMPTIONS = Counter("gapserve:num_preemptions",
+                          "Cumulative number of preemptions (by recomputation).", _M)
+REQUEST_PREEMPTIONS = Histogram("gapserve:request_preemptions",
+                                "Preemptions a request suffered, observed when it finishes.", _M,
+                                buckets=[0, 1, 2, 3, 5, 10, 20, 50, 100])
+PREFIX_CACHE_QUERIES = Counter("gapserve:prefix_cache_queries",
+                               "Prefix-cache queries, in tokens.", _M)
+PREFIX_CACHE_HITS = Counter("gapserve:prefix_cache_hits",
+                            "Prefix-cache hits, in tokens.", _M)
+ITERATION_TOKENS = Histogram("gapserve:iteration_tokens_total",
+                             "Tokens scheduled per step.", _M,
+                             buckets=[1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192,
+                                      16384])
+STEP_DURATION = Histogram("gapserve:step_duration_seconds",
+                          "From scheduling a step to processing its result.", _M,
+                          buckets=[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+                                   2.5, 5.0, 10.0])
+REQUEST_QUEUE_TIME = Histogram("gapserve:request_queue_time_seconds",
+                               "Time in WAITING before first scheduled.", _M,
+                               buckets=REQUEST_TIME_BUCKETS)
+REQUEST_PREFILL_TIME = Histogram("gapserve:request_prefill_time_seconds",
+                                 "From first scheduled to first token.", _M,
+                                 buckets=REQUEST_TIME_BUCKETS)
+REQUEST_DECODE_TIME = Histogram("gapserve:request_decode_time_seconds",
+                                "From first token to the last.", _M,
+                                buckets=REQUEST_TIME_BUCKETS)
+REQUEST_INFERENCE_TIME = Histogram("gapserve:request_inference_time_seconds",
+                                   "From first scheduled to finished.", _M,
+                                   buckets=REQUEST_TIME_BUCKETS)
+CAPACITY_DIAGNOSIS = Gauge("gapserve:capacity_diagnosis",
+                           "1 for the current capacity diagnosis, 0 for the others.",
+                           _M + ["diagnosis"])
+
+PREEMPTION_ADVICE = (
+    "preempted by recomputation because the KV cache had no free space; its KV will be "
+    "recomputed when it resumes. To relieve it: give the KV cache more memory "
+    "(--gpu-memory-utilization, --kv-cache-memory, --num-gpu-blocks-override), run fewer "
+    "concurrent sequences (--max-num-seqs) or use a smaller token budget "
+    "(--max-num-batched-tokens)")
+
+_tracer = get_tracer("gapserve.scheduler")
+
+
+def _stat(stats: Any, *names: str, default: Any = 0) -> Any:
+    # Scheduler.stats() may be an object or a dict; read the first name it has.
+    for name in names:
+        if isinstance(stats, Mapping):
+            if name in stats:
+                return stats[name]
+        elif hasattr(stats, name):
+            return getattr(stats, name)
+    return default
+
+
+def reading_from_stats(stats: Any) -> CapacityReading:
+    """The one place that knows the names Scheduler.stats() uses."""
+    waiting_total = int(_stat(stats, "num_waiting", "num_waiting_reqs", "waiting"))
+    not_ready = int(_stat(stats, "num_waiting_not_ready", "waiting_not_ready"))
+    capacity = int(_stat(stats, "num_waiting_capacity", "waiting_capacity",
+                         default=waiting_total - not_ready))
+    return CapacityReading(
+        running=int(_stat(stats, "num_running", "num_running_reqs", "running")),
+        waiting=capacity,
+        waiting_not_ready=not_ready,
+        preemptions_total=int(_stat(stats, "num_preemptions", "preemptions_total",
+                                    "num_preemptions_total")),
+        kv_cache_usage=float(_stat(stats, "kv_cache_usage", "kv_usage", default=0.0)),
+    )
+
+
+@dataclass(slots=True)
+class _Request:
+    span: trace.Span
+    arrival_s: float
+    num_prompt_tokens: int
+    first_scheduled_s: float | None = None
+    first_token_s: float | None = None
+    num_output_tokens: int = 0
+    num_preemptions: int = 0
+
+
+@dataclass(slots=True)
+class _Step:
+    span: trace.Span
+    started_s: float
+
+
+@dataclass(slots=True)
+class SchedulerTelemetry:
+    model_name: str
+    max_num_seqs: int
+    max_num_batched_tokens: int = 0
+    diagnosis_window_s: float = 30.0
+    clock: Any = time.monotonic
+    _requests: dict[str, _Request] = field(default_factory=dict)
+    _steps: dict[int, _Step] = field(default_factory=dict)
+    _monitor: CapacityMonitor | None = None
+    _diagnosis: Diagnosis | None = None
+    _prefix_seen: tuple[int, int] = (0, 0)  # cumulative (queries, hits) already counted
+    _preemptions_total: int = 0
+
+    def __post_init__(self) -> None:
+        self._monitor = CapacityMonitor(self.max_num_seqs, self.diagnosis_window_s)
+        self._log = get_logger()
+
+    # -- requests ------------------------------------------------------------
+
+    def request_added(self, req_id: str, num_prompt_tokens: int, params: SamplingParams,
+                      trace_context: Any = None) -> None:
+        """A request entered WAITING; `trace_context` is the frontend's carrier
+        (gRPC metadata pairs or a dict with `traceparent`)."""
+        span = _tracer.start_span(
+            "scheduler.request", context=extract_context(trace_context), kind=SpanKind.SERVER,
+            attributes={
+                "gen_ai.request.id": req_id,
+                "gen_ai.request.model": self.model_name,
+                "gen_ai.request.max_tokens": params.max_tokens,
+                "gen_ai.request.temperature": params.temperature,
+                "gen_ai.request.top_p": params.top_p,
+                "gen_ai.usage.input_tokens": num_prompt_tokens,
+            })
+        span.add_event("queued")
+        self._requests[req_id] = _Request(span, self.clock(), num_prompt_tokens)
+
+    def request_carrier(self, req_id: str) -> dict[str, str]:
+        """Trace context of the request's span, to send once with its NewRequestData
+        so the workers' spans for it join the request's trace."""
+        req = self._requests.get(req_id)
+        if req is None:
+            return {}
+        return context_carrier(trace.set_span_in_context(req.span))
+
+    def request_outputs(self, outputs: Iterable[RequestOutput]) -> None:
+        """Marks first tokens and finishes from the outputs sent to frontends."""
+        now = self.clock()
+        for out in outputs:
+            req = self._requests.get(out.req_id)
+            if req is None:
+                continue
+            if out.new_token_ids and req.first_token_s is None:
+                req.first_token_s = now
+                req.span.add_event("first_token")
+                if req.first_scheduled_s is not None:
+                    REQUEST_PREFILL_TIME.labels(self.model_name).observe(
+                        now - req.first_scheduled_s)
+            req.num_output_tokens += len(out.new_token_ids)
+            if out.finish_reason is not None:
+                self._finish(out.req_id, req, out.finish_reason, now)
+
+    def request_finished(self, req_id: str, reason: FinishReason) -> None:
+        """For an end that no RequestOutput reports (e.g. an abort from the frontend)."""
+        req = self._requests.get(req_id)
+        if req is not None:
+            self._finish(req_id, req, reason, self.clock())
+
+    def _finish(self, req_id: str, req: _Request, reason: FinishReason, now: float) -> None:
+        del self._requests[req_id]
+        name = finish_reason_name(reason)
+        m = self.model_name
+        REQUEST_PREEMPTIONS.labels(m).observe(req.num_preemptions)
+        if req.first_scheduled_s is None:
+            REQUEST_QUEUE_TIME.labels(m).observe(now - req.arrival_s)
+        else:
+            REQUEST_INFERENCE_TIME.labels(m).observe(now - req.first_scheduled_s)
+        if req.first_token_s is not None:
+            REQUEST_DECODE_TIME.labels(m).observe(now - req.first_token_s)
+        req.span.add_event("finished", {"reason": name})
+        req.span.set_attributes({
+            "gen_ai.usage.output_tokens": req.num_output_tokens,
+            "gen_ai.response.finish_reasons": [name],
+            "gapserve.request.num_preemptions": req.num_preemptions,
+        })
+        req.span.end()
+
+    # -- steps ---------------------------------------------------------------
+
+    def step_scheduled(self, output: SchedulerOutput, stats: Any,
+                       started_s: float | None = None) -> dict[str, str]:
+        """One step was scheduled: count it, open its span (linked to the requests
+        it serves), emit preemption events. Returns the trace carrier to send
+        with the step to the workers, so their spans nest under this one."""
+        now = self.clock()
+        started = now if started_s is None else started_s
+        m = self.model_name
+        cached = output.scheduled_cached_reqs
+        num_resumed = sum(cached.resumed_from_preemption)
+        links = []
+        for new in output.scheduled_new_reqs:
+            self._scheduled(new.req_id, now, resumed=False)
+        for req_id, resumed in zip(cached.req_ids, cached.resumed_from_preemption):
+            if resumed:
+                self._scheduled(req_id, now, resumed=True)
+        for req_id in output.num_scheduled_tokens:
+            req = self._requests.get(req_id)
+            if req is not None:
+                links.append(Link(req.span.get_span_context()))
+        for req_id in output.preempted_req_ids:
+            self._preempted(req_id)
+
+        reading = reading_from_stats(stats)
+        self._record_gauges(reading, stats)
+        ITERATION_TOKENS.labels(m).observe(output.total_num_scheduled_tokens)
+
+        attributes = {
+            "gapserve.step.id": output.step_id,
+            "gapserve.step.num_scheduled_tokens": output.total_num_scheduled_tokens,
+            "gapserve.step.num_new_reqs": len(output.scheduled_new_reqs),
+            "gapserve.step.num_resumed_reqs": num_resumed,
+            "gapserve.step.num_running_reqs": len(cached) - num_resumed,
+            "gapserve.step.num_preempted": len(output.preempted_req_ids),
+            "gapserve.step.num_finished": len(output.finished_req_ids),
+            "gapserve.scheduler.running": reading.running,
+            "gapserve.scheduler.waiting": reading.waiting + reading.waiting_not_ready,
+            "gapserve.scheduler.kv_cache_usage": reading.kv_cache_usage,
+        }
+        if self.max_num_batched_tokens:
+            attributes["gapserve.step.budget_used"] = (
+                output.total_num_scheduled_tokens / self.max_num_batched_tokens)
+        # A step serves many requests: it links to them instead of being a child.
+        span = _tracer.start_span("scheduler.step", context=Context(), links=links,
+                                  attributes=attributes,
+                                  start_time=time.time_ns() - int((now - started) * 1e9))
+        self._steps[output.step_id] = _Step(span, started)
+        return context_carrier(trace.set_span_in_context(span))
+
+    def step_finished(self, step_id: int, result: ModelRunnerOutput | None = None) -> None:
+        """The workers answered step `step_id` (None: it was dropped)."""
+        step = self._steps.pop(step_id, None)
+        if step is None:
+            return
+        STEP_DURATION.labels(self.model_name).observe(self.clock() - step.started_s)
+        if result is not None:
+            t = result.timings
+            step.span.set_attributes({
+                "gapserve.worker.prepare_ms": t.prepare_ms,
+                "gapserve.worker.forward_ms": t.forward_ms,
+                "gapserve.worker.sample_ms": t.sample_ms,
+                "gapserve.worker.idle_ms": t.idle_ms,
+            })
+        else:
+            step.span.set_status(Status(StatusCode.ERROR, "step dropped"))
+        step.span.end()
+
+    def _scheduled(self, req_id: str, now: float, resumed: bool) -> None:
+        req = self._requests.get(req_id)
+        if req is None:
+            return
+        if resumed:
+            req.span.add_event("resumed", {"gapserve.request.num_preemptions": req.num_preemptions})
+        elif req.first_scheduled_s is None:
+            req.first_scheduled_s = now
+            req.span.add_event("first_scheduled")
+            REQUEST_QUEUE_TIME.labels(self.model_name).observe(now - req.arrival_s)
+
+    def _preempted(self, req_id: str) -> None:
+        NUM_PREEMPTIONS.labels(self.model_name).inc()
+        self._preemptions_total += 1
+        req = self._requests.get(req_id)
+        count = 0
+        if req is not None:
+            req.num_preemptions += 1
+            count = req.num_preemptions
+            req.span.add_event("preempted", {"gapserve.request.num_preemptions": count})
+        self._log.warning(
+            f"request {req_id} was {PREEMPTION_ADVICE}", request_id=req_id,
+            num_preemptions=count, preemptions_total=self._preemptions_total)
+
+    def _record_gauges(self, reading: CapacityReading, stats: Any) -> None:
+        m = self.model_name
+        NUM_REQUESTS_RUNNING.labels(m).set(reading.running)
+        NUM_REQUESTS_WAITING.labels(m).set(reading.waiting + reading.waiting_not_ready)
+        NUM_REQUESTS_WAITING_BY_REASON.labels(m, "capacity").set(reading.waiting)
+        NUM_REQUESTS_WAITING_BY_REASON.labels(m, "not_ready").set(reading.waiting_not_ready)
+        KV_CACHE_USAGE.labels(m).set(reading.kv_cache_usage)
+        queries = int(_stat(stats, "prefix_cache_queries"))
+        hits = int(_stat(stats, "prefix_cache_hits"))
+        seen_q, seen_h = self._prefix_seen
+        # stats carry cumulative totals; a counter only goes up by the difference
+        if queries > seen_q:
+            PREFIX_CACHE_QUERIES.labels(m).inc(queries - seen_q)
+        if hits > seen_h:
+            PREFIX_CACHE_HITS.labels(m).inc(hits - seen_h)
+        self._prefix_seen = (max(queries, seen_q), max(hits, seen_h))
+        self._monitor.observe(reading, self.clock())
+        self._set_diagnosis(self._monitor.status(self.clock())["diagnosis"])
+
+    def _set_diagnosis(self, value: str) -> None:
+        d = Diagnosis(value)
+        if d is self._diagnosis:
+            return
+        for each in Diagnosis:
+            CAPACITY_DIAGNOSIS.labels(self.model_name, each.value).set(1 if each is d else 0)
+        if self._diagnosis is not None:
+            self._log.info("capacity diagnosis changed", diagnosis=d.value,
+                           previous=self._diagnosis.value)
+        self._diagnosis = d
+
+    # -- status --------------------------------------------------------------
+
+    def status(self, stats: Any) -> dict[str, Any]:
+        """Refresh the gauges and the diagnosis from current stats (also when idle)
+        and return the status dict (shape: CapacityMonitor.status)."""
+        self._record_gauges(reading_from_stats(stats), stats)
+        return self._monitor.status(self.clock())
