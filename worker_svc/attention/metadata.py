@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -15,6 +16,8 @@ class AttentionMetadata:
     block_table: torch.Tensor  # [num_reqs, max_blocks] int32, padded with 0
     max_query_len: int
     max_seq_len: int
+    # what a backend derives from the above once per step and reuses in every layer
+    backend_state: Any = None
 
     @property
     def num_reqs(self) -> int:

@@ -1,0 +1,114 @@
+"""Attention backend for CPU (and any device without Triton): plain torch ops.
+
+Decodes (one query token) of all requests run as ONE batched SDPA over their
+block-gathered contexts, padded to the longest and masked. Prefill chunks (several
+query tokens) run one SDPA each: a step holds few of them, and padding a long chunk
+to the batch would cost far more than the loop. The per-step plan (which rows are
+decodes, gather indices, masks) is built once and reused by every layer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from worker_svc.attention.metadata import AttentionMetadata
+
+
+@dataclass(slots=True)
+class _Prefill:
+    rows: slice  # this request's query rows
+    blocks: torch.Tensor  # [num_blocks] int64
+    seq_len: int
+    mask: torch.Tensor | None  # [q_len, seq_len] bool, None = plain causal (no context)
+
+
+@dataclass(slots=True)
+class _Plan:
+    decode_rows: torch.Tensor | None  # [num_decodes] int64 query rows
+    decode_blocks: torch.Tensor | None  # [num_decodes, max_blocks] int64
+    decode_mask: torch.Tensor | None  # [num_decodes, 1, 1, max_blocks * block_size] bool
+    decode_all_rows: bool  # every query row is a decode, in order: no gather/scatter
+    prefills: list[_Prefill]
+
+
+def write_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    num_kv_heads, head_dim = kv_cache.shape[3], kv_cache.shape[4]
+    k_flat = kv_cache[0].view(-1, num_kv_heads, head_dim)
+    v_flat = kv_cache[1].view(-1, num_kv_heads, head_dim)
+    if slot_mapping.numel() and bool((slot_mapping < 0).any()):  # -1 marks padding rows
+        keep = slot_mapping >= 0
+        key, value, slot_mapping = key[keep], value[keep], slot_mapping[keep]
+    k_flat.index_copy_(0, slot_mapping, key)
+    v_flat.index_copy_(0, slot_mapping, value)
+
+
+def attention(query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
+              scale: float) -> torch.Tensor:
+    """query [num_tokens, num_heads, head_dim] -> out of the same shape and dtype."""
+    plan = meta.backend_state
+    if not isinstance(plan, _Plan):
+        plan = meta.backend_state = _make_plan(meta, kv_cache.shape[2], query.device)
+    num_heads, head_dim = query.shape[1], query.shape[2]
+    num_kv_heads = kv_cache.shape[3]
+    gqa = num_heads != num_kv_heads
+    if plan.decode_all_rows and not plan.prefills:
+        return _decode(query, kv_cache, plan, scale, gqa)
+    out = torch.empty_like(query)
+    if plan.decode_rows is not None:
+        out[plan.decode_rows] = _decode(query[plan.decode_rows], kv_cache, plan, scale, gqa)
+    for p in plan.prefills:
+        k = kv_cache[0, p.blocks].flatten(0, 1)[:p.seq_len].transpose(0, 1)
+        v = kv_cache[1, p.blocks].flatten(0, 1)[:p.seq_len].transpose(0, 1)
+        q = query[p.rows].transpose(0, 1)  # [heads, q_len, head_dim]
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=p.mask,
+                                           is_causal=p.mask is None, scale=scale,
+                                           enable_gqa=gqa)
+        out[p.rows] = o.transpose(0, 1)
+    return out
+
+
+def _decode(query: torch.Tensor, kv_cache: torch.Tensor, plan: _Plan, scale: float,
+            gqa: bool) -> torch.Tensor:
+    num_decodes, num_kv_heads, head_dim = query.shape[0], kv_cache.shape[3], kv_cache.shape[4]
+    # [decodes, blocks, block_size, kv_heads, head_dim] -> [decodes, kv_heads, ctx, head_dim]
+    k = kv_cache[0, plan.decode_blocks].view(num_decodes, -1, num_kv_heads, head_dim)
+    v = kv_cache[1, plan.decode_blocks].view(num_decodes, -1, num_kv_heads, head_dim)
+    o = F.scaled_dot_product_attention(query.unsqueeze(2), k.transpose(1, 2),
+                                       v.transpose(1, 2), attn_mask=plan.decode_mask,
+                                       scale=scale, enable_gqa=gqa)
+    return o.squeeze(2)
+
+
+def _make_plan(meta: AttentionMetadata, block_size: int, device: torch.device) -> _Plan:
+    starts = meta.query_start_loc.tolist()
+    seq_lens = meta.seq_lens.tolist()
+    q_lens = [starts[i + 1] - starts[i] for i in range(len(seq_lens))]
+    decodes = [i for i, n in enumerate(q_lens) if n == 1]
+    prefills = []
+    for i, q_len in enumerate(q_lens):
+        if q_len <= 1:
+            continue
+        seq_len = seq_lens[i]
+        num_blocks = -(-seq_len // block_size)
+        mask = None
+        if seq_len != q_len:  # cached context before the chunk: causal with an offset
+            q_pos = torch.arange(seq_len - q_len, seq_len, device=device).unsqueeze(1)
+            mask = torch.arange(seq_len, device=device).unsqueeze(0) <= q_pos
+        prefills.append(_Prefill(rows=slice(starts[i], starts[i + 1]),
+                                 blocks=meta.block_table[i, :num_blocks].long(),
+                                 seq_len=seq_len, mask=mask))
+    if not decodes:
+        return _Plan(None, None, None, False, prefills)
+    idx = torch.tensor(decodes, device=device)
+    lens = meta.seq_lens[idx].long()
+    max_blocks = -(-max(seq_lens[i] for i in decodes) // block_size)
+    blocks = meta.block_table[idx, :max_blocks].long()
+    key_pos = torch.arange(max_blocks * block_size, device=device)
+    mask = (key_pos.unsqueeze(0) < lens.unsqueeze(1)).view(len(decodes), 1, 1, -1)
+    rows = torch.tensor([starts[i] for i in decodes], device=device)
+    all_rows = len(decodes) == starts[-1] and decodes == list(range(len(seq_lens)))
+    return _Plan(rows, blocks, mask, all_rows, prefills)
