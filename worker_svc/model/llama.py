@@ -1,0 +1,80 @@
+"""The decoder forward for Llama, Mistral, SmolLM and Qwen2 checkpoints.
+
+One call runs every scheduled token of a step (prefill chunks and decodes of many
+requests, flattened into one [num_tokens] batch, no padding). Layers are plain
+loops over fused weights, not nn.Modules: on a 2-core CPU the per-op Python cost
+of a 30-layer model is a visible share of a decode step.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from worker_svc.attention.metadata import AttentionMetadata
+from worker_svc.model.config import ModelConfig
+from worker_svc.model.weights import ModelWeights
+
+
+class DecoderModel:
+    def __init__(self, cfg: ModelConfig, weights: ModelWeights, backend,
+                 max_positions: int) -> None:
+        self.cfg = cfg
+        self.w = weights
+        self.backend = backend  # module with write_kv() and attention()
+        self.scale = cfg.head_dim ** -0.5
+        device, dtype = weights.embed.device, weights.embed.dtype
+        # cos/sin per position, computed in fp32 like the reference, then cast once
+        freqs = torch.arange(max_positions, dtype=torch.float).unsqueeze(1) * cfg.inv_freq
+        emb = torch.cat((freqs, freqs), dim=-1)
+        self.cos = (emb.cos() * cfg.rope_scaling).to(device=device, dtype=dtype)
+        self.sin = (emb.sin() * cfg.rope_scaling).to(device=device, dtype=dtype)
+
+    def allocate_kv_caches(self, num_blocks: int, block_size: int) -> list[torch.Tensor]:
+        c, e = self.cfg, self.w.embed
+        return [torch.zeros(2, num_blocks, block_size, c.num_kv_heads, c.head_dim,
+                            dtype=e.dtype, device=e.device) for _ in range(c.num_layers)]
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                kv_caches: list[torch.Tensor], meta: AttentionMetadata,
+                logits_indices: torch.Tensor) -> torch.Tensor:
+        """Logits [len(logits_indices), vocab] of the rows that sample."""
+        c, w = self.cfg, self.w
+        n = input_ids.shape[0]
+        nq, nkv, hd = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.head_dim
+        half = hd // 2
+        cos = self.cos[positions].unsqueeze(1)  # [n, 1, head_dim], shared by all layers
+        sin = self.sin[positions].unsqueeze(1)
+        eps = c.rms_norm_eps
+        write_kv, attention = self.backend.write_kv, self.backend.attention
+
+        def rope(x: torch.Tensor) -> torch.Tensor:
+            rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+            return x * cos + rotated * sin
+
+        x = F.embedding(input_ids, w.embed)
+        residual = x
+        for i, lw in enumerate(w.layers):
+            h = _rms_norm(x, lw.input_norm, eps)
+            qkv = F.linear(h, lw.qkv, lw.qkv_bias)
+            q = rope(qkv[:, :nq].view(n, c.num_heads, hd))
+            k = rope(qkv[:, nq:nq + nkv].view(n, c.num_kv_heads, hd))
+            v = qkv[:, nq + nkv:].view(n, c.num_kv_heads, hd)
+            write_kv(k, v, kv_caches[i], meta.slot_mapping)
+            attn = attention(q, kv_caches[i], meta, self.scale)
+            x = residual + F.linear(attn.view(n, nq), lw.o_proj, lw.o_bias)
+            residual = x
+            h = _rms_norm(x, lw.post_norm, eps)
+            gate_up = F.linear(h, lw.gate_up, lw.gate_up_bias)
+            x = residual + F.linear(F.silu(gate_up[:, :c.intermediate_size])
+                                    * gate_up[:, c.intermediate_size:], lw.down, lw.down_bias)
+            residual = x
+        # only the rows that sample need the norm and the (large) vocabulary projection
+        x = _rms_norm(x[logits_indices], w.final_norm, eps)
+        return F.linear(x, w.lm_head).float()
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
