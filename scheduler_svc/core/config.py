@@ -1,0 +1,67 @@
+"""Scheduler configuration and its start-up validation (rules in SCHEDULING.md)."""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+
+POLICIES = ("fcfs", "priority")
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot work; raised at start-up with the reason."""
+
+
+@dataclass(slots=True)
+class SchedulerConfig:
+    # Defaults follow the reference: 2,048-token budget (no GPU of 70 GiB or more here).
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    max_model_len: int = 8192
+    block_size: int = 16
+    long_prefill_token_threshold: int = 0  # 0 = off
+    policy: str = "fcfs"
+    enable_chunked_prefill: bool = True
+    enable_prefix_caching: bool = True
+    async_scheduling: bool = False
+    # Fraction of all blocks an admission must leave free (0 = no watermark).
+    watermark: float = 0.0
+    # Admit a prompt only if blocks for all of it (not just its first chunk) are free now.
+    check_whole_prompt_fits: bool = False
+    # Per-deployment salt of the prefix-cache hash chain; random unless pinned.
+    hash_seed: str = field(default_factory=lambda: secrets.token_hex(16))
+
+    def validate(self) -> None:
+        """Raise ConfigError naming the first broken rule; changes nothing."""
+
+        def bad(msg: str) -> None:
+            raise ConfigError(msg)
+
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "block_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                bad(f"{name} must be a positive integer, got {value!r}")
+        if self.max_model_len < 2:
+            bad(f"max_model_len must be at least 2 (one prompt token and one output token), "
+                f"got {self.max_model_len}")
+        if self.policy not in POLICIES:
+            bad(f"policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            bad(f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be at least "
+                f"max_num_seqs ({self.max_num_seqs}) so that every running request can "
+                f"decode in one step")
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            bad(f"with chunked prefill disabled, max_num_batched_tokens "
+                f"({self.max_num_batched_tokens}) must be at least max_model_len "
+                f"({self.max_model_len}), or the longest prompt could never be scheduled; "
+                f"raise the budget, lower max_model_len, or enable chunked prefill")
+        if not isinstance(self.long_prefill_token_threshold, int) or self.long_prefill_token_threshold < 0:
+            bad(f"long_prefill_token_threshold must be a non-negative integer (0 = off), "
+                f"got {self.long_prefill_token_threshold!r}")
+        if self.long_prefill_token_threshold > 0 and not self.enable_chunked_prefill:
+            bad("long_prefill_token_threshold splits prompts into chunks, so it needs "
+                "chunked prefill enabled")
+        if not 0.0 <= self.watermark < 1.0:
+            bad(f"watermark must be in [0, 1), got {self.watermark}")
+        if not isinstance(self.hash_seed, str) or not self.hash_seed:
+            bad("hash_seed must be a non-empty string")

@@ -1,0 +1,122 @@
+"""Block tables of requests on top of the block pool: allocation of slots for new
+tokens, prefix-cache lookup, freeing, and usage/hit statistics."""
+
+from __future__ import annotations
+
+from scheduler_svc.core.block_pool import BlockPool, KVBlock
+from scheduler_svc.core.request import Request
+
+NO_BLOCKS: tuple[KVBlock, ...] = ()
+
+
+class KVCacheManager:
+    def __init__(self, num_blocks: int, block_size: int, max_model_len: int,
+                 enable_prefix_caching: bool = True, watermark: float = 0.0) -> None:
+        self.pool = BlockPool(num_blocks)
+        self.block_size = block_size
+        self.max_model_len = max_model_len
+        self.enable_prefix_caching = enable_prefix_caching
+        self.watermark_blocks = int(watermark * (num_blocks - 1))
+        self.req_to_blocks: dict[str, list[KVBlock]] = {}
+        # How many leading blocks of each request are registered in the prefix cache.
+        self.num_cached_blocks: dict[str, int] = {}
+        self.prefix_queries = 0  # tokens looked up
+        self.prefix_hits = 0  # tokens found
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free_blocks
+
+    @property
+    def usage(self) -> float:
+        return self.pool.usage
+
+    def get_computed_blocks(self, request: Request) -> tuple[list[KVBlock], int]:
+        """Longest chain of cached full blocks matching the request's tokens, never
+        covering the last token (it is recomputed to produce logits)."""
+        if not self.enable_prefix_caching:
+            return [], 0
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        hit: list[KVBlock] = []
+        for block_hash in request.block_hashes[:max_blocks]:
+            block = self.pool.get_cached_block(block_hash)
+            if block is None:
+                break
+            hit.append(block)
+        return hit, len(hit) * self.block_size
+
+    def record_prefix_lookup(self, num_query_tokens: int, num_hit_tokens: int) -> None:
+        self.prefix_queries += num_query_tokens
+        self.prefix_hits += num_hit_tokens
+
+    def blocks_needed(self, request: Request, num_tokens_total: int,
+                      num_new_computed_blocks: int = 0) -> int:
+        held = len(self.req_to_blocks.get(request.req_id, NO_BLOCKS)) + num_new_computed_blocks
+        return max(0, -(-min(num_tokens_total, self.max_model_len) // self.block_size) - held)
+
+    def allocate_slots(self, request: Request, num_new_tokens: int,
+                       new_computed_blocks: list[KVBlock] | tuple = NO_BLOCKS,
+                       num_lookahead_tokens: int = 0, admission: bool = False,
+                       num_tokens_to_fit: int = 0) -> list[KVBlock] | None:
+        """Give the request blocks for `num_new_tokens` (+ lookahead) beyond what it has
+        computed (including `new_computed_blocks`, a prefix hit being admitted). Returns
+        the newly allocated blocks, or None (changing nothing) if they do not fit.
+        `admission` applies the free-block watermark; `num_tokens_to_fit` > 0 also
+        requires blocks for that many tokens to be free now (whole-prompt check)."""
+        req_id = request.req_id
+        blocks = self.req_to_blocks.get(req_id)
+        num_held = len(blocks) if blocks is not None else 0
+        num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
+        num_total = min(num_computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
+        num_needed = -(-num_total // self.block_size) - num_held - len(new_computed_blocks)
+        if num_needed <= 0 and not new_computed_blocks:  # the common decode step: no new block
+            self._cache_full_blocks(request, blocks, num_computed + num_new_tokens)
+            return []
+        num_needed = max(num_needed, 0)
+        # Prefix-hit blocks sitting in the free queue are taken out of it, so they count.
+        num_evictable_hits = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
+        reserve = self.watermark_blocks if admission else 0
+        free = self.pool.num_free_blocks - reserve
+        if num_needed + num_evictable_hits > free:
+            return None
+        if num_tokens_to_fit:
+            fit = -(-min(num_computed + num_tokens_to_fit, self.max_model_len) // self.block_size)
+            if fit - num_held - len(new_computed_blocks) + num_evictable_hits > free:
+                return None
+        if blocks is None:
+            blocks = self.req_to_blocks[req_id] = []
+            self.num_cached_blocks[req_id] = 0
+        if new_computed_blocks:
+            self.pool.touch(new_computed_blocks)
+            blocks.extend(new_computed_blocks)
+            self.num_cached_blocks[req_id] = len(blocks)  # already in the cache
+        new_blocks = self.pool.get_new_blocks(num_needed)
+        blocks.extend(new_blocks)
+        self._cache_full_blocks(request, blocks, num_computed + num_new_tokens)
+        return new_blocks
+
+    def _cache_full_blocks(self, request: Request, blocks: list[KVBlock] | None,
+                           num_tokens: int) -> None:
+        """Register newly full blocks; only hashes of committed tokens exist, so a block
+        holding a placeholder waits until its token arrives."""
+        if not self.enable_prefix_caching or blocks is None:
+            return
+        req_id = request.req_id
+        done = self.num_cached_blocks[req_id]
+        upto = min(num_tokens // self.block_size, len(request.block_hashes), len(blocks))
+        if upto <= done:
+            return
+        hashes = request.block_hashes
+        for i in range(done, upto):
+            self.pool.cache_block(blocks[i], hashes[i])
+        self.num_cached_blocks[req_id] = upto
+
+    def free(self, request: Request) -> None:
+        """Release the request's blocks, deepest first, so its longest prefix is evicted first."""
+        blocks = self.req_to_blocks.pop(request.req_id, None)
+        self.num_cached_blocks.pop(request.req_id, None)
+        if blocks:
+            self.pool.free_blocks(reversed(blocks))
+
+    def get_block_ids(self, req_id: str) -> list[int]:
+        return [b.block_id for b in self.req_to_blocks.get(req_id, NO_BLOCKS)]

@@ -1,0 +1,101 @@
+"""One request as the scheduler sees it: token ids, counters and status."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+
+from shared.types import FinishReason, SamplingParams
+
+
+class RequestStatus(enum.IntEnum):
+    WAITING = 1
+    RUNNING = 2
+    PREEMPTED = 3  # back in WAITING, to be recomputed
+    FINISHED_STOPPED = 4
+    FINISHED_LENGTH = 5
+    FINISHED_ABORTED = 6
+
+    @property
+    def finished(self) -> bool:
+        return self >= RequestStatus.FINISHED_STOPPED
+
+
+FINISH_REASONS = {
+    RequestStatus.FINISHED_STOPPED: FinishReason.STOP,
+    RequestStatus.FINISHED_LENGTH: FinishReason.LENGTH,
+    RequestStatus.FINISHED_ABORTED: FinishReason.ABORT,
+}
+
+
+class Request:
+    """State of one request. `num_computed_tokens` advances when work is scheduled;
+    `num_output_placeholders` counts tokens that in-flight steps will sample (async only)."""
+
+    __slots__ = (
+        "req_id", "prompt_token_ids", "sampling_params", "eos_token_ids", "arrival_time",
+        "priority", "cache_salt", "output_token_ids", "all_token_ids", "num_prompt_tokens",
+        "num_computed_tokens", "num_output_placeholders", "status", "stop_token_id",
+        "num_preemptions", "num_cached_tokens", "ready", "block_hashes", "block_hasher",
+        "max_tokens", "min_tokens", "stop_token_ids", "ignore_eos",
+    )
+
+    def __init__(self, req_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
+                 eos_token_ids: list[int] | tuple[int, ...] = (), arrival_time: float = 0.0,
+                 priority: int = 0, cache_salt: str | None = None) -> None:
+        self.req_id = req_id
+        self.prompt_token_ids = list(prompt_token_ids)
+        self.sampling_params = sampling_params
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.arrival_time = arrival_time
+        self.priority = priority
+        self.cache_salt = cache_salt
+        self.output_token_ids: list[int] = []
+        self.all_token_ids: list[int] = list(prompt_token_ids)
+        self.num_prompt_tokens = len(self.prompt_token_ids)
+        self.num_computed_tokens = 0
+        self.num_output_placeholders = 0
+        self.status = RequestStatus.WAITING
+        self.stop_token_id: int | None = None
+        self.num_preemptions = 0
+        self.num_cached_tokens = -1  # prefix-cache hit at first admission; -1 = not admitted yet
+        self.ready = True  # False while it waits on something outside the scheduler
+        self.block_hashes: list[bytes] = []  # hashes of the full blocks of committed tokens
+        self.block_hasher: Callable[[Request], None] | None = None
+        # Copied out of sampling_params: read on every step's hot path.
+        self.max_tokens = sampling_params.max_tokens
+        self.min_tokens = sampling_params.min_tokens
+        self.stop_token_ids = frozenset(sampling_params.stop_token_ids)
+        self.ignore_eos = sampling_params.ignore_eos
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    @property
+    def gap(self) -> int:
+        """Tokens this request still needs scheduled: the one quantity of SCHEDULING.md."""
+        return len(self.all_token_ids) + self.num_output_placeholders - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status >= RequestStatus.FINISHED_STOPPED
+
+    @property
+    def finish_reason(self) -> FinishReason | None:
+        return FINISH_REASONS.get(self.status)
+
+    def append_output_token(self, token_id: int) -> None:
+        """Commit one sampled token; only committed tokens are hashed into the prefix cache."""
+        self.output_token_ids.append(token_id)
+        self.all_token_ids.append(token_id)
+        if self.block_hasher is not None:
+            self.block_hasher(self)
+
+    def __repr__(self) -> str:
+        return (f"Request({self.req_id!r}, {self.status.name}, tokens={self.num_tokens}, "
+                f"computed={self.num_computed_tokens}, placeholders={self.num_output_placeholders})")

@@ -1,0 +1,415 @@
+"""The scheduler: decides, each step, how many tokens of which requests to compute.
+
+Rules: ../shared/docs/SCHEDULING.md (vLLM V1 semantics); deviations: docs/scheduling.md.
+"""
+
+from __future__ import annotations
+
+import structlog
+
+from scheduler_svc.core.block_hash import BlockHasher
+from scheduler_svc.core.block_pool import KVBlock
+from scheduler_svc.core.config import ConfigError, SchedulerConfig
+from scheduler_svc.core.kv_cache_manager import KVCacheManager
+from scheduler_svc.core.queues import make_queue
+from scheduler_svc.core.request import Request, RequestStatus
+from scheduler_svc.core.stats import SchedulerStats
+from shared.types import (
+    CachedRequestData,
+    FinishReason,
+    InvalidRequestError,
+    ModelRunnerOutput,
+    NewRequestData,
+    RequestOutput,
+    SchedulerOutput,
+)
+
+log = structlog.get_logger("scheduler")
+
+PREEMPTION_LOG_EVERY = 50  # like vLLM: warn on the first preemption, then every 50th
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, num_blocks: int) -> None:
+        config.validate()
+        if num_blocks < 2:
+            raise ConfigError(f"the KV pool needs at least 2 blocks (block 0 is reserved), "
+                              f"got {num_blocks}")
+        # The longest request keeps KV for max_model_len - 1 tokens (its last token is
+        # sampled, never computed); if that cannot fit, it could never finish.
+        need = -(-(config.max_model_len - 1) // config.block_size)
+        if need > num_blocks - 1:
+            raise ConfigError(
+                f"max_model_len {config.max_model_len} needs {need} KV blocks of "
+                f"{config.block_size} tokens, but the pool has only {num_blocks - 1}; "
+                f"lower max_model_len or give the workers more memory")
+        self.config = config
+        self.kv = KVCacheManager(num_blocks, config.block_size, config.max_model_len,
+                                 config.enable_prefix_caching, config.watermark)
+        self.hasher = BlockHasher(config.block_size, config.hash_seed) \
+            if config.enable_prefix_caching else None
+        self.requests: dict[str, Request] = {}  # every unfinished request
+        self.waiting = make_queue(config.policy)
+        self.running: list[Request] = []  # in admission order
+        self.finished_req_ids: set[str] = set()  # reported in the next SchedulerOutput
+        # step id -> {req_id: (request, whether the step samples a token for it)}
+        self.in_flight: dict[int, dict[str, tuple[Request, bool]]] = {}
+        self.next_step_id = 0
+        self._stats = SchedulerStats(num_total_blocks=num_blocks)
+
+    # ------------------------------------------------------------------ requests
+
+    def add_request(self, request: Request) -> None:
+        """Queue a request; bad input raises InvalidRequestError and queues nothing."""
+        if request.req_id in self.requests:
+            raise InvalidRequestError(f"request id {request.req_id!r} is already in use")
+        if request.num_prompt_tokens == 0:
+            raise InvalidRequestError("the prompt is empty")
+        limit = self.config.max_model_len
+        if request.num_prompt_tokens >= limit:
+            # A prompt of exactly max_model_len tokens leaves no room for one output token.
+            raise InvalidRequestError(
+                f"the prompt has {request.num_prompt_tokens} tokens; this model's context "
+                f"is {limit} tokens, which must hold the prompt and at least one output token")
+        request.sampling_params.validate()
+        if request.status is not RequestStatus.WAITING or request.num_computed_tokens:
+            raise InvalidRequestError(f"request {request.req_id!r} was already scheduled")
+        if self.hasher is not None:
+            request.block_hasher = self.hasher
+            self.hasher(request)
+        self.requests[request.req_id] = request
+        self.waiting.add(request)
+
+    def abort_requests(self, req_ids) -> list[RequestOutput]:
+        """Finish the given requests now and free their blocks at once. Returns one
+        ABORT output per request that was still unfinished (unknown ids are ignored:
+        an abort may race with a normal finish). The ids also appear in the next
+        SchedulerOutput.finished_req_ids, so workers drop their state."""
+        outputs = []
+        removed_running = False
+        for req_id in req_ids:
+            request = self.requests.get(req_id)
+            if request is None:
+                continue
+            removed_running |= request.status is RequestStatus.RUNNING
+            self._finish(request, RequestStatus.FINISHED_ABORTED)
+            outputs.append(self._output(request, []))
+        if removed_running:
+            self.running = [r for r in self.running if not r.is_finished]
+        return outputs
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    def get_num_unfinished_requests(self) -> int:
+        return len(self.requests)
+
+    # ------------------------------------------------------------------ schedule
+
+    def schedule(self) -> SchedulerOutput:
+        # The whole state machine is one comparison: a request needs work while
+        # num_computed_tokens < num_tokens + num_output_placeholders, and gets
+        # min(gap, limits) tokens. Prefill, chunked prefill, decode and recompute
+        # after preemption are all that same rule.
+        cfg = self.config
+        kv = self.kv
+        running = self.running
+        waiting = self.waiting
+        budget = cfg.max_num_batched_tokens
+        max_len = cfg.max_model_len
+        threshold = cfg.long_prefill_token_threshold
+        # The per-request cap does not apply when only one request is eligible.
+        cap = threshold if threshold and len(running) + len(waiting) > 1 else 0
+
+        num_scheduled: dict[str, int] = {}
+        new_blocks_of: dict[str, list[KVBlock]] = {}
+        scheduled_running: list[Request] = []
+        preempted: list[Request] = []
+
+        # Pass 1: RUNNING, in admission order.
+        i = 0
+        while i < len(running) and budget > 0:
+            request = running[i]
+            n = len(request.all_token_ids) + request.num_output_placeholders \
+                - request.num_computed_tokens
+            if cap and n > cap:
+                n = cap
+            if n > budget:
+                n = budget
+            if n > max_len - 1 - request.num_computed_tokens:
+                n = max_len - 1 - request.num_computed_tokens
+            # Async: a request whose in-flight steps reach max_tokens gets no further step.
+            if len(request.output_token_ids) + request.num_output_placeholders >= request.max_tokens:
+                n = 0
+            if n <= 0:
+                i += 1
+                continue
+            while True:
+                blocks = kv.allocate_slots(request, n)
+                if blocks is not None:
+                    break
+                victim = self._pick_victim()
+                index = running.index(victim) if victim is not running[-1] else len(running) - 1
+                del running[index]
+                if index < i:  # it sat before us: the current request moved down one
+                    i -= 1
+                if victim.req_id in num_scheduled:  # already scheduled this step: refund
+                    budget += num_scheduled.pop(victim.req_id)
+                    del new_blocks_of[victim.req_id]
+                    scheduled_running.remove(victim)
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is request:
+                    break
+            if blocks is None:
+                break
+            num_scheduled[request.req_id] = n
+            new_blocks_of[request.req_id] = blocks
+            scheduled_running.append(request)
+            budget -= n
+            i += 1
+
+        # Pass 2: WAITING; never admit in a step that preempted.
+        new_reqs: list[Request] = []
+        resumed: list[Request] = []
+        skipped: list[Request] = []
+        blocked_by = None
+        while (request := waiting.peek()) is not None:
+            if preempted:
+                blocked_by = "preemption"
+                break
+            if len(running) >= cfg.max_num_seqs:
+                blocked_by = "max_num_seqs"
+                break
+            if budget <= 0:
+                blocked_by = "token_budget"
+                break
+            if not request.ready:  # set aside; it must not block those behind it
+                skipped.append(waiting.pop())
+                continue
+            hit_blocks, num_hit = kv.get_computed_blocks(request)
+            n = request.num_tokens - num_hit
+            if cap and n > cap:
+                n = cap
+            if n > budget:
+                if not cfg.enable_chunked_prefill:  # admitted only whole
+                    blocked_by = "token_budget"
+                    break
+                n = budget
+            fit = request.num_tokens - num_hit if cfg.check_whole_prompt_fits else 0
+            blocks = kv.allocate_slots(request, n, hit_blocks, admission=True,
+                                       num_tokens_to_fit=fit)
+            if blocks is None:  # head-of-line blocking, deliberately: no search further down
+                blocked_by = "kv_cache"
+                break
+            waiting.pop()
+            kv.record_prefix_lookup(request.num_tokens, num_hit)
+            if request.status is RequestStatus.PREEMPTED:
+                resumed.append(request)
+                self._stats.num_waiting_preempted -= 1
+                self._stats.num_recomputed_tokens_total -= num_hit
+            else:
+                new_reqs.append(request)
+                request.num_cached_tokens = num_hit
+            request.status = RequestStatus.RUNNING
+            request.num_computed_tokens = num_hit
+            running.append(request)
+            num_scheduled[request.req_id] = n
+            budget -= n
+        if skipped:
+            waiting.prepend_all(skipped)
+
+        return self._emit(new_reqs, resumed, scheduled_running, new_blocks_of,
+                          num_scheduled, preempted, skipped, blocked_by)
+
+    def _emit(self, new_reqs, resumed, scheduled_running, new_blocks_of, num_scheduled,
+              preempted, skipped, blocked_by) -> SchedulerOutput:
+        kv = self.kv
+        out = SchedulerOutput(step_id=self.next_step_id)
+        self.next_step_id += 1
+        for request in new_reqs:
+            out.scheduled_new_reqs.append(NewRequestData(
+                req_id=request.req_id, prompt_token_ids=request.prompt_token_ids,
+                sampling_params=request.sampling_params,
+                block_ids=kv.get_block_ids(request.req_id),
+                num_computed_tokens=request.num_computed_tokens))
+        cached = out.scheduled_cached_reqs
+        for request in resumed:  # the worker replaces its block table
+            cached.append(request.req_id, True, kv.get_block_ids(request.req_id),
+                          request.num_computed_tokens)
+        for request in scheduled_running:
+            cached.append(request.req_id, False,
+                          [b.block_id for b in new_blocks_of[request.req_id]],
+                          request.num_computed_tokens)
+
+        # Work counts as done when scheduled; a step that reaches the end samples a token.
+        async_ = self.config.async_scheduling
+        step: dict[str, tuple[Request, bool]] = {}
+        total = 0
+        for req_id, n in num_scheduled.items():
+            request = self.requests[req_id]
+            samples = n == len(request.all_token_ids) + request.num_output_placeholders \
+                - request.num_computed_tokens
+            request.num_computed_tokens += n
+            if samples and async_:
+                request.num_output_placeholders += 1
+            step[req_id] = (request, samples)
+            total += n
+        if step:
+            self.in_flight[out.step_id] = step
+        out.num_scheduled_tokens = num_scheduled
+        out.total_num_scheduled_tokens = total
+        out.finished_req_ids = self.finished_req_ids
+        self.finished_req_ids = set()
+        out.preempted_req_ids = {r.req_id for r in preempted}
+
+        stats = self._stats
+        stats.step_num_scheduled_tokens = total
+        stats.step_num_scheduled_reqs = len(num_scheduled)
+        stats.step_num_preempted = len(preempted)
+        stats.num_waiting_not_ready = len(skipped)
+        stats.admission_blocked_by = blocked_by
+        stats.num_steps += 1
+        return out
+
+    # ------------------------------------------------------------------ preemption
+
+    def _pick_victim(self) -> Request:
+        if self.config.policy == "priority":
+            # Least important: largest (priority, arrival); ties go to the latest arrival.
+            return max(self.running, key=lambda r: (r.priority, r.arrival_time))
+        return self.running[-1]  # FCFS: the most recently admitted
+
+    def _preempt(self, request: Request) -> None:
+        """Preemption is recomputation: free the blocks (full ones keep their hashes),
+        forget computed work and placeholders, keep the output, go to the FRONT of WAITING.
+        An in-flight step may still write the freed blocks; that is safe only because
+        workers execute steps strictly in order, so a new owner writes them later."""
+        self.kv.free(request)
+        stats = self._stats
+        stats.num_recomputed_tokens_total += request.num_computed_tokens
+        request.status = RequestStatus.PREEMPTED
+        request.num_computed_tokens = 0
+        request.num_output_placeholders = 0
+        request.num_preemptions += 1
+        stats.num_preemptions_total += 1
+        stats.num_waiting_preempted += 1
+        self.waiting.prepend(request)
+        total = stats.num_preemptions_total
+        if total == 1 or total % PREEMPTION_LOG_EVERY == 0:
+            log.warning("request preempted: the KV cache is full; it will be recomputed. "
+                        "Frequent preemption means the load is past capacity",
+                        req_id=request.req_id, num_preemptions=request.num_preemptions,
+                        total_num_cumulative_preemption=total)
+
+    # ------------------------------------------------------------------ results
+
+    def update_from_output(self, scheduler_output: SchedulerOutput,
+                           model_runner_output: ModelRunnerOutput) -> list[RequestOutput]:
+        """Commit the sampled tokens of one step, check stops, free finished requests.
+        Returns one output per request that got new tokens or finished."""
+        step_id = model_runner_output.step_id
+        step = self.in_flight.get(step_id)
+        if scheduler_output.step_id != step_id:
+            raise ValueError(f"worker output is for step {step_id}, "
+                             f"but it was passed with step {scheduler_output.step_id}")
+        if step is None:
+            raise ValueError(f"step {step_id} is not in flight (unknown or already applied)")
+        req_ids = model_runner_output.req_ids
+        sampled_ids = model_runner_output.sampled_token_ids
+        if len(req_ids) != len(sampled_ids):
+            raise ValueError("worker output has a different number of request ids and token lists")
+        for req_id, sampled in zip(req_ids, sampled_ids):
+            entry = step.get(req_id)
+            if entry is None:
+                raise ValueError(f"worker output names request {req_id!r}, not in step {step_id}")
+            if sampled and not entry[1]:
+                raise ValueError(f"worker sampled for request {req_id!r} in step {step_id}, "
+                                 f"whose chunk there did not reach the end of its tokens")
+        del self.in_flight[step_id]
+
+        logprobs = model_runner_output.logprobs
+        outputs = []
+        any_finished_running = False
+        for k, (req_id, sampled) in enumerate(zip(req_ids, sampled_ids)):
+            request = step[req_id][0]
+            # Finished meanwhile (EOS in the previous step, or aborted): the token
+            # computed after the end is discarded.
+            if not sampled or request.status >= RequestStatus.FINISHED_STOPPED:
+                continue
+            if request.num_output_placeholders:  # 0 if preempted since: placeholders dropped
+                request.num_output_placeholders = max(0, request.num_output_placeholders - len(sampled))
+            new_ids = []
+            status = None
+            for token_id in sampled:
+                request.append_output_token(token_id)
+                new_ids.append(token_id)
+                status = self._check_stop(request, token_id)
+                if status is not None:
+                    break
+            if status is not None:
+                any_finished_running |= request.status is RequestStatus.RUNNING
+                self._finish(request, status)
+            new_logprobs = logprobs[k] if k < len(logprobs) and logprobs[k] else []
+            outputs.append(self._output(request, new_ids, new_logprobs[:len(new_ids)]))
+        if any_finished_running:
+            self.running = [r for r in self.running if not r.is_finished]
+        return outputs
+
+    def _check_stop(self, request: Request, token_id: int) -> RequestStatus | None:
+        # Order of SCHEDULING.md: EOS, stop token id, max_tokens, max_model_len. vLLM
+        # tests length first; we report STOP when the last allowed token is a stop token.
+        if len(request.output_token_ids) >= request.min_tokens:
+            if (token_id in request.eos_token_ids and not request.ignore_eos) \
+                    or token_id in request.stop_token_ids:
+                request.stop_token_id = token_id
+                return RequestStatus.FINISHED_STOPPED
+        if len(request.output_token_ids) >= request.max_tokens \
+                or len(request.all_token_ids) >= self.config.max_model_len:
+            return RequestStatus.FINISHED_LENGTH
+        return None
+
+    def _finish(self, request: Request, status: RequestStatus) -> None:
+        """Mark finished and free its blocks; the caller drops it from RUNNING."""
+        if request.status is not RequestStatus.RUNNING:  # in WAITING: dropped lazily
+            self.waiting.discard(request)
+            if request.status is RequestStatus.PREEMPTED:
+                self._stats.num_waiting_preempted -= 1
+        request.status = status
+        request.num_output_placeholders = 0
+        self.kv.free(request)
+        del self.requests[request.req_id]
+        self.finished_req_ids.add(request.req_id)
+
+    @staticmethod
+    def _output(request: Request, new_ids: list[int], new_logprobs=()) -> RequestOutput:
+        return RequestOutput(
+            req_id=request.req_id, new_token_ids=new_ids, new_logprobs=list(new_logprobs),
+            finish_reason=request.finish_reason, stop_token_id=request.stop_token_id,
+            num_preemptions=request.num_preemptions,
+            num_cached_tokens=max(request.num_cached_tokens, 0))
+
+    # ------------------------------------------------------------------ inspection
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.kv.num_free_blocks
+
+    @property
+    def num_total_blocks(self) -> int:
+        """All blocks, the reserved null block included; fully free = total - 1."""
+        return self.kv.pool.num_blocks
+
+    def get_block_ids(self, req_id: str) -> list[int]:
+        return self.kv.get_block_ids(req_id)
+
+    def stats(self) -> SchedulerStats:
+        s = self._stats
+        s.num_running = len(self.running)
+        s.num_waiting = len(self.waiting)
+        s.kv_usage = self.kv.usage
+        s.num_free_blocks = self.kv.num_free_blocks
+        s.prefix_cache_queries = self.kv.prefix_queries
+        s.prefix_cache_hits = self.kv.prefix_hits
+        s.num_steps_in_flight = len(self.in_flight)
+        return SchedulerStats(**{f: getattr(s, f) for f in SchedulerStats.__slots__})

@@ -1,0 +1,33 @@
+"""What the scheduler reports for telemetry; the services turn it into metrics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Why the head of WAITING was not admitted in the last step (None: nothing waited).
+BLOCKED_BY = ("max_num_seqs", "token_budget", "kv_cache", "preemption")
+
+
+@dataclass(slots=True)
+class SchedulerStats:
+    num_running: int = 0
+    num_waiting: int = 0
+    num_waiting_preempted: int = 0  # of num_waiting: preempted, to be recomputed
+    num_waiting_not_ready: int = 0  # of num_waiting: skipped as not ready in the last step
+    admission_blocked_by: str | None = None  # one of BLOCKED_BY
+    kv_usage: float = 0.0  # 1 - free / (total - 1)
+    num_free_blocks: int = 0
+    num_total_blocks: int = 0
+    prefix_cache_queries: int = 0  # tokens looked up, cumulative
+    prefix_cache_hits: int = 0  # tokens found, cumulative
+    num_preemptions_total: int = 0
+    num_recomputed_tokens_total: int = 0  # computed tokens lost to preemption, less re-hits
+    step_num_scheduled_tokens: int = 0  # last step
+    step_num_scheduled_reqs: int = 0  # last step
+    step_num_preempted: int = 0  # last step
+    num_steps: int = 0
+    num_steps_in_flight: int = 0
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        return self.prefix_cache_hits / self.prefix_cache_queries if self.prefix_cache_queries else 0.0

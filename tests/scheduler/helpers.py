@@ -1,0 +1,100 @@
+"""Test helpers: requests, a worker stand-in that produces the worker's output data,
+and the invariants of SCHEDULING.md checked after every step."""
+
+from __future__ import annotations
+
+import zlib
+from collections import Counter
+from collections.abc import Callable
+
+from scheduler_svc.core import Request, Scheduler, SchedulerConfig
+from shared.types import ModelRunnerOutput, SamplingParams, SchedulerOutput
+
+EOS = 2
+
+
+def make_request(req_id: str, prompt: list[int] | int, max_tokens: int = 16, *,
+                 arrival: float = 0.0, priority: int = 0, eos: int = EOS,
+                 salt: str | None = None, **sampling) -> Request:
+    if isinstance(prompt, int):  # n distinct tokens, different per request id
+        base = 100 + 10_000 * (zlib.crc32(req_id.encode()) % 1000)
+        prompt = list(range(base, base + prompt))
+    params = SamplingParams(max_tokens=max_tokens, **sampling)
+    return Request(req_id, prompt, params, [eos], arrival, priority, salt)
+
+
+def make_scheduler(num_blocks: int = 64, **config) -> Scheduler:
+    config.setdefault("max_model_len", 256)
+    config.setdefault("hash_seed", "test-seed")
+    return Scheduler(SchedulerConfig(**config), num_blocks)
+
+
+class FakeWorker:
+    """Keeps each request's token ids like a real worker (including tokens it sampled
+    itself) and samples `next_token(req_id, position)` when a step reaches the end."""
+
+    def __init__(self, next_token: Callable[[str, int], int] | None = None) -> None:
+        self.tokens: dict[str, list[int]] = {}
+        self.next_token = next_token or (lambda req_id, pos: 1000 + pos)
+
+    def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        for req_id in so.finished_req_ids:
+            self.tokens.pop(req_id, None)
+        computed = {}
+        for new in so.scheduled_new_reqs:
+            self.tokens[new.req_id] = list(new.prompt_token_ids)
+            computed[new.req_id] = new.num_computed_tokens
+        cached = so.scheduled_cached_reqs
+        for req_id, num in zip(cached.req_ids, cached.num_computed_tokens):
+            computed[req_id] = num
+        out = ModelRunnerOutput(step_id=so.step_id)
+        for req_id, n in so.num_scheduled_tokens.items():
+            tokens = self.tokens[req_id]
+            sampled = []
+            if computed[req_id] + n >= len(tokens):
+                token = self.next_token(req_id, len(tokens))
+                tokens.append(token)
+                sampled = [token]
+            out.req_ids.append(req_id)
+            out.sampled_token_ids.append(sampled)
+        return out
+
+
+def check_invariants(sched: Scheduler, so: SchedulerOutput | None = None) -> None:
+    cfg = sched.config
+    if so is not None:
+        assert so.total_num_scheduled_tokens == sum(so.num_scheduled_tokens.values())
+        assert so.total_num_scheduled_tokens <= cfg.max_num_batched_tokens
+    assert len(sched.running) <= cfg.max_num_seqs
+    kv = sched.kv
+    pool = kv.pool
+    holders = Counter(b.block_id for blocks in kv.req_to_blocks.values() for b in blocks)
+    for block in pool.blocks[1:]:
+        assert block.ref_cnt == holders.get(block.block_id, 0), block
+    free = list(pool.free_queue)
+    assert len(free) == pool.num_free_blocks
+    assert all(b.ref_cnt == 0 for b in free)
+    assert pool.num_free_blocks + len(holders) == pool.num_blocks - 1
+    for block_hash, block in pool.cached.items():
+        assert block.block_hash == block_hash
+    for req_id in kv.req_to_blocks:
+        assert req_id in sched.requests
+
+
+def drive(sched: Scheduler, worker: FakeWorker, max_steps: int = 10_000,
+          check: bool = True) -> dict[str, list]:
+    """Run synchronous steps until every request finished; returns outputs per request."""
+    outputs: dict[str, list] = {}
+    for _ in range(max_steps):
+        if not sched.has_unfinished_requests():
+            break
+        so = sched.schedule()
+        if check:
+            check_invariants(sched, so)
+        for out in sched.update_from_output(so, worker.execute(so)):
+            outputs.setdefault(out.req_id, []).append(out)
+        if check:
+            check_invariants(sched)
+    else:
+        raise AssertionError("requests did not finish")
+    return outputs
