@@ -84,7 +84,8 @@ def scheduler_output_to_proto(out: t.SchedulerOutput) -> worker_pb2.SchedulerOut
             worker_pb2.NewRequestData(
                 req_id=r.req_id, prompt_token_ids=r.prompt_token_ids,
                 sampling_params=sampling_to_proto(r.sampling_params),
-                block_ids=r.block_ids, num_computed_tokens=r.num_computed_tokens)
+                block_ids=r.block_ids, num_computed_tokens=r.num_computed_tokens,
+                trace_context=r.trace_context)
             for r in out.scheduled_new_reqs],
         scheduled_cached_reqs=worker_pb2.CachedRequestData(
             req_ids=cached.req_ids,
@@ -95,7 +96,8 @@ def scheduler_output_to_proto(out: t.SchedulerOutput) -> worker_pb2.SchedulerOut
         num_scheduled_tokens=list(out.num_scheduled_tokens.values()),
         total_num_scheduled_tokens=out.total_num_scheduled_tokens,
         finished_req_ids=sorted(out.finished_req_ids),
-        preempted_req_ids=sorted(out.preempted_req_ids))
+        preempted_req_ids=sorted(out.preempted_req_ids),
+        trace_context=out.trace_context)
 
 
 def scheduler_output_from_proto(msg: worker_pb2.SchedulerOutput) -> t.SchedulerOutput:
@@ -106,7 +108,8 @@ def scheduler_output_from_proto(msg: worker_pb2.SchedulerOutput) -> t.SchedulerO
             t.NewRequestData(
                 req_id=r.req_id, prompt_token_ids=list(r.prompt_token_ids),
                 sampling_params=sampling_from_proto(r.sampling_params),
-                block_ids=list(r.block_ids), num_computed_tokens=r.num_computed_tokens)
+                block_ids=list(r.block_ids), num_computed_tokens=r.num_computed_tokens,
+                trace_context=dict(r.trace_context))
             for r in msg.scheduled_new_reqs],
         scheduled_cached_reqs=t.CachedRequestData(
             req_ids=list(cached.req_ids),
@@ -116,7 +119,8 @@ def scheduler_output_from_proto(msg: worker_pb2.SchedulerOutput) -> t.SchedulerO
         num_scheduled_tokens=dict(zip(msg.scheduled_req_ids, msg.num_scheduled_tokens)),
         total_num_scheduled_tokens=msg.total_num_scheduled_tokens,
         finished_req_ids=set(msg.finished_req_ids),
-        preempted_req_ids=set(msg.preempted_req_ids))
+        preempted_req_ids=set(msg.preempted_req_ids),
+        trace_context=dict(msg.trace_context))
 
 
 # ---------------------------------------------------------------------------

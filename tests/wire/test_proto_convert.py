@@ -7,6 +7,7 @@ from shared import types as t
 
 ids = st.lists(st.integers(0, 2**31 - 1), max_size=8)
 req_id = st.text(min_size=1, max_size=8)
+carriers = st.dictionaries(st.sampled_from(["traceparent", "tracestate"]), st.text(max_size=8))
 finite = st.floats(-100, 100, allow_nan=False, width=32)
 
 sampling = st.builds(
@@ -27,7 +28,8 @@ logprobs = st.builds(t.TokenLogprobs, token_id=st.integers(0, 1000), logprob=fin
 def scheduler_outputs(draw):
     new = draw(st.lists(st.builds(t.NewRequestData, req_id=req_id, prompt_token_ids=ids,
                                   sampling_params=sampling, block_ids=ids,
-                                  num_computed_tokens=st.integers(0, 64)), max_size=3))
+                                  num_computed_tokens=st.integers(0, 64),
+                                  trace_context=carriers), max_size=3))
     cached = t.CachedRequestData()
     for _ in range(draw(st.integers(0, 3))):
         cached.append(draw(req_id), draw(st.booleans()), draw(ids), draw(st.integers(0, 99)))
@@ -37,7 +39,8 @@ def scheduler_outputs(draw):
         num_scheduled_tokens=draw(st.dictionaries(req_id, st.integers(1, 512), max_size=4)),
         total_num_scheduled_tokens=draw(st.integers(0, 4096)),
         finished_req_ids=draw(st.sets(req_id, max_size=3)),
-        preempted_req_ids=draw(st.sets(req_id, max_size=3)))
+        preempted_req_ids=draw(st.sets(req_id, max_size=3)),
+        trace_context=draw(carriers))
 
 
 @st.composite
