@@ -1,0 +1,329 @@
+"""The engine loop: the one thread that drives the core Scheduler.
+
+gRPC threads never touch the Scheduler: they check a request at the door, then
+post commands (add, abort, close a session) to an inbox and return. The loop
+takes the inbox between steps, runs schedule(), hands the step to the workers,
+applies the result and routes each output to the session that owns the request.
+It sleeps on a condition while there is nothing to do.
+
+One step is in flight at a time (submit then collect); async scheduling is the
+change of submitting step N+1 before collecting step N.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import queue
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import structlog
+
+from scheduler_svc.core.request import Request
+from shared.types import (FinishReason, InvalidRequestError, ModelInfo,
+                          ModelRunnerOutput, RequestOutput, SchedulerOutput)
+
+log = structlog.get_logger("scheduler.engine")
+
+
+class StepExecutor(Protocol):
+    """The tensor-parallel worker group (or, in tests, a ModelRunner in-process)."""
+
+    def submit(self, step: SchedulerOutput) -> None: ...
+
+    def collect(self) -> ModelRunnerOutput: ...
+
+
+class ErrorCode(enum.Enum):
+    """Why a request ended without an output; the server maps it to a gRPC code."""
+
+    INVALID_ARGUMENT = "INVALID_ARGUMENT"
+    ALREADY_EXISTS = "ALREADY_EXISTS"
+    UNAVAILABLE = "UNAVAILABLE"
+
+
+@dataclass(slots=True)
+class Failure:
+    req_id: str
+    code: ErrorCode
+    message: str
+
+
+CLOSED = object()  # the last item of a session's outbox
+
+
+@dataclass(slots=True, eq=False)
+class Session:
+    """One frontend's stream. The outbox holds lists of RequestOutput and Failure
+    objects, then CLOSED."""
+
+    session_id: int
+    outbox: queue.SimpleQueue = field(default_factory=queue.SimpleQueue)
+    closed: bool = False
+
+
+@dataclass(slots=True)
+class EngineCounters:
+    num_steps: int = 0
+    num_tokens_scheduled: int = 0
+
+
+class EngineFailed(RuntimeError):
+    """The worker group is gone; the scheduler cannot make progress any more."""
+
+
+class Engine:
+    """`telemetry` (scheduler_svc.metrics.SchedulerTelemetry) is called only from
+    the loop thread, like the Scheduler."""
+
+    def __init__(self, scheduler, executor: StepExecutor, model_info: ModelInfo,
+                 max_model_len: int, *, telemetry=None,
+                 on_failure: Callable[[BaseException], None] | None = None) -> None:
+        self._scheduler = scheduler
+        self._executor = executor
+        self.model_info = model_info
+        self.max_model_len = max_model_len
+        self._tel = telemetry
+        self._on_failure = on_failure
+        self._cond = threading.Condition()
+        self._inbox: deque[tuple] = deque()
+        self._owners: dict[str, Session] = {}  # req_id -> session; guarded by _cond
+        self._session_ids = itertools.count(1)
+        self._sessions: set[Session] = set()
+        self._stopping = False
+        self.failed: BaseException | None = None
+        self.counters = EngineCounters()
+        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+
+    # ---------------------------------------------------------------- callers
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float | None = 10.0) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def open_session(self) -> Session:
+        with self._cond:
+            if self.failed is not None:
+                raise EngineFailed(str(self.failed))
+            session = Session(next(self._session_ids))
+            self._sessions.add(session)
+            return session
+
+    def close_session(self, session: Session) -> None:
+        """The frontend went away: abort everything it owns."""
+        with self._cond:
+            if session.closed:
+                return
+            session.closed = True
+            self._sessions.discard(session)
+            ids = [r for r, s in self._owners.items() if s is session]
+            for req_id in ids:
+                del self._owners[req_id]
+            self._post(("abort", ids))
+            session.outbox.put(CLOSED)
+            if self._tel is not None and ids:
+                self._post(("call", lambda: [self._tel.request_finished(r, FinishReason.ABORT)
+                                             for r in ids]))
+
+    def add(self, session: Session, request: Request,
+            trace_context: dict[str, str] | None = None) -> None:
+        """Queue a request, or raise InvalidRequestError / KeyError (duplicate id)
+        with nothing queued."""
+        self.check(request)
+        with self._cond:
+            if self.failed is not None:
+                raise EngineFailed(str(self.failed))
+            if session.closed:
+                raise InvalidRequestError("the session is closed")
+            if request.req_id in self._owners:
+                raise KeyError(f"request id {request.req_id!r} is already running")
+            self._owners[request.req_id] = session
+            self._post(("add", (request, trace_context)))
+
+    def abort(self, req_ids: list[str], session: Session | None = None) -> None:
+        """Abort requests (only the session's own ones when a session is given);
+        unknown or finished ids are ignored. Their outputs end with ABORT."""
+        with self._cond:
+            ids = [r for r in req_ids
+                   if r in self._owners and (session is None or self._owners[r] is session)]
+            if ids:
+                self._post(("abort", ids))  # the loop sends each its ABORT output
+
+    def check(self, request: Request) -> None:
+        """The door: everything that can be known about a request before queueing."""
+        info = self.model_info
+        prompt = request.prompt_token_ids
+        if not request.req_id:
+            raise InvalidRequestError("request_id must not be empty")
+        if not prompt:
+            raise InvalidRequestError("the prompt must contain at least one token")
+        bad = next((t for t in prompt if not 0 <= t < info.vocab_size), None)
+        if bad is not None:
+            raise InvalidRequestError(
+                f"prompt token id {bad} is outside the vocabulary [0, {info.vocab_size})")
+        request.sampling_params.validate(info.vocab_size)
+        if len(prompt) >= self.max_model_len:
+            raise InvalidRequestError(
+                f"the prompt has {len(prompt)} tokens; max_model_len is {self.max_model_len}, "
+                f"which leaves no room for an output token")
+        need = len(prompt) + request.sampling_params.max_tokens
+        if need > self.max_model_len:
+            raise InvalidRequestError(
+                f"prompt ({len(prompt)} tokens) + max_tokens "
+                f"({request.sampling_params.max_tokens}) = {need} exceeds max_model_len "
+                f"({self.max_model_len})")
+        # A request whose tokens cannot fit the whole KV pool would wait forever.
+        blocks = -(-min(need, self.max_model_len) // info.block_size)
+        if blocks > info.num_kv_blocks - 1:
+            raise InvalidRequestError(
+                f"prompt + max_tokens = {need} tokens need {blocks} KV blocks, but the "
+                f"cache has only {info.num_kv_blocks - 1}")
+
+    def num_sessions(self) -> int:
+        with self._cond:
+            return len(self._sessions)
+
+    def run_on_loop(self, fn: Callable[[], object], timeout: float = 10.0):
+        """Run fn on the engine thread between steps (the Scheduler is not
+        thread-safe) and return its result: used for stats."""
+        done = threading.Event()
+        box: list = []
+
+        def call() -> None:
+            try:
+                box.append((True, fn()))
+            except BaseException as e:  # noqa: BLE001 - handed back to the caller
+                box.append((False, e))
+            done.set()
+
+        with self._cond:
+            if self.failed is not None or not self._thread.is_alive():
+                return fn()  # nothing else touches the Scheduler any more
+            self._post(("call", call))
+        if not done.wait(timeout):
+            raise TimeoutError("the engine loop did not answer")
+        ok, value = box[0]
+        if not ok:
+            raise value
+        return value
+
+    # ---------------------------------------------------------------- loop
+
+    def _post(self, command: tuple) -> None:
+        # caller holds _cond
+        self._inbox.append(command)
+        self._cond.notify()
+
+    def _run(self) -> None:
+        idle = False  # the last step could schedule nothing: wait for a command
+        try:
+            while True:
+                with self._cond:
+                    while not self._stopping and not self._inbox and (
+                            idle or not self._scheduler.has_unfinished_requests()):
+                        self._cond.wait()
+                    if self._stopping:
+                        return
+                    commands = list(self._inbox)
+                    self._inbox.clear()
+                self._apply(commands)
+                idle = False
+                if self._scheduler.has_unfinished_requests():
+                    idle = not self._step()
+        except BaseException as e:  # noqa: BLE001 - a lost worker ends the engine
+            self._fail(e)
+
+    def _apply(self, commands: list[tuple]) -> None:
+        failures: list[Failure] = []
+        aborted: list[str] = []
+        for command in commands:
+            kind, arg = command
+            if kind == "add":
+                request, trace_context = arg
+                try:
+                    self._scheduler.add_request(request)
+                except InvalidRequestError as e:
+                    failures.append(Failure(request.req_id, ErrorCode.INVALID_ARGUMENT, str(e)))
+                    continue
+                if self._tel is not None:
+                    self._tel.request_added(request.req_id, request.num_prompt_tokens,
+                                            request.sampling_params, trace_context)
+            elif kind == "abort":
+                aborted.extend(arg)
+            elif kind == "call":
+                arg()
+        ends = self._scheduler.abort_requests(aborted) if aborted else []
+        if self._tel is not None and ends:
+            self._tel.request_outputs(ends)
+        if failures or ends:
+            self._route(ends, failures)
+
+    def _step(self) -> bool:
+        """Run one step; False if it scheduled nothing and told the workers nothing."""
+        step = self._scheduler.schedule()
+        if (not step.total_num_scheduled_tokens and not step.finished_req_ids
+                and not step.preempted_req_ids):
+            return False
+        tel = self._tel
+        if tel is not None:
+            step.trace_context = tel.step_scheduled(step, self._scheduler.stats())
+            for new in step.scheduled_new_reqs:
+                new.trace_context = tel.request_carrier(new.req_id)
+        self._executor.submit(step)
+        try:
+            result = self._executor.collect()
+        except BaseException:
+            if tel is not None:
+                tel.step_finished(step.step_id, None)
+            raise
+        if result.step_id != step.step_id:
+            raise EngineFailed(f"worker answered step {result.step_id} to step {step.step_id}")
+        outputs = self._scheduler.update_from_output(step, result)
+        self.counters.num_steps += 1
+        self.counters.num_tokens_scheduled += step.total_num_scheduled_tokens
+        if tel is not None:
+            tel.step_finished(step.step_id, result)
+            tel.request_outputs(outputs)
+        self._route(outputs, [])
+        return step.total_num_scheduled_tokens > 0
+
+    def _route(self, outputs: list[RequestOutput], failures: list[Failure]) -> None:
+        by_session: dict[Session, list] = {}
+        # Under the lock up to the puts, so a closing session sees all or nothing.
+        with self._cond:
+            for item in outputs + failures:
+                session = self._owners.get(item.req_id)
+                if session is None:
+                    continue  # its session closed: the abort is already queued
+                ended = isinstance(item, Failure) or item.finished
+                if ended:
+                    del self._owners[item.req_id]
+                by_session.setdefault(session, []).append(item)
+            for session, items in by_session.items():
+                session.outbox.put(items)
+
+    def _fail(self, error: BaseException) -> None:
+        log.error("engine_failed", error=repr(error))
+        with self._cond:
+            self.failed = error
+            failures = [Failure(r, ErrorCode.UNAVAILABLE, f"the engine failed: {error}")
+                        for r in self._owners]
+        self._route([], failures)
+        # answer callers waiting on run_on_loop so they do not hang
+        with self._cond:
+            pending = [c for c in self._inbox if c[0] == "call"]
+            self._inbox.clear()
+        for _, call in pending:
+            call()
+        if self._on_failure is not None:
+            self._on_failure(error)

@@ -1,0 +1,287 @@
+"""The scheduler service: the Engine gRPC API for frontends, and the client side
+of the Worker API (one Step stream per tensor-parallel rank).
+
+    gapserve scheduler [flags]     (or python -m scheduler_svc.server)
+
+The servicer is a thin translation between protobuf and the engine; the rules
+live in scheduler_svc/core and the loop in scheduler_svc/engine.py.
+"""
+
+from __future__ import annotations
+
+import queue
+import signal
+import sys
+import threading
+import time
+from collections.abc import Sequence
+
+import grpc
+
+from scheduler_svc.core.config import ConfigError, SchedulerConfig
+from scheduler_svc.core.request import Request
+from scheduler_svc.core.scheduler import Scheduler
+from scheduler_svc.metrics import SchedulerTelemetry
+from scheduler_svc.engine import CLOSED, Engine, EngineFailed, ErrorCode, Failure, Session
+from shared import config as flags
+from shared import proto_convert as pc
+from shared.grpc_server import CHANNEL_OPTIONS, ServiceServer
+from shared.proto import common_pb2, engine_pb2, engine_pb2_grpc, worker_pb2, worker_pb2_grpc
+from shared.telemetry import context_carrier, get_logger, setup_telemetry, start_metrics_server
+from shared.types import InvalidRequestError, ModelInfo, ModelRunnerOutput, SchedulerOutput
+
+log = get_logger(service="scheduler")
+
+_CODES = {ErrorCode.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
+          ErrorCode.ALREADY_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
+          ErrorCode.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE}
+
+
+# ---------------------------------------------------------------------------
+# the worker group: every rank gets the same step, rank 0 answers with tokens
+
+
+class WorkerGroup:
+    def __init__(self, addresses: Sequence[str]) -> None:
+        self.addresses = list(addresses)
+        self._channels = [grpc.insecure_channel(a, options=CHANNEL_OPTIONS)
+                          for a in self.addresses]
+        self._stubs = [worker_pb2_grpc.WorkerStub(c) for c in self._channels]
+        self._outboxes: list[queue.SimpleQueue] = []
+        self._replies: list = []
+
+    def handshake(self, timeout_s: float) -> ModelInfo:
+        """Wait for every rank (they may still be loading the model) and check that
+        they form one group; returns rank 0's model facts."""
+        tp = len(self.addresses)
+        infos = []
+        for rank, (address, stub) in enumerate(zip(self.addresses, self._stubs)):
+            reply = stub.Handshake(worker_pb2.HandshakeRequest(tensor_parallel_size=tp),
+                                   timeout=timeout_s, wait_for_ready=True)
+            if reply.rank != rank or reply.tensor_parallel_size != tp:
+                raise ConfigError(
+                    f"worker {address} is rank {reply.rank} of {reply.tensor_parallel_size}, "
+                    f"but --worker-addresses lists it as rank {rank} of {tp}")
+            infos.append(pc.model_info_from_proto(reply.model_info))
+        for address, info in zip(self.addresses[1:], infos[1:]):
+            if (info.num_kv_blocks, info.block_size, info.model_name) != (
+                    infos[0].num_kv_blocks, infos[0].block_size, infos[0].model_name):
+                raise ConfigError(f"worker {address} reports {info}, rank 0 {infos[0]}")
+        return infos[0]
+
+    def open_streams(self) -> None:
+        for stub in self._stubs:
+            outbox: queue.SimpleQueue = queue.SimpleQueue()
+            self._outboxes.append(outbox)
+            self._replies.append(stub.Step(iter(outbox.get, None)))
+
+    def submit(self, step: SchedulerOutput) -> None:
+        msg = pc.scheduler_output_to_proto(step)
+        msg.trace_context.update(context_carrier())
+        for outbox in self._outboxes:
+            outbox.put(msg)
+
+    def collect(self) -> ModelRunnerOutput:
+        answers = [next(replies) for replies in self._replies]  # RpcError if a rank is gone
+        if len({a.step_id for a in answers}) != 1:
+            raise EngineFailed(f"ranks answered different steps: {[a.step_id for a in answers]}")
+        return pc.runner_output_from_proto(answers[0])
+
+    def close(self) -> None:
+        for outbox in self._outboxes:
+            outbox.put(None)
+        for replies in self._replies:
+            replies.cancel()
+        for channel in self._channels:
+            channel.close()
+
+
+# ---------------------------------------------------------------------------
+# the Engine API
+
+
+def _request_from_proto(msg: engine_pb2.AddRequest, eos_token_ids: list[int]) -> Request:
+    return Request(
+        msg.request_id, list(msg.prompt_token_ids),
+        pc.sampling_from_proto(msg.sampling_params), eos_token_ids,
+        arrival_time=msg.arrival_unix_s or time.time(), priority=msg.priority,
+        cache_salt=msg.cache_salt if msg.HasField("cache_salt") else None)
+
+
+def _response(items: list) -> engine_pb2.EngineResponse:
+    reply = engine_pb2.EngineResponse()
+    for item in items:
+        if isinstance(item, Failure):
+            reply.rejections.add(request_id=item.req_id, status=common_pb2.Status(
+                code=_CODES[item.code].value[0], message=item.message))
+        else:
+            reply.outputs.append(pc.request_output_to_proto(item))
+    return reply
+
+
+class EngineServicer(engine_pb2_grpc.EngineServicer):
+    def __init__(self, status_fn=None) -> None:
+        self.engine: Engine | None = None  # set once the workers answered the handshake
+        self.status_fn = status_fn  # () -> engine_pb2.EngineStatus
+
+    def _engine(self, context) -> Engine:
+        engine = self.engine
+        if engine is None:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "the scheduler is still starting")
+        if engine.failed is not None:
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"the engine failed: {engine.failed}")
+        return engine
+
+    def GetModelInfo(self, request, context):
+        return pc.model_info_to_proto(self._engine(context).model_info)
+
+    def GetStatus(self, request, context):
+        self._engine(context)
+        return self.status_fn()
+
+    def Session(self, request_iterator, context):
+        engine = self._engine(context)
+        session = engine.open_session()
+        context.add_callback(lambda: engine.close_session(session))
+        threading.Thread(target=self._read, args=(engine, session, request_iterator),
+                         name=f"session-{session.session_id}", daemon=True).start()
+        log.info("session_opened", session=session.session_id, peer=context.peer())
+        while True:
+            items = session.outbox.get()
+            if items is CLOSED:
+                log.info("session_closed", session=session.session_id)
+                return
+            yield _response(items)
+
+    def _read(self, engine: Engine, session: Session, request_iterator) -> None:
+        eos = engine.model_info.eos_token_ids
+        try:
+            for msg in request_iterator:
+                kind = msg.WhichOneof("kind")
+                if kind == "add":
+                    self._add(engine, session, msg.add, eos)
+                elif kind == "abort":
+                    engine.abort(list(msg.abort.request_ids), session)
+        except grpc.RpcError:
+            pass  # the frontend went away; closing below aborts its requests
+        finally:
+            engine.close_session(session)
+
+    @staticmethod
+    def _add(engine: Engine, session: Session, msg: engine_pb2.AddRequest, eos) -> None:
+        try:
+            engine.add(session, _request_from_proto(msg, eos), dict(msg.trace_context))
+        except InvalidRequestError as e:
+            session.outbox.put([Failure(msg.request_id, ErrorCode.INVALID_ARGUMENT, str(e))])
+        except KeyError as e:
+            session.outbox.put([Failure(msg.request_id, ErrorCode.ALREADY_EXISTS, e.args[0])])
+        except EngineFailed as e:
+            session.outbox.put([Failure(msg.request_id, ErrorCode.UNAVAILABLE, str(e))])
+
+
+def engine_status(engine: Engine, scheduler: Scheduler,
+                  telemetry: SchedulerTelemetry) -> engine_pb2.EngineStatus:
+    """Stats and diagnosis, read on the loop thread between steps."""
+    stats, diag = engine.run_on_loop(
+        lambda: (lambda st: (st, telemetry.status(st)))(scheduler.stats()))
+    return engine_pb2.EngineStatus(
+        num_running=stats.num_running, num_waiting=diag["waiting"],
+        num_waiting_not_ready=stats.num_waiting_not_ready, max_num_seqs=diag["max_num_seqs"],
+        kv_cache_usage=stats.kv_usage, num_kv_blocks=stats.num_total_blocks,
+        num_free_blocks=stats.num_free_blocks,
+        num_preemptions_total=stats.num_preemptions_total,
+        num_preemptions_in_window=diag["preemptions_in_window"], window_s=diag["window_s"],
+        prefix_cache_queries=stats.prefix_cache_queries,
+        prefix_cache_hits=stats.prefix_cache_hits, num_steps_total=engine.counters.num_steps,
+        num_sessions=engine.num_sessions(), diagnosis=diag["diagnosis"],
+        summary=diag["summary"], lever=diag["lever"])
+
+
+# ---------------------------------------------------------------------------
+# start-up
+
+
+def scheduler_config(args, info: ModelInfo) -> SchedulerConfig:
+    """Flags plus the worker's facts; block size and pool size come from the handshake."""
+    if args.max_model_len is not None and args.max_model_len > info.max_model_len:
+        raise ConfigError(f"--max-model-len {args.max_model_len} exceeds the worker's "
+                          f"max_model_len {info.max_model_len}")
+    cfg = SchedulerConfig(
+        block_size=info.block_size,
+        max_model_len=args.max_model_len or info.max_model_len,
+        long_prefill_token_threshold=args.long_prefill_token_threshold,
+        policy=args.scheduling_policy,
+        enable_chunked_prefill=args.enable_chunked_prefill,
+        enable_prefix_caching=args.enable_prefix_caching,
+        async_scheduling=args.async_scheduling)
+    if args.max_num_seqs is not None:
+        cfg.max_num_seqs = args.max_num_seqs
+    if args.max_num_batched_tokens is not None:
+        cfg.max_num_batched_tokens = args.max_num_batched_tokens
+    cfg.validate()
+    return cfg
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = flags.parse_args(flags.scheduler_parser(), argv)
+    setup_telemetry("scheduler", otlp_endpoint=args.otlp_traces_endpoint,
+                    log_format=args.log_format, log_level=args.log_level)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    servicer = EngineServicer()
+    server = ServiceServer()
+    server.add(engine_pb2_grpc.add_EngineServicer_to_server, servicer, "gapserve.v1.Engine")
+    port = server.start(args.host, args.port)
+    if args.metrics_port:
+        start_metrics_server(args.metrics_port, args.host)
+    log.info("scheduler_listening", port=port, workers=args.worker_addresses)
+    group = WorkerGroup(args.worker_addresses)
+    engine = None
+    failed = threading.Event()
+    try:
+        info = _handshake(group, stop)
+        if info is None:
+            return 0
+        cfg = scheduler_config(args, info)
+        scheduler = Scheduler(cfg, info.num_kv_blocks)
+        telemetry = SchedulerTelemetry(info.model_name, cfg.max_num_seqs,
+                                       cfg.max_num_batched_tokens)
+        engine = Engine(scheduler, group, info, cfg.max_model_len, telemetry=telemetry,
+                        on_failure=lambda e: (failed.set(), stop.set()))
+        group.open_streams()
+        engine.start()
+        servicer.engine = engine
+        servicer.status_fn = lambda: engine_status(engine, scheduler, telemetry)
+        server.set_serving()
+        log.info("scheduler_ready", model=info.model_name, num_kv_blocks=info.num_kv_blocks,
+                 block_size=info.block_size, max_model_len=cfg.max_model_len,
+                 max_num_seqs=cfg.max_num_seqs,
+                 max_num_batched_tokens=cfg.max_num_batched_tokens)
+        stop.wait()
+    except ConfigError as e:
+        log.error("bad_configuration", error=str(e))
+        print(f"gapserve scheduler: {e}", file=sys.stderr)
+        return 2
+    finally:
+        server.stop(grace_s=2.0)
+        if engine is not None:
+            engine.stop()
+        group.close()
+    return 1 if failed.is_set() else 0
+
+
+def _handshake(group: WorkerGroup, stop: threading.Event) -> ModelInfo | None:
+    """Retry until every worker answers (they load the model first) or we are told to stop."""
+    while not stop.is_set():
+        try:
+            return group.handshake(timeout_s=2.0)
+        except grpc.RpcError as e:
+            if e.code() not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
+                raise ConfigError(f"worker handshake failed: {e.code().name}: {e.details()}")
+            log.debug("waiting_for_workers", addresses=group.addresses)
+    return None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

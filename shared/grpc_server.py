@@ -1,0 +1,67 @@
+"""What every gRPC service of ours has: a server with generous message limits,
+the standard grpc.health.v1 service and server reflection."""
+
+from __future__ import annotations
+
+from concurrent import futures
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+# Prompts of a long context and a step of many requests can pass 4 MiB.
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+CHANNEL_OPTIONS = [
+    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
+    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+]
+
+
+class ServiceServer:
+    """A grpc.Server plus its health servicer; services start NOT_SERVING and
+    turn SERVING with set_serving() once they can answer."""
+
+    def __init__(self, max_workers: int = 32) -> None:
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
+                                  options=CHANNEL_OPTIONS)
+        self.health = health.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        self._names: list[str] = []
+        self.port = 0
+
+    def add(self, add_fn, servicer, full_name: str) -> None:
+        """Register a servicer, e.g. add(add_WorkerServicer_to_server, s, "gapserve.v1.Worker")."""
+        add_fn(servicer, self.server)
+        self._names.append(full_name)
+        self.health.set(full_name, health_pb2.HealthCheckResponse.NOT_SERVING)
+
+    def start(self, host: str, port: int) -> int:
+        names = [*self._names, health.SERVICE_NAME, reflection.SERVICE_NAME]
+        reflection.enable_server_reflection(names, self.server)
+        self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
+        self.port = self.server.add_insecure_port(f"{host}:{port}")
+        if self.port == 0:
+            raise OSError(f"cannot bind {host}:{port}")
+        self.server.start()
+        return self.port
+
+    def set_serving(self, serving: bool = True) -> None:
+        status = (health_pb2.HealthCheckResponse.SERVING if serving
+                  else health_pb2.HealthCheckResponse.NOT_SERVING)
+        for name in ["", *self._names]:
+            self.health.set(name, status)
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        self.set_serving(False)
+        self.server.stop(grace_s).wait()
+
+
+def check_health(address: str, timeout_s: float = 1.0, service: str = "") -> bool:
+    """True if the service at address answers SERVING."""
+    with grpc.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        try:
+            reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout_s)
+        except grpc.RpcError:
+            return False
+    return reply.status == health_pb2.HealthCheckResponse.SERVING

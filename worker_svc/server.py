@@ -1,0 +1,141 @@
+"""The worker service: a Handshake that reports the model and the KV pool, then
+one Step stream whose steps run strictly in the order they arrive.
+
+    gapserve worker [flags]     (or python -m worker_svc.server)
+
+The servicer is a thin translation between protobuf and worker_svc.runner.ModelRunner.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+
+import grpc
+
+from shared import config as flags
+from shared import proto_convert as pc
+from shared.grpc_server import ServiceServer
+from shared.proto import worker_pb2, worker_pb2_grpc
+from shared.telemetry import get_logger, setup_telemetry, start_metrics_server
+from shared.types import InvalidRequestError, ModelRunnerOutput
+from worker_svc.config import WorkerConfig
+
+log = get_logger(service="worker")
+
+
+class WorkerServicer(worker_pb2_grpc.WorkerServicer):
+    def __init__(self, rank: int, tensor_parallel_size: int) -> None:
+        self.rank = rank
+        self.tensor_parallel_size = tensor_parallel_size
+        self.runner = None  # set once the model is loaded
+        self.telemetry = None  # worker_svc.metrics.WorkerTelemetry
+        # One scheduler drives a worker: a second Step stream would interleave steps.
+        self._stream_lock = threading.Lock()
+
+    def _runner(self, context):
+        if self.runner is None:
+            context.abort(grpc.StatusCode.UNAVAILABLE, "the worker is still loading the model")
+        return self.runner
+
+    def Handshake(self, request, context):
+        runner = self._runner(context)
+        tp = request.tensor_parallel_size
+        if tp and tp != self.tensor_parallel_size:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"this worker is rank {self.rank} of a group of "
+                          f"{self.tensor_parallel_size}, the scheduler expects {tp}")
+        return worker_pb2.HandshakeResponse(
+            model_info=pc.model_info_to_proto(runner.model_info()), rank=self.rank,
+            tensor_parallel_size=self.tensor_parallel_size)
+
+    def Step(self, request_iterator, context):
+        runner = self._runner(context)
+        if not self._stream_lock.acquire(blocking=False):
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                          "another scheduler already drives this worker")
+        try:
+            log.info("step_stream_opened", peer=context.peer())
+            for msg in request_iterator:
+                step = pc.scheduler_output_from_proto(msg)
+                try:
+                    result = runner.execute(step)
+                except (InvalidRequestError, ValueError, KeyError) as e:
+                    # A step that does not fit the worker's state: the two sides disagree.
+                    log.error("bad_step", step_id=step.step_id, error=repr(e))
+                    context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                  f"step {step.step_id}: {e!r}")
+                if self.telemetry is not None:
+                    self.telemetry.step(step, result.timings)
+                if self.rank != 0:  # all ranks run the step; rank 0 answers with tokens
+                    result = ModelRunnerOutput(step_id=result.step_id, timings=result.timings)
+                yield pc.runner_output_to_proto(result)
+            log.info("step_stream_closed")
+        finally:
+            self._stream_lock.release()
+
+
+def worker_config(args) -> WorkerConfig:
+    cfg = WorkerConfig(
+        model=args.model, device=args.device, dtype=args.dtype, block_size=args.block_size,
+        num_gpu_blocks_override=args.num_gpu_blocks_override,
+        kv_cache_memory=args.kv_cache_memory,
+        gpu_memory_utilization=args.gpu_memory_utilization, max_model_len=args.max_model_len,
+        seed=args.seed, tensor_parallel_rank=args.rank,
+        tensor_parallel_size=args.tensor_parallel_size)
+    if args.max_num_batched_tokens is not None:
+        cfg.max_num_batched_tokens = args.max_num_batched_tokens
+    if args.max_num_seqs is not None:
+        cfg.max_num_seqs = args.max_num_seqs
+    cfg.validate()
+    return cfg
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = flags.worker_parser()
+    args = flags.parse_args(parser, argv)
+    if args.rank >= args.tensor_parallel_size:
+        parser.error(f"--rank {args.rank} must be below --tensor-parallel-size "
+                     f"{args.tensor_parallel_size}")
+    try:
+        cfg = worker_config(args)
+    except ValueError as e:
+        parser.error(str(e))
+    setup_telemetry(f"worker-{args.rank}", otlp_endpoint=args.otlp_traces_endpoint,
+                    log_format=args.log_format, log_level=args.log_level)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    servicer = WorkerServicer(args.rank, args.tensor_parallel_size)
+    server = ServiceServer()
+    server.add(worker_pb2_grpc.add_WorkerServicer_to_server, servicer, "gapserve.v1.Worker")
+    port = server.start(args.host, 50053 + args.rank if args.port is None else args.port)
+    metrics_port = 8002 + args.rank if args.metrics_port is None else args.metrics_port
+    if metrics_port:
+        start_metrics_server(metrics_port, args.host)
+    log.info("worker_listening", port=port, rank=args.rank, metrics_port=metrics_port)
+    try:
+        from worker_svc.metrics import WorkerTelemetry
+        from worker_svc.runner import ModelRunner
+
+        runner = ModelRunner(cfg)  # loads the weights and sizes the KV pool
+        info = runner.model_info()
+        servicer.telemetry = WorkerTelemetry(info.model_name, args.rank)
+        servicer.runner = runner
+        server.set_serving()
+        log.info("worker_ready", model=info.model_name, num_kv_blocks=info.num_kv_blocks,
+                 block_size=info.block_size, max_model_len=info.max_model_len, dtype=info.dtype)
+        stop.wait()
+    except (ValueError, FileNotFoundError) as e:
+        log.error("worker_failed_to_start", error=str(e))
+        print(f"gapserve worker: {e}", file=sys.stderr)
+        return 2
+    finally:
+        server.stop(grace_s=2.0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
