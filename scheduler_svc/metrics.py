@@ -146,6 +146,7 @@ class SchedulerTelemetry:
     _diagnosis: Diagnosis | None = None
     _prefix_seen: tuple[int, int] = (0, 0)  # cumulative (queries, hits) already counted
     _preemptions_total: int = 0
+    _log: Any = None
 
     def __post_init__(self) -> None:
         self._monitor = CapacityMonitor(self.max_num_seqs, self.diagnosis_window_s)

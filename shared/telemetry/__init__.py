@@ -9,12 +9,13 @@ from typing import IO
 
 from opentelemetry.sdk.trace.export import SpanExporter
 
-from shared.telemetry.logs import LOG_FORMATS, LOG_LEVELS, get_logger, setup_logging
+from shared.telemetry.logs import (
+    LOG_FORMATS, LOG_LEVELS, check_log_settings, get_logger, setup_logging)
 from shared.telemetry.metrics_server import MetricsServer, metrics_text, start_metrics_server
 from shared.telemetry.tracing import (
     context_carrier, extract_context, flush_traces, get_tracer, inject_context,
     otlp_endpoint_from_env, shutdown_tracing, tracing_enabled)
-from shared.telemetry.tracing import setup_tracing as _setup_tracing
+from shared.telemetry.tracing import build_exporters, install_tracing
 
 __all__ = [
     "LOG_FORMATS", "LOG_LEVELS", "MetricsServer", "context_carrier", "extract_context",
@@ -37,8 +38,10 @@ def setup_telemetry(service_name: str, *, otlp_endpoint: str | None = None,
     """
     if not service_name:
         raise ValueError("service_name must be a non-empty string")
+    check_log_settings(log_format, log_level)
+    exporters = build_exporters(otlp_endpoint, span_exporter)  # all checks before any change
     setup_logging(service_name, log_format, log_level, log_stream)
-    _setup_tracing(service_name, otlp_endpoint, span_exporter)
+    install_tracing(service_name, exporters)
 
 
 _FINISH_REASON_NAMES = {1: "stop", 2: "length", 3: "abort"}

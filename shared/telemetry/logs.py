@@ -40,15 +40,21 @@ def _add_trace_ids(_logger: Any, _name: str, event: dict[str, Any]) -> dict[str,
     return event
 
 
+def check_log_settings(log_format: str, log_level: str) -> None:
+    if log_format.lower() not in LOG_FORMATS:
+        raise ValueError(f"--log-format must be one of {', '.join(LOG_FORMATS)}, "
+                         f"got {log_format!r}")
+    if log_level.lower() not in LOG_LEVELS:
+        raise ValueError(f"--log-level must be one of {', '.join(LOG_LEVELS)}, "
+                         f"got {log_level!r}")
+
+
 def setup_logging(service_name: str, log_format: str = "auto", log_level: str = "info",
                   stream: IO[str] | None = None) -> None:
     """Configure structlog and the root logger; bad arguments change nothing."""
+    check_log_settings(log_format, log_level)
     fmt = log_format.lower()
     level = log_level.lower()
-    if fmt not in LOG_FORMATS:
-        raise ValueError(f"--log-format must be one of {', '.join(LOG_FORMATS)}, got {log_format!r}")
-    if level not in LOG_LEVELS:
-        raise ValueError(f"--log-level must be one of {', '.join(LOG_LEVELS)}, got {log_level!r}")
     stream = stream if stream is not None else sys.stderr
     if fmt == "auto":
         fmt = "console" if getattr(stream, "isatty", lambda: False)() else "json"
@@ -89,6 +95,7 @@ def setup_logging(service_name: str, log_format: str = "auto", log_level: str = 
     _state.handler = handler
 
 
-def get_logger(**bound: Any) -> structlog.stdlib.BoundLogger:
+def get_logger(**bound: Any) -> Any:
     """A logger with these key/values on every line, e.g. get_logger(request_id=rid)."""
-    return structlog.get_logger("gapserve").bind(**bound)
+    # a lazy proxy: a logger made at import time still follows a later setup
+    return structlog.get_logger("gapserve", **bound)

@@ -58,15 +58,20 @@ def _otlp_exporter(endpoint: str) -> SpanExporter:
     return OTLPSpanExporter(endpoint=endpoint, insecure=parsed.scheme == "http")
 
 
-def setup_tracing(service_name: str, otlp_endpoint: str | None,
-                  span_exporter: SpanExporter | None) -> bool:
-    """Install the process's provider; returns whether tracing is on."""
+def build_exporters(otlp_endpoint: str | None,
+                    span_exporter: SpanExporter | None) -> list[tuple[SpanExporter, bool]]:
+    """(exporter, batched) pairs for these settings; raises on a bad endpoint."""
     endpoint = otlp_endpoint or otlp_endpoint_from_env()
     exporters: list[tuple[SpanExporter, bool]] = []
     if endpoint:
-        exporters.append((_otlp_exporter(endpoint), True))  # validated before any change
+        exporters.append((_otlp_exporter(endpoint), True))
     if span_exporter is not None:
         exporters.append((span_exporter, False))
+    return exporters
+
+
+def install_tracing(service_name: str, exporters: list[tuple[SpanExporter, bool]]) -> bool:
+    """Install the process's provider; returns whether tracing is on."""
     old = _state.provider
     if not exporters:
         _state.provider = None

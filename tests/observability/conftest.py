@@ -1,0 +1,25 @@
+"""Fixtures: a process-wide telemetry setup with an in-memory span exporter and a
+captured JSON log stream, reset after each test."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from shared.telemetry import setup_telemetry, shutdown_tracing
+from tests.observability.helpers import Captured
+
+
+@pytest.fixture
+def captured():
+    """Call with a service name; returns what that 'service' exports."""
+
+    def setup(service: str = "test") -> Captured:
+        exporter, stream = InMemorySpanExporter(), io.StringIO()
+        setup_telemetry(service, span_exporter=exporter, log_format="json", log_stream=stream)
+        return Captured(exporter, stream)
+
+    yield setup
+    shutdown_tracing()
