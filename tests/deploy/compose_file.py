@@ -1,0 +1,167 @@
+"""Reading docker-compose.yml and the Dockerfile the way Docker does, for the tests:
+normalized environment and depends_on, start order, the image's entry point, health
+checks as argv, and moving the stack's container ports onto free loopback ports."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE_PATH = ROOT / "docker-compose.yml"
+DOCKERFILE_PATH = ROOT / "Dockerfile"
+PROMETHEUS_PATH = ROOT / "deploy" / "prometheus.yml"
+
+
+def load_compose() -> dict:
+    return yaml.safe_load(COMPOSE_PATH.read_text())  # resolves anchors and `<<` merges
+
+
+def gapserve_services(doc: dict) -> dict[str, dict]:
+    """The services built from this repository (the others are stock images)."""
+    return {name: svc for name, svc in doc["services"].items() if "build" in svc}
+
+
+def environment(svc: dict) -> dict[str, str]:
+    env = svc.get("environment") or {}
+    if isinstance(env, list):  # the "KEY=value" list form
+        env = dict(item.split("=", 1) if "=" in item else (item, "") for item in env)
+    return {k: "" if v is None else str(v).lower() if isinstance(v, bool) else str(v)
+            for k, v in env.items()}
+
+
+def depends_on(svc: dict) -> dict[str, str]:
+    """{service: condition}; the short list form means service_started."""
+    deps = svc.get("depends_on") or {}
+    if isinstance(deps, list):
+        return {name: "service_started" for name in deps}
+    return {name: (spec or {}).get("condition", "service_started") for name, spec in deps.items()}
+
+
+def start_order(doc: dict) -> list[str]:
+    """Services with every dependency before its dependents (compose's order)."""
+    order: list[str] = []
+    visiting: set[str] = set()
+
+    def visit(name: str) -> None:
+        if name in order:
+            return
+        if name in visiting:
+            raise ValueError(f"depends_on cycle through {name!r}")
+        visiting.add(name)
+        for dep in depends_on(doc["services"][name]):
+            visit(dep)
+        visiting.discard(name)
+        order.append(name)
+
+    for name in doc["services"]:
+        visit(name)
+    return order
+
+
+def dockerfile_instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with continuation lines joined, comments dropped."""
+    lines, current = [], ""
+    for raw in DOCKERFILE_PATH.read_text().splitlines():
+        if raw.lstrip().startswith("#") and not current:
+            continue
+        current += raw.rstrip()
+        if current.endswith("\\"):
+            current = current[:-1] + " "
+            continue
+        if current.strip():
+            word, _, rest = current.strip().partition(" ")
+            lines.append((word.upper(), rest.strip()))
+        current = ""
+    return lines
+
+
+def dockerfile_entrypoint() -> list[str]:
+    entry = [rest for word, rest in dockerfile_instructions() if word == "ENTRYPOINT"]
+    return json.loads(entry[-1])  # exec form; the last one counts
+
+
+def healthcheck_argv(svc: dict) -> list[str]:
+    """The health check as the container runs it: CMD-SHELL through /bin/sh -c,
+    with compose's `$$` escape already turned into the `$` the shell sees."""
+    test = svc["healthcheck"]["test"]
+    if isinstance(test, str):
+        test = ["CMD-SHELL", test]
+    if test[0] == "CMD-SHELL":
+        return ["/bin/sh", "-c", test[1].replace("$$", "$")]
+    if test[0] == "CMD":
+        return [arg.replace("$$", "$") for arg in test[1:]]
+    raise ValueError(f"unsupported healthcheck test {test!r}")
+
+
+def duration_s(text: str | int | float | None, default: float) -> float:
+    """Compose durations like "1m30s", "500ms", "10s"."""
+    if text is None:
+        return default
+    if isinstance(text, (int, float)):
+        return float(text)
+    units = {"h": 3600.0, "m": 60.0, "s": 1.0, "ms": 1e-3, "us": 1e-6}
+    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|us|h|m|s)", text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        raise ValueError(f"bad duration {text!r}")
+    return sum(float(n) * units[u] for n, u in parts)
+
+
+def published_ports(svc: dict) -> list[tuple[str, int, int]]:
+    """(host_ip, host_port, container_port) for the short "ip:host:container" form."""
+    out = []
+    for spec in svc.get("ports") or []:
+        parts = str(spec).split("/")[0].split(":")
+        ip = parts[0] if len(parts) == 3 else "0.0.0.0"
+        out.append((ip, int(parts[-2]) if len(parts) >= 2 else int(parts[-1]),
+                    int(parts[-1])))
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+_ADDRESS = re.compile(r"\b([A-Za-z][A-Za-z0-9_.-]*):(\d{1,5})\b")
+
+
+@dataclass(slots=True)
+class LoopbackPorts:
+    """Each container (service, port) gets its own free port on 127.0.0.1, so a stack
+    described for separate containers runs as processes on one machine beside
+    anything else already listening."""
+
+    services: set[str]
+    ports: dict[tuple[str, int], int] = field(default_factory=dict)
+
+    def port(self, service: str, container_port: int) -> int:
+        key = (service, container_port)
+        if key not in self.ports:
+            self.ports[key] = _free_port()
+        return self.ports[key]
+
+    def address(self, service: str, container_port: int) -> str:
+        return f"127.0.0.1:{self.port(service, container_port)}"
+
+    def value(self, service: str, key: str, value: str) -> str:
+        """An environment value as this service's process must see it locally."""
+        if key.endswith("_PORT") and value.isdigit():
+            return str(self.port(service, int(value)))
+        if value == "0.0.0.0":
+            return "127.0.0.1"  # bind only to loopback here
+
+        def move(m: re.Match) -> str:
+            host, port = m.group(1), int(m.group(2))
+            return self.address(host, port) if host in self.services else m.group(0)
+
+        return _ADDRESS.sub(move, value)
+
+    def environment(self, service: str, svc: dict) -> dict[str, str]:
+        return {k: self.value(service, k, v) for k, v in environment(svc).items()}

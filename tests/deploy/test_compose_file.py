@@ -1,0 +1,187 @@
+"""docker-compose.yml, deploy/ and the Dockerfile agree with the Compose
+specification and with the services they start. No container engine needed."""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import re
+
+import pytest
+import yaml
+from compose_spec import ComposeSpecification
+from compose_spec import compose_spec as spec_parser
+
+from shared import config
+
+from .compose_file import (COMPOSE_PATH, PROMETHEUS_PATH, ROOT, depends_on,
+                           dockerfile_entrypoint, dockerfile_instructions, environment,
+                           gapserve_services, healthcheck_argv, load_compose,
+                           published_ports, start_order)
+from .cli_parsers import subcommand_parsers
+
+
+def _validate(text: str) -> None:
+    """The Compose specification as the compose_spec crate implements it: unknown
+    keys, bad durations, ports and conditions are errors; `<<` merges resolved."""
+    compose = spec_parser.PyOptions(apply_merge=True).from_yaml(text)
+    compose.validate()  # every named network, volume, config and secret is defined
+    ComposeSpecification.model_validate(compose.to_dict())
+
+
+def _flag_env_names(parser: argparse.ArgumentParser) -> set[str]:
+    names = set()
+    for action in parser._actions:
+        flags = [f for f in action.option_strings
+                 if f.startswith("--") and not f.startswith("--no-")]
+        if flags and action.dest != "help":
+            names.add(config.env_name(flags[0]))
+    return names
+
+
+DOC = load_compose()
+GAPSERVE = gapserve_services(DOC)
+
+
+def test_compose_file_is_valid_against_the_compose_specification():
+    _validate(COMPOSE_PATH.read_text())
+
+
+@pytest.mark.parametrize("breakage", [
+    lambda d: d["services"]["worker"].update(depend_on=["jaeger"]),
+    lambda d: d["services"]["worker"]["healthcheck"].update(interval="10q"),
+    lambda d: d["services"]["frontend"]["depends_on"]["scheduler"].update(
+        condition="service_happy"),
+])
+def test_the_specification_check_rejects_a_broken_file(breakage):
+    doc = load_compose()
+    breakage(doc)
+    with pytest.raises(ValueError):
+        _validate(yaml.safe_dump(doc))
+
+
+def test_every_depends_on_names_a_service_and_nothing_depends_on_itself():
+    for name, svc in DOC["services"].items():
+        for dep, condition in depends_on(svc).items():
+            assert dep in DOC["services"] and dep != name, f"{name} depends on {dep!r}"
+            if condition == "service_healthy":
+                assert "healthcheck" in DOC["services"][dep], f"{dep} has no healthcheck"
+    start_order(DOC)  # raises on a cycle
+
+
+def test_the_stack_is_worker_scheduler_frontend_and_the_frontend_starts_last_of_them():
+    assert set(GAPSERVE) == {"worker", "scheduler", "frontend"}
+    assert depends_on(DOC["services"]["scheduler"])["worker"] == "service_healthy"
+    frontend = depends_on(DOC["services"]["frontend"])
+    assert frontend["scheduler"] == frontend["worker"] == "service_healthy"
+
+
+@pytest.mark.parametrize("name", sorted(GAPSERVE))
+def test_each_command_is_a_gapserve_subcommand_that_accepts_its_flags_and_environment(name):
+    svc = GAPSERVE[name]
+    assert dockerfile_entrypoint() == ["gapserve"]
+    command = svc["command"]
+    assert isinstance(command, list) and command, "use the exec form: a list"
+    parsers = subcommand_parsers()
+    assert command[0] in parsers, f"{command[0]!r} is not a gapserve subcommand"
+    # Parses exactly as the service will, with the compose environment as fallbacks;
+    # a bad flag or a bad value in a variable exits with a usage error naming it.
+    config.parse_args(parsers[command[0]], command[1:], environ=environment(svc))
+
+
+@pytest.mark.parametrize("name", sorted(GAPSERVE))
+def test_every_variable_set_on_a_service_is_one_it_reads(name):
+    svc = GAPSERVE[name]
+    reads = _flag_env_names(subcommand_parsers()[svc["command"][0]])
+    for key in environment(svc):
+        if key.startswith("OTEL_"):
+            continue  # the standard OpenTelemetry variables, honoured by every service
+        assert key in reads, f"{name} sets {key}, which `gapserve {svc['command'][0]}` ignores"
+
+
+@pytest.mark.parametrize("name", sorted(GAPSERVE))
+def test_healthcheck_probes_the_grpc_port_the_service_listens_on(name):
+    svc = GAPSERVE[name]
+    argv = healthcheck_argv(svc)
+    assert "deploy/healthcheck.py" in " ".join(argv)
+    ports = set(re.findall(r"\$\{?(GAPSERVE_[A-Z_]+)\}?", " ".join(argv)))
+    grpc_port = "GAPSERVE_GRPC_PORT" if svc["command"][0] == "frontend" else "GAPSERVE_PORT"
+    assert ports == {grpc_port} and grpc_port in environment(svc)
+
+
+def test_addresses_name_a_service_and_a_port_it_listens_on():
+    env = {name: environment(svc) for name, svc in GAPSERVE.items()}
+    for address in env["scheduler"]["GAPSERVE_WORKER_ADDRESSES"].split(","):
+        host, port = address.strip().split(":")
+        assert GAPSERVE[host]["command"][0] == "worker"
+        assert env[host]["GAPSERVE_PORT"] == port
+    host, port = env["frontend"]["GAPSERVE_SCHEDULER_ADDRESS"].split(":")
+    assert GAPSERVE[host]["command"][0] == "scheduler" and env[host]["GAPSERVE_PORT"] == port
+
+
+def test_every_service_traces_to_the_otlp_port_of_a_service_in_the_file():
+    for name, svc in GAPSERVE.items():
+        endpoint = environment(svc)["GAPSERVE_OTLP_TRACES_ENDPOINT"]
+        host, port = re.fullmatch(r"http://([\w.-]+):(\d+)", endpoint).groups()
+        assert host in DOC["services"] and port == "4317", f"{name}: {endpoint}"
+        assert depends_on(svc).get(host) == "service_started"
+
+
+def test_prometheus_scrapes_every_gapserve_service_on_its_metrics_port():
+    prom = yaml.safe_load(PROMETHEUS_PATH.read_text())
+    targets = {t for job in prom["scrape_configs"] for sc in job["static_configs"]
+               for t in sc["targets"]}
+    expected = set()
+    for name, svc in GAPSERVE.items():
+        env = environment(svc)
+        port = env["GAPSERVE_HTTP_PORT" if svc["command"][0] == "frontend"
+                   else "GAPSERVE_METRICS_PORT"]
+        expected.add(f"{name}:{port}")
+    assert targets == expected
+    mounts = DOC["services"]["prometheus"]["volumes"]
+    assert "./deploy/prometheus.yml:/etc/prometheus/prometheus.yml:ro" in mounts
+
+
+def test_only_the_user_facing_ports_are_published_and_only_on_loopback():
+    published = {(name, container) for name, svc in DOC["services"].items()
+                 for ip, _, container in published_ports(svc) if ip == "127.0.0.1"}
+    every = {(name, container) for name, svc in DOC["services"].items()
+             for _, _, container in published_ports(svc)}
+    assert published == every
+    frontend = environment(GAPSERVE["frontend"])
+    assert published == {("frontend", int(frontend["GAPSERVE_HTTP_PORT"])),
+                         ("frontend", int(frontend["GAPSERVE_GRPC_PORT"])),
+                         ("jaeger", 16686), ("prometheus", 9090)}
+
+
+def _dockerignored(path: str) -> bool:
+    patterns = [p.strip() for p in (ROOT / ".dockerignore").read_text().splitlines()
+                if p.strip() and not p.startswith("#")]
+    return any(fnmatch.fnmatch(path, p.lstrip("/")) or path.startswith(p.lstrip("/") + "/")
+               for p in patterns)
+
+
+def test_dockerfile_copies_only_files_that_exist_and_the_build_context_keeps():
+    copies = [rest.split() for word, rest in dockerfile_instructions() if word == "COPY"]
+    local = [args for args in copies if not args[0].startswith("--from=")]
+    assert local
+    for *sources, _ in local:
+        for source in sources:
+            assert (ROOT / source).exists(), f"COPY {source}: not in the repository"
+            assert not _dockerignored(source), f"COPY {source}: excluded by .dockerignore"
+
+
+def test_dockerfile_builds_cpu_torch_by_default_with_a_build_argument_for_cuda():
+    args = dict(rest.split("=", 1) for word, rest in dockerfile_instructions()
+                if word == "ARG" and "=" in rest)
+    assert args["TORCH_INDEX_URL"].endswith("/whl/cpu")
+    runs = " ".join(rest for word, rest in dockerfile_instructions() if word == "RUN")
+    assert '--index-url "${TORCH_INDEX_URL}"' in runs
+    assert "python -m shared.default_model" in runs  # weights baked in, never fetched at start
+
+
+def test_the_healthcheck_script_is_where_the_image_runs_it():
+    copies = [rest.split() for word, rest in dockerfile_instructions() if word == "COPY"]
+    assert ["deploy/healthcheck.py", "deploy/healthcheck.py"] in copies
+    workdirs = [rest for word, rest in dockerfile_instructions() if word == "WORKDIR"]
+    assert workdirs[-1] == "/app"  # the relative path in the compose health checks
