@@ -121,13 +121,25 @@ def _response(items: list) -> engine_pb2.EngineResponse:
 
 class EngineServicer(engine_pb2_grpc.EngineServicer):
     def __init__(self, status_fn=None) -> None:
-        self.engine: Engine | None = None  # set once the workers answered the handshake
+        self.engine: Engine | None = None  # set by ready() once the workers answered
         self.status_fn = status_fn  # () -> engine_pb2.EngineStatus
+        self._ready = threading.Event()
+
+    def ready(self, engine: Engine, status_fn) -> None:
+        self.engine, self.status_fn = engine, status_fn
+        self._ready.set()
+
+    def shutdown(self) -> None:
+        self._ready.set()  # release callers still waiting for start-up
 
     def _engine(self, context) -> Engine:
+        # Callers that come early wait (within their deadline) rather than fail, so a
+        # frontend may start at the same time as the scheduler.
+        if not self._ready.wait(context.time_remaining()):
+            context.abort(grpc.StatusCode.UNAVAILABLE, "the scheduler is still starting")
         engine = self.engine
         if engine is None:
-            context.abort(grpc.StatusCode.UNAVAILABLE, "the scheduler is still starting")
+            context.abort(grpc.StatusCode.UNAVAILABLE, "the scheduler is shutting down")
         if engine.failed is not None:
             context.abort(grpc.StatusCode.UNAVAILABLE, f"the engine failed: {engine.failed}")
         return engine
@@ -251,8 +263,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         on_failure=lambda e: (failed.set(), stop.set()))
         group.open_streams()
         engine.start()
-        servicer.engine = engine
-        servicer.status_fn = lambda: engine_status(engine, scheduler, telemetry)
+        servicer.ready(engine, lambda: engine_status(engine, scheduler, telemetry))
         server.set_serving()
         log.info("scheduler_ready", model=info.model_name, num_kv_blocks=info.num_kv_blocks,
                  block_size=info.block_size, max_model_len=cfg.max_model_len,
@@ -264,6 +275,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"gapserve scheduler: {e}", file=sys.stderr)
         return 2
     finally:
+        servicer.shutdown()
         server.stop(grace_s=2.0)
         if engine is not None:
             engine.stop()

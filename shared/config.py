@@ -134,7 +134,8 @@ def add_worker_flags(parser: argparse.ArgumentParser, *, with_ports: bool = True
     g = parser.add_argument_group("worker")
     if with_ports:
         g.add_argument("--port", type=port, default=None, help="default 50053 + rank")
-        g.add_argument("--metrics-port", type=port, default=None, help="default 8002 + rank")
+        g.add_argument("--metrics-port", type=port, default=None,
+                       help="default 8002 + rank; 0 turns it off")
         g.add_argument("--rank", type=non_negative_int, default=0)
     g.add_argument("--tensor-parallel-size", type=positive_int, default=1)
     g.add_argument("--device", default="auto", help="auto: cuda if available, else cpu")
@@ -153,7 +154,7 @@ def add_scheduler_flags(parser: argparse.ArgumentParser, *, with_ports: bool = T
     g = parser.add_argument_group("scheduler")
     if with_ports:
         g.add_argument("--port", type=port, default=50052)
-        g.add_argument("--metrics-port", type=port, default=8001)
+        g.add_argument("--metrics-port", type=port, default=8001, help="0 turns it off")
         g.add_argument("--worker-addresses", type=address_list,
                        default=["127.0.0.1:50053"],
                        help="comma list of host:port, one per tensor-parallel rank")
@@ -167,11 +168,13 @@ def add_scheduler_flags(parser: argparse.ArgumentParser, *, with_ports: bool = T
                    default=True)
 
 
-def add_frontend_flags(parser: argparse.ArgumentParser, *, with_model: bool = True) -> None:
+def add_frontend_flags(parser: argparse.ArgumentParser, *, with_model: bool = True,
+                       with_scheduler_address: bool = True) -> None:
     g = parser.add_argument_group("frontend")
     g.add_argument("--http-port", type=port, default=8000)
     g.add_argument("--grpc-port", type=port, default=50051)
-    g.add_argument("--scheduler-address", default="127.0.0.1:50052")
+    if with_scheduler_address:
+        g.add_argument("--scheduler-address", default="127.0.0.1:50052")
     if with_model:
         add_model_flag(g)
     g.add_argument("--served-model-name", default=None,

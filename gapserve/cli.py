@@ -1,0 +1,48 @@
+"""`gapserve`: one command for the whole stack, and one per service.
+
+    gapserve serve [flags]        worker, scheduler and frontend as three processes
+    gapserve worker [flags]       one worker rank       (containers)
+    gapserve scheduler [flags]    the scheduler         (containers)
+    gapserve frontend [flags]     the frontend          (containers)
+    gapserve status [--url URL]   the live capacity diagnosis
+    gapserve sim ...              the scheduler simulator
+
+Every flag --foo-bar also reads GAPSERVE_FOO_BAR; `gapserve <command> --help` lists them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Sequence
+
+# command -> "module:function" taking argv; imported lazily so each service loads
+# only its own dependencies (the frontend never imports torch, for one).
+COMMANDS = {
+    "serve": "gapserve.serve:main",
+    "worker": "worker_svc.server:main",
+    "scheduler": "scheduler_svc.server:main",
+    "frontend": "frontend_svc.server:main",
+    "status": "gapserve.status:main",
+    "sim": "scheduler_svc.sim.cli:main",
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(__doc__.strip())
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    target = COMMANDS.get(command)
+    if target is None:
+        print(f"gapserve: unknown command {command!r}; one of: {', '.join(COMMANDS)}",
+              file=sys.stderr)
+        return 2
+    module, _, function = target.partition(":")
+    result = getattr(importlib.import_module(module), function)(rest)
+    return int(result or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

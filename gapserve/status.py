@@ -1,0 +1,67 @@
+"""`gapserve status`: the live capacity diagnosis of a running stack, read from
+the frontend's GET /v1/status (or straight from the scheduler with --scheduler-address)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+
+from shared import config as flags
+
+
+def status_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="gapserve status", description=__doc__.splitlines()[0])
+    p.add_argument("--url", default="http://127.0.0.1:8000", help="the frontend's HTTP address")
+    p.add_argument("--scheduler-address", default=None,
+                   help="ask the scheduler's GetStatus instead (host:port)")
+    p.add_argument("--json", action="store_true", help="print the raw JSON")
+    return p
+
+
+def from_scheduler(address: str) -> dict:
+    import grpc
+    from google.protobuf.json_format import MessageToDict
+
+    from shared.proto import engine_pb2, engine_pb2_grpc
+
+    with grpc.insecure_channel(address) as channel:
+        reply = engine_pb2_grpc.EngineStub(channel).GetStatus(engine_pb2.GetStatusRequest(),
+                                                              timeout=5.0)
+    return MessageToDict(reply, preserving_proto_field_name=True,
+                         always_print_fields_with_no_presence=True)
+
+
+def from_frontend(url: str) -> dict:
+    with urllib.request.urlopen(url.rstrip("/") + "/v1/status", timeout=5.0) as reply:
+        return json.load(reply)
+
+
+def render(status: dict) -> str:
+    lines = [f"diagnosis: {status.get('diagnosis', '?')}"]
+    for key in ("summary", "lever"):
+        if status.get(key):
+            lines.append(f"  {key}: {status[key]}")
+    for key, value in status.items():
+        if key not in ("diagnosis", "summary", "lever"):
+            lines.append(f"{key}: {json.dumps(value) if isinstance(value, dict) else value}")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = flags.parse_args(status_parser(), argv)
+    try:
+        status = (from_scheduler(args.scheduler_address) if args.scheduler_address
+                  else from_frontend(args.url))
+    except (OSError, urllib.error.URLError) as e:
+        print(f"gapserve status: cannot reach {args.scheduler_address or args.url}: {e}",
+              file=sys.stderr)
+        return 1
+    except Exception as e:  # grpc.RpcError: keep grpc out of the frontend path's imports
+        print(f"gapserve status: {e}", file=sys.stderr)
+        return 1
+    print(json.dumps(status, indent=2) if args.json else render(status))
+    return 0
