@@ -12,9 +12,10 @@ Every flag --foo-bar also reads GAPSERVE_FOO_BAR; `gapserve <command> --help` li
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 # command -> "module:function" taking argv; imported lazily so each service loads
 # only its own dependencies (the frontend never imports torch, for one).
@@ -26,6 +27,29 @@ COMMANDS = {
     "status": "gapserve.status:main",
     "sim": "scheduler_svc.sim.cli:main",
 }
+
+
+def _parsers() -> dict[str, Callable[[], argparse.ArgumentParser]]:
+    from gapserve.serve import serve_parser
+    from gapserve.status import status_parser
+    from shared import config
+
+    return {"serve": serve_parser, "worker": config.worker_parser,
+            "scheduler": config.scheduler_parser, "frontend": config.frontend_parser,
+            "status": status_parser}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """One parser with a subcommand per service, each holding exactly the flags that
+    service's main() parses (for --help, docs and checks of deployment files)."""
+    parser = argparse.ArgumentParser(prog="gapserve", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, make in _parsers().items():
+        own = make()
+        sub.add_parser(name, parents=[own], add_help=False, description=own.description)
+    sim = sub.add_parser("sim", help="the scheduler simulator (see gapserve sim --help)")
+    sim.add_argument("args", nargs=argparse.REMAINDER)
+    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
