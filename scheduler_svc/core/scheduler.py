@@ -255,8 +255,7 @@ class Scheduler:
                 request.num_output_placeholders += 1
             step[req_id] = (request, samples)
             total += n
-        if step:
-            self.in_flight[out.step_id] = step
+        self.in_flight[out.step_id] = step  # even when empty: every step gets one update
         out.num_scheduled_tokens = num_scheduled
         out.total_num_scheduled_tokens = total
         out.finished_req_ids = self.finished_req_ids

@@ -25,6 +25,7 @@ def make_request(req_id: str, prompt: list[int] | int, max_tokens: int = 16, *,
 
 def make_scheduler(num_blocks: int = 64, **config) -> Scheduler:
     config.setdefault("max_model_len", 256)
+    config.setdefault("max_num_seqs", 8)
     config.setdefault("hash_seed", "test-seed")
     return Scheduler(SchedulerConfig(**config), num_blocks)
 
@@ -98,3 +99,32 @@ def drive(sched: Scheduler, worker: FakeWorker, max_steps: int = 10_000,
     else:
         raise AssertionError("requests did not finish")
     return outputs
+
+
+def drive_async(sched: Scheduler, worker: FakeWorker, max_steps: int = 10_000,
+                check: bool = True) -> dict[str, list]:
+    """Keep two steps in flight: step N+1 is scheduled before step N's result is applied."""
+    outputs: dict[str, list] = {}
+    in_flight: list[tuple[SchedulerOutput, ModelRunnerOutput]] = []
+    for _ in range(max_steps):
+        if not in_flight and not sched.has_unfinished_requests():
+            break
+        if len(in_flight) < 2 and sched.has_unfinished_requests():
+            so = sched.schedule()
+            if check:
+                check_invariants(sched, so)
+            in_flight.append((so, worker.execute(so)))  # the worker runs steps in order
+            if len(in_flight) < 2:
+                continue
+        so, mro = in_flight.pop(0)
+        for out in sched.update_from_output(so, mro):
+            outputs.setdefault(out.req_id, []).append(out)
+        if check:
+            check_invariants(sched)
+    else:
+        raise AssertionError("requests did not finish")
+    return outputs
+
+
+def joined(outputs: dict[str, list]) -> dict[str, list[int]]:
+    return {k: [t for o in v for t in o.new_token_ids] for k, v in outputs.items()}

@@ -1,0 +1,131 @@
+from scheduler_svc.core.block_hash import BlockHasher
+from scheduler_svc.core.kv_cache_manager import KVCacheManager
+from tests.scheduler.helpers import make_request
+
+BS = 4
+
+
+def manager(num_blocks=16, **kw):
+    return KVCacheManager(num_blocks, BS, max_model_len=64, **kw)
+
+
+def hashed(req_id, prompt):
+    req = make_request(req_id, prompt)
+    req.block_hasher = BlockHasher(BS, "seed")
+    req.block_hasher(req)
+    return req
+
+
+def test_allocates_blocks_for_new_tokens_only_when_a_block_fills():
+    kv = manager()
+    req = hashed("a", list(range(6)))
+    assert len(kv.allocate_slots(req, 6)) == 2
+    req.num_computed_tokens = 6
+    assert kv.allocate_slots(req, 2) == []  # positions 6, 7 fit block 2
+    req.num_computed_tokens = 8
+    assert len(kv.allocate_slots(req, 1)) == 1
+
+
+def test_lookahead_tokens_get_slots_too():
+    kv = manager()
+    req = hashed("a", list(range(4)))
+    assert len(kv.allocate_slots(req, 4, num_lookahead_tokens=1)) == 2
+
+
+def test_allocation_that_does_not_fit_returns_none_and_changes_nothing():
+    kv = manager(num_blocks=3)
+    req = hashed("a", list(range(12)))
+    assert kv.allocate_slots(req, 12) is None
+    assert kv.num_free_blocks == 2 and "a" not in kv.req_to_blocks
+
+
+def test_prefix_hit_is_longest_chain_of_cached_full_blocks():
+    kv = manager()
+    a = hashed("a", list(range(10)))
+    kv.allocate_slots(a, 10)  # blocks 0, 1 full and cached
+    b = hashed("b", list(range(8)) + [99, 98, 97])
+    blocks, n = kv.get_computed_blocks(b)
+    assert n == 8 and blocks == kv.req_to_blocks["a"][:2]
+    c = hashed("c", [0, 1, 2, 99] + list(range(4, 12)))
+    assert kv.get_computed_blocks(c)[1] == 0  # the chain breaks at the first miss
+
+
+def test_prefix_hit_never_covers_the_last_token():
+    kv = manager()
+    a = hashed("a", list(range(9)))
+    kv.allocate_slots(a, 9)
+    same = hashed("b", list(range(8)))  # exactly two full cached blocks
+    assert kv.get_computed_blocks(same)[1] == 4
+
+
+def test_no_prefix_hits_when_prefix_caching_is_disabled():
+    kv = manager(enable_prefix_caching=False)
+    a = hashed("a", list(range(9)))
+    kv.allocate_slots(a, 9)
+    assert not kv.pool.cached
+    assert kv.get_computed_blocks(hashed("b", list(range(9))))[1] == 0
+
+
+def test_prefix_hit_on_free_cached_blocks_takes_them_back():
+    kv = manager(num_blocks=5)
+    a = hashed("a", list(range(9)))
+    kv.allocate_slots(a, 9)
+    kv.free(a)
+    b = hashed("b", list(range(9)))
+    hit, n = kv.get_computed_blocks(b)
+    assert n == 8
+    b.num_computed_tokens = 0
+    new = kv.allocate_slots(b, 1, hit)
+    assert len(new) == 1 and kv.req_to_blocks["b"][:2] == hit
+    assert all(block.ref_cnt == 1 for block in kv.req_to_blocks["b"])
+    assert kv.num_free_blocks == 1
+
+
+def test_evictable_hit_blocks_count_against_free_blocks():
+    kv = manager(num_blocks=4)  # 3 usable
+    a = hashed("a", list(range(9)))
+    kv.allocate_slots(a, 9)
+    kv.free(a)
+    b = hashed("b", list(range(8)) + list(range(50, 55)))  # hit 2 (free), needs 2 more
+    hit, _ = kv.get_computed_blocks(b)
+    assert kv.allocate_slots(b, 5, hit) is None
+    assert kv.num_free_blocks == 3
+
+
+def test_free_releases_deepest_blocks_first():
+    kv = manager(num_blocks=8)
+    a = hashed("a", list(range(12)))
+    kv.allocate_slots(a, 12)
+    ids = kv.get_block_ids("a")
+    kv.free(a)
+    queue = [b.block_id for b in kv.pool.free_queue]
+    assert queue[-3:] == [ids[2], ids[1], ids[0]]  # shallowest evicted last
+
+
+def test_watermark_applies_to_admissions_only():
+    kv = manager(num_blocks=11, watermark=0.2)  # 10 usable, keep 2 free at admission
+    a = hashed("a", list(range(36)))
+    assert kv.allocate_slots(a, 36, admission=True) is None  # 9 blocks leave 1
+    assert kv.allocate_slots(a, 32, admission=True) is not None  # 8 leave 2
+    a.num_computed_tokens = 32
+    assert kv.allocate_slots(a, 4) is not None  # running growth may use the reserve
+
+
+def test_whole_prompt_check_requires_blocks_for_the_whole_prompt():
+    kv = manager(num_blocks=5)  # 4 usable
+    a = hashed("a", list(range(20)))  # 5 blocks
+    assert kv.allocate_slots(a, 4, admission=True, num_tokens_to_fit=20) is None
+    assert kv.allocate_slots(a, 4, admission=True) is not None
+
+
+def test_only_blocks_of_committed_tokens_are_cached():
+    kv = manager()
+    a = hashed("a", list(range(7)))
+    kv.allocate_slots(a, 7)
+    a.num_computed_tokens = 7
+    kv.allocate_slots(a, 1)  # a placeholder at position 7 fills block 1: not hashed yet
+    assert len(kv.pool.cached) == 1
+    a.num_computed_tokens = 8
+    a.append_output_token(50)
+    kv.allocate_slots(a, 1)  # the next step catches up
+    assert len(kv.pool.cached) == 2
