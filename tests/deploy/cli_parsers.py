@@ -1,14 +1,20 @@
-"""The argparse parser of each `gapserve` subcommand, taken from the CLI itself."""
+"""The argparse parser of each `gapserve` service subcommand: the subcommands come
+from the CLI's own table, their parsers from shared.config, which each service's
+main() parses its flags and GAPSERVE_* variables with."""
 
 from __future__ import annotations
 
 import argparse
 
+from gapserve import cli
+from shared import config
+
 
 def subcommand_parsers() -> dict[str, argparse.ArgumentParser]:
-    from gapserve import cli
-    parser = cli.build_parser()
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            return dict(action.choices)
-    raise AssertionError("the gapserve CLI has no subcommands")
+    """{subcommand: parser} for every CLI subcommand that has a service parser."""
+    parsers = {}
+    for command in cli.COMMANDS:
+        build = getattr(config, f"{command}_parser", None)
+        if build is not None:
+            parsers[command] = build()
+    return parsers

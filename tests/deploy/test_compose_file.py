@@ -89,14 +89,24 @@ def test_each_command_is_a_gapserve_subcommand_that_accepts_its_flags_and_enviro
     config.parse_args(parsers[command[0]], command[1:], environ=environment(svc))
 
 
+def _unread_variables(svc: dict) -> set[str]:
+    reads = _flag_env_names(subcommand_parsers()[svc["command"][0]])
+    # OTEL_* are the standard OpenTelemetry variables, honoured by every service.
+    return {k for k in environment(svc) if k not in reads and not k.startswith("OTEL_")}
+
+
 @pytest.mark.parametrize("name", sorted(GAPSERVE))
 def test_every_variable_set_on_a_service_is_one_it_reads(name):
-    svc = GAPSERVE[name]
-    reads = _flag_env_names(subcommand_parsers()[svc["command"][0]])
-    for key in environment(svc):
-        if key.startswith("OTEL_"):
-            continue  # the standard OpenTelemetry variables, honoured by every service
-        assert key in reads, f"{name} sets {key}, which `gapserve {svc['command'][0]}` ignores"
+    assert _unread_variables(GAPSERVE[name]) == set()
+
+
+def test_the_cli_checks_catch_a_misspelt_variable_and_an_unknown_flag():
+    svc = load_compose()["services"]["scheduler"]
+    svc["environment"]["GAPSERVE_MAX_NUM_SEQ"] = "8"
+    assert _unread_variables(svc) == {"GAPSERVE_MAX_NUM_SEQ"}
+    with pytest.raises(SystemExit):
+        config.parse_args(subcommand_parsers()["scheduler"], ["--max-sequences", "8"],
+                          environ=environment(svc))
 
 
 @pytest.mark.parametrize("name", sorted(GAPSERVE))
