@@ -1,0 +1,90 @@
+"""A small test harness that speaks the SchedulerOutput contract to a ModelRunner:
+it allocates blocks from a free list, chunks prompts to a token budget, appends the
+sampled tokens and reports finished requests, like the scheduler does. It decides
+nothing clever; the tests choose what it schedules."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from shared.types import (CachedRequestData, NewRequestData, SamplingParams,
+                          SchedulerOutput)
+
+
+@dataclass(slots=True)
+class DriverRequest:
+    req_id: str
+    prompt: list[int]
+    params: SamplingParams
+    max_new: int
+    output: list[int] = field(default_factory=list)
+    blocks: list[int] = field(default_factory=list)
+    computed: int = 0
+    sent: bool = False
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.prompt + self.output
+
+    @property
+    def done(self) -> bool:
+        return len(self.output) >= self.max_new
+
+
+class StepDriver:
+    def __init__(self, runner, free_blocks: list[int] | None = None):
+        self.runner = runner
+        self.block_size = runner.block_size
+        # hand out blocks from the end of the list first: a freed block is reused soon
+        self.free = free_blocks if free_blocks is not None \
+            else list(range(runner.num_kv_blocks - 1, 0, -1))
+        self.requests: dict[str, DriverRequest] = {}
+        self.finished: set[str] = set()
+        self.step_id = 0
+
+    def add(self, req_id: str, prompt: list[int], max_new: int,
+            params: SamplingParams | None = None) -> DriverRequest:
+        req = DriverRequest(req_id, list(prompt), params or SamplingParams(temperature=0.0),
+                            max_new)
+        self.requests[req_id] = req
+        return req
+
+    def step(self, plan: dict[str, int] | None = None):
+        """Schedule `plan` (req_id -> tokens; default: each live request's whole gap)."""
+        live = {r: q for r, q in self.requests.items() if not q.done}
+        plan = plan or {r: len(q.tokens) - q.computed for r, q in live.items()}
+        out = SchedulerOutput(step_id=self.step_id, finished_req_ids=self.finished)
+        self.finished = set()
+        self.step_id += 1
+        cached = CachedRequestData()
+        for req_id, n in plan.items():
+            req = self.requests[req_id]
+            need = -(-(req.computed + n) // self.block_size) - len(req.blocks)
+            new_blocks = [self.free.pop() for _ in range(max(need, 0))]
+            req.blocks.extend(new_blocks)
+            if not req.sent:
+                out.scheduled_new_reqs.append(NewRequestData(
+                    req_id, list(req.prompt), req.params, list(req.blocks), req.computed))
+                req.sent = True
+            else:
+                cached.append(req_id, False, new_blocks, req.computed)
+            out.num_scheduled_tokens[req_id] = n
+            req.computed += n
+        out.scheduled_cached_reqs = cached
+        out.total_num_scheduled_tokens = sum(plan.values())
+        result = self.runner.execute(out)
+        for req_id, tokens in zip(result.req_ids, result.sampled_token_ids):
+            req = self.requests[req_id]
+            req.output.extend(tokens)
+            if req.done:
+                self.finished.add(req_id)
+                self.free.extend(reversed(req.blocks))
+                req.blocks = []
+        return result
+
+    def run_to_completion(self, max_steps: int = 10_000) -> None:
+        for _ in range(max_steps):
+            if all(q.done for q in self.requests.values()):
+                return
+            self.step()
+        raise AssertionError("requests did not finish")

@@ -1,0 +1,62 @@
+"""Our paged-KV decoder computes the same logits as transformers' own forward, in
+one shot and when the prompt is prefilled in chunks across steps."""
+
+import pytest
+import torch
+
+from shared.types import SamplingParams
+from worker_svc.config import WorkerConfig
+from worker_svc.inputs import prepare_inputs
+from worker_svc.request_state import RequestState
+from worker_svc.runner import ModelRunner
+
+CHECKPOINTS = ["tiny_llama_dir", "tiny_qwen2_dir", "tiny_llama3_rope_dir"]
+
+
+def _runner(path) -> ModelRunner:
+    return ModelRunner(WorkerConfig(model=str(path), device="cpu", max_model_len=256,
+                                    num_gpu_blocks_override=64, max_num_seqs=8))
+
+
+def _prompt(seed: int, n: int) -> list[int]:
+    return torch.randint(3, 256, (n,), generator=torch.Generator().manual_seed(seed)).tolist()
+
+
+@torch.inference_mode()
+def _chunk_logits(runner, state: RequestState, n: int) -> torch.Tensor:
+    """Logits of every position of the next n tokens of `state` (one step)."""
+    inputs = prepare_inputs([state], [n], runner.block_size, runner.device, runner.last_sampled)
+    logits = runner.model.forward(inputs.input_ids, inputs.positions, runner.kv_caches,
+                                  inputs.meta, torch.arange(n))
+    state.num_computed_tokens += n
+    return logits
+
+
+def _state(prompt: list[int]) -> RequestState:
+    return RequestState(req_id="r", token_ids=list(prompt), num_prompt_tokens=len(prompt),
+                        block_ids=[5, 9, 2, 7, 11, 3], num_computed_tokens=0,
+                        params=SamplingParams(temperature=0.0), row=0, generator=None)
+
+
+def _relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    return float((got - want).abs().max() / want.abs().max())
+
+
+@pytest.mark.parametrize("checkpoint", CHECKPOINTS)
+def test_full_prompt_logits_match_transformers(checkpoint, request, hf_model_cache):
+    path = request.getfixturevalue(checkpoint)
+    prompt = _prompt(0, 83)
+    got = _chunk_logits(_runner(path), _state(prompt), len(prompt))
+    with torch.no_grad():
+        want = hf_model_cache(path)(torch.tensor([prompt])).logits[0]
+    assert _relative_error(got, want) < 1e-4
+
+
+@pytest.mark.parametrize("checkpoint", ["tiny_llama_dir", "tiny_qwen2_dir"])
+def test_prompt_prefilled_in_chunks_gives_one_shot_logits(checkpoint, request):
+    path = request.getfixturevalue(checkpoint)
+    prompt = _prompt(1, 70)
+    one_shot = _chunk_logits(_runner(path), _state(prompt), len(prompt))
+    runner, state = _runner(path), _state(prompt)
+    chunks = [_chunk_logits(runner, state, n) for n in (7, 16, 30, 1, 16)]
+    assert _relative_error(torch.cat(chunks), one_shot) < 1e-5

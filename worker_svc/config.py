@@ -1,0 +1,42 @@
+"""Worker start-up configuration; flag names follow the reference system (vLLM)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(slots=True)
+class WorkerConfig:
+    model: str | Path | None = None  # local checkpoint directory; None = the default model
+    served_model_name: str | None = None  # reported in ModelInfo; default: the dir's name
+    device: str = "auto"  # auto = cuda when available, else cpu
+    dtype: str = "auto"  # auto = bfloat16 on cuda, float32 on cpu
+    block_size: int = 16
+    num_gpu_blocks_override: int | None = None  # wins over both memory budgets
+    kv_cache_memory: int | None = None  # bytes of KV cache on CPU; None = sized for the machine
+    gpu_memory_utilization: float = 0.9
+    max_model_len: int | None = None  # None = the model's max_position_embeddings
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 256
+    seed: int = 0  # seeds the sampling of requests that bring no seed of their own
+    tensor_parallel_rank: int = 0
+    tensor_parallel_size: int = 1
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first bad setting."""
+        if self.block_size < 1 or self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a power of two, got {self.block_size}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError("gpu_memory_utilization must be in (0, 1], "
+                             f"got {self.gpu_memory_utilization}")
+        if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < 2:
+            raise ValueError("num_gpu_blocks_override must be at least 2 (block 0 is reserved)")
+        if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
+            raise ValueError(f"kv_cache_memory must be positive, got {self.kv_cache_memory}")
+        if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
+            raise ValueError("max_num_seqs and max_num_batched_tokens must be positive")
+        if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype}")
+        if self.tensor_parallel_size != 1:
+            raise ValueError("tensor parallelism is not implemented; use tensor_parallel_size 1")

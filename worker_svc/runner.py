@@ -1,0 +1,237 @@
+"""ModelRunner: one SchedulerOutput in, one forward pass over the paged KV cache,
+one ModelRunnerOutput out.
+
+Every scheduled token of every request (prefill chunks and decodes alike) is
+flattened into one batch, so a step is one forward pass whatever its mix. Steps
+must arrive strictly in order: a block freed by one request and handed to another
+is written by the new owner only in a later step, after the old owner's last use.
+The token a request sampled is kept in a device tensor and gathered into its next
+input on the device; under async scheduling the next step may be sent before the
+sampled ids ever reach the host.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from shared.default_model import resolve_model
+from shared.types import (InvalidRequestError, ModelInfo, ModelRunnerOutput,
+                          SchedulerOutput, StepTimings)
+from worker_svc.attention.metadata import AttentionMetadata
+from worker_svc.attention.select import select_backend
+from worker_svc.config import WorkerConfig
+from worker_svc.inputs import prepare_inputs
+from worker_svc.kv_capacity import bytes_per_block, cpu_num_blocks, cuda_num_blocks
+from worker_svc.model.config import load_model_config
+from worker_svc.model.llama import DecoderModel
+from worker_svc.model.weights import load_weights
+from worker_svc.request_state import RequestState
+from worker_svc.sampler import sample
+from worker_svc.step_check import check_step
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ModelRunner:
+    def __init__(self, config: WorkerConfig) -> None:
+        config.validate()
+        self.config = config
+        self.device = _resolve_device(config.device)
+        self.dtype = _resolve_dtype(config.dtype, self.device)
+        self.model_dir = resolve_model(None if config.model is None else str(config.model))
+        self.model_config = cfg = load_model_config(self.model_dir)
+        self.max_model_len = _resolve_max_model_len(config.max_model_len, cfg)
+        self.block_size = config.block_size
+        with torch.inference_mode():
+            weights = load_weights(self.model_dir, cfg, self.dtype, self.device)
+            self.model = DecoderModel(cfg, weights, select_backend(self.device),
+                                      max_positions=self.max_model_len)
+            self.num_kv_blocks = self._measure_num_blocks()
+            self.kv_caches = self.model.allocate_kv_caches(self.num_kv_blocks, self.block_size)
+            # last sampled token per request row, on the device (see module docstring)
+            self.last_sampled = torch.zeros(config.max_num_seqs, dtype=torch.long,
+                                            device=self.device)
+        self.requests: dict[str, RequestState] = {}
+        self.free_rows = list(range(config.max_num_seqs - 1, -1, -1))
+        self.generator = torch.Generator(self.device).manual_seed(config.seed)
+
+    def model_info(self) -> ModelInfo:
+        cfg = self.model_config
+        return ModelInfo(
+            model_name=self.config.served_model_name or Path(self.model_dir).name,
+            vocab_size=cfg.vocab_size, max_model_len=self.max_model_len,
+            eos_token_ids=list(cfg.eos_token_ids), num_layers=cfg.num_layers,
+            num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+            dtype=str(self.dtype).removeprefix("torch."),
+            num_kv_blocks=self.num_kv_blocks, block_size=self.block_size)
+
+    # ------------------------------------------------------------------ a step
+
+    @torch.inference_mode()
+    def execute(self, step: SchedulerOutput) -> ModelRunnerOutput:
+        start_unix, t0 = time.time(), time.perf_counter()
+        check_step(step, self.requests, vocab_size=self.model_config.vocab_size,
+                   max_model_len=self.max_model_len, num_blocks=self.num_kv_blocks,
+                   block_size=self.block_size)  # raises before anything changes
+        self._apply_increments(step)
+        order = list(step.num_scheduled_tokens)
+        out = ModelRunnerOutput(step_id=step.step_id, req_ids=order)
+        if not order:
+            out.timings = StepTimings(prepare_ms=_ms(t0), start_unix_s=start_unix,
+                                      end_unix_s=time.time())
+            return out
+        states = [self.requests[r] for r in order]
+        inputs = self._prepare_inputs(states, [step.num_scheduled_tokens[r] for r in order])
+        t1 = time.perf_counter()
+        logits = self.model.forward(inputs.input_ids, inputs.positions, self.kv_caches,
+                                    inputs.meta, inputs.logits_indices)
+        self._sync()
+        t2 = time.perf_counter()
+        samplers = [states[i] for i in inputs.sample_rows]
+        tokens, token_list, logprobs = sample(logits, samplers,
+                                              self.model_config.eos_token_ids, self.generator)
+        if samplers:
+            rows = torch.tensor([s.row for s in samplers], device=self.device)
+            self.last_sampled.index_copy_(0, rows, tokens)
+        for state, n in zip(states, inputs.num_scheduled):
+            state.num_computed_tokens += n
+        out.sampled_token_ids = [[] for _ in order]
+        out.logprobs = [None if s.params.logprobs is None else [] for s in states]
+        for i, state, token, lp in zip(inputs.sample_rows, samplers, token_list, logprobs):
+            state.record_sampled(token)
+            out.sampled_token_ids[i] = [token]
+            if lp is not None:
+                out.logprobs[i] = lp
+        t3 = time.perf_counter()
+        out.timings = StepTimings(prepare_ms=(t1 - t0) * 1e3, forward_ms=(t2 - t1) * 1e3,
+                                  sample_ms=(t3 - t2) * 1e3, start_unix_s=start_unix,
+                                  end_unix_s=time.time())
+        return out
+
+    def _apply_increments(self, step: SchedulerOutput) -> None:
+        for req_id in step.finished_req_ids:
+            state = self.requests.pop(req_id, None)
+            if state is not None:
+                self.free_rows.append(state.row)
+        for req_id in step.preempted_req_ids:
+            if req_id in self.requests:  # tokens stay; the blocks are gone
+                self.requests[req_id].block_ids = []
+        for new in step.scheduled_new_reqs:
+            self.requests[new.req_id] = self._new_state(new)
+        cached = step.scheduled_cached_reqs
+        for i, req_id in enumerate(cached.req_ids):
+            state = self.requests[req_id]
+            if cached.resumed_from_preemption[i]:
+                state.block_ids = list(cached.new_block_ids[i])
+            else:
+                state.block_ids.extend(cached.new_block_ids[i])
+            state.num_computed_tokens = cached.num_computed_tokens[i]
+
+    def _new_state(self, new) -> RequestState:
+        params = new.sampling_params
+        if not self.free_rows:  # more requests held (running + preempted) than rows
+            self._grow_rows()
+        generator = None
+        if params.seed is not None:
+            generator = torch.Generator(self.device).manual_seed(params.seed)
+        state = RequestState(req_id=new.req_id, token_ids=list(new.prompt_token_ids),
+                             num_prompt_tokens=len(new.prompt_token_ids),
+                             block_ids=list(new.block_ids),
+                             num_computed_tokens=new.num_computed_tokens, params=params,
+                             row=self.free_rows.pop(), generator=generator)
+        if state.has_penalties:
+            vocab = self.model_config.vocab_size
+            state.prompt_mask = torch.zeros(vocab, dtype=torch.bool, device=self.device)
+            state.prompt_mask[torch.tensor(new.prompt_token_ids, device=self.device)] = True
+            state.output_counts = torch.zeros(vocab, dtype=torch.long, device=self.device)
+        return state
+
+    def _grow_rows(self) -> None:
+        old = self.last_sampled.shape[0]
+        self.last_sampled = torch.cat([self.last_sampled, torch.zeros_like(self.last_sampled)])
+        self.free_rows.extend(range(2 * old - 1, old - 1, -1))
+
+    def _prepare_inputs(self, states: list[RequestState], num_scheduled: list[int]):
+        return prepare_inputs(states, num_scheduled, self.block_size, self.device,
+                              self.last_sampled)
+
+    # ------------------------------------------------------------------ start-up
+
+    def _measure_num_blocks(self) -> int:
+        cfg, config = self.model_config, self.config
+        per_block = bytes_per_block(cfg, self.block_size, self.dtype)
+        blocks_per_seq = -(-self.max_model_len // self.block_size)
+        if config.num_gpu_blocks_override is not None:
+            num_blocks = config.num_gpu_blocks_override
+        elif self.device.type == "cuda":
+            self._profile_run()
+            num_blocks = cuda_num_blocks(self.device, config.gpu_memory_utilization, per_block)
+        else:
+            num_blocks = cpu_num_blocks(config.kv_cache_memory, per_block)
+            # more than every sequence at full length is never usable
+            num_blocks = min(num_blocks, config.max_num_seqs * blocks_per_seq + 1)
+        if num_blocks - 1 < blocks_per_seq:
+            raise ValueError(
+                f"the KV cache holds {max(num_blocks - 1, 0) * self.block_size} tokens "
+                f"({num_blocks} blocks of {self.block_size}, block 0 reserved), less than "
+                f"one sequence of max_model_len={self.max_model_len}: lower max_model_len "
+                "or give the KV cache more memory")
+        return num_blocks
+
+    def _profile_run(self) -> None:
+        """A forward pass at the largest step (max_num_batched_tokens tokens, logits
+        for max_num_seqs rows), so the peak activation memory is measured."""
+        num_tokens = min(self.config.max_num_batched_tokens, self.max_model_len)
+        num_blocks = -(-num_tokens // self.block_size) + 1
+        caches = self.model.allocate_kv_caches(num_blocks, self.block_size)
+        dev = self.device
+        meta = AttentionMetadata(
+            slot_mapping=torch.arange(num_tokens, device=dev) + self.block_size,
+            query_start_loc=torch.tensor([0, num_tokens], dtype=torch.int32, device=dev),
+            seq_lens=torch.tensor([num_tokens], dtype=torch.int32, device=dev),
+            block_table=torch.arange(1, num_blocks, dtype=torch.int32, device=dev)[None],
+            max_query_len=num_tokens, max_seq_len=num_tokens)
+        rows = torch.arange(min(self.config.max_num_seqs, num_tokens), device=dev)
+        logits = self.model.forward(torch.zeros(num_tokens, dtype=torch.long, device=dev),
+                                    torch.arange(num_tokens, device=dev), caches, meta, rows)
+        logits.softmax(dim=-1)
+        torch.cuda.synchronize(dev)
+        del caches, logits
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+def _ms(t0: float) -> float:
+    return (time.perf_counter() - t0) * 1e3
+
+
+def _resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device cuda was asked for, but no CUDA device is available")
+    return device
+
+
+def _resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return _DTYPES[name]
+
+
+def _resolve_max_model_len(requested: int | None, cfg) -> int:
+    limit = cfg.max_position_embeddings
+    if cfg.sliding_window is not None:
+        limit = min(limit, cfg.sliding_window)  # within the window, full attention is exact
+    if requested is None:
+        return limit
+    if not 0 < requested <= limit:
+        raise ValueError(f"max_model_len must be in [1, {limit}] for this model "
+                         f"(max_position_embeddings / sliding window), got {requested}")
+    return requested

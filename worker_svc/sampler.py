@@ -1,0 +1,128 @@
+"""Turns the logits of the rows that sample into tokens, one row per request.
+
+Order follows the reference system (vLLM): logprobs are taken from the raw model
+distribution; then penalties, min_tokens suppression, then greedy argmax, or
+temperature -> min_p -> top-k -> top-p -> a draw. The draw is the exponential race
+(argmax of probs / Exp(1) noise), which lets a seeded request draw its noise from its
+own generator: its tokens depend only on its seed, not on its neighbours in the batch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from shared.types import TokenLogprobs
+from worker_svc.request_state import RequestState
+
+
+def sample(logits: torch.Tensor, states: list[RequestState], eos_token_ids: list[int],
+           generator: torch.Generator
+           ) -> tuple[torch.Tensor, list[int], list[list[TokenLogprobs] | None]]:
+    """logits [len(states), vocab] fp32, modified in place -> (tokens on the device,
+    the same as a list, logprobs per row or None)."""
+    num_rows = len(states)
+    want_logprobs = [s.params.logprobs is not None for s in states]
+    raw_logprobs = torch.log_softmax(logits, dim=-1) if any(want_logprobs) else None
+    if any(s.has_penalties for s in states):
+        logits = _apply_penalties(logits, states)
+    suppress = [i for i, s in enumerate(states) if s.num_output_tokens < s.params.min_tokens]
+    for i in suppress:
+        banned = list(set(eos_token_ids) | set(states[i].params.stop_token_ids))
+        logits[i, banned] = float("-inf")
+
+    greedy = [s.params.greedy for s in states]
+    tokens = logits.argmax(dim=-1)
+    random_rows = [i for i in range(num_rows) if not greedy[i]]
+    if random_rows:
+        idx = torch.tensor(random_rows, device=logits.device)
+        picked = _random_sample(logits[idx], [states[i] for i in random_rows], generator)
+        tokens[idx] = picked
+    token_list = tokens.tolist()
+
+    logprobs: list[list[TokenLogprobs] | None] = [None] * num_rows
+    if raw_logprobs is not None:
+        logprobs = _logprobs(raw_logprobs, tokens, states, want_logprobs)
+    return tokens, token_list, logprobs
+
+
+def _random_sample(logits: torch.Tensor, states: list[RequestState],
+                   generator: torch.Generator) -> torch.Tensor:
+    device = logits.device
+    temperature = torch.tensor([s.params.temperature for s in states], device=device)
+    logits = logits / temperature.unsqueeze(1)
+    min_p = [s.params.min_p for s in states]
+    if any(p > 0.0 for p in min_p):
+        probs = logits.softmax(dim=-1)
+        threshold = probs.max(dim=-1, keepdim=True).values * torch.tensor(min_p, device=device).unsqueeze(1)
+        logits = logits.masked_fill(probs < threshold, float("-inf"))
+    top_k = [s.params.top_k if s.params.top_k > 0 else 0 for s in states]
+    top_p = [s.params.top_p for s in states]
+    if any(p < 1.0 for p in top_p):
+        logits = _top_k_top_p(logits, top_k, top_p)
+    elif any(k > 0 for k in top_k):
+        logits = _top_k(logits, top_k)
+    probs = logits.softmax(dim=-1)
+    noise = torch.empty_like(probs)
+    for i, s in enumerate(states):
+        noise[i].exponential_(generator=s.generator if s.generator is not None else generator)
+    return probs.div_(noise).argmax(dim=-1)
+
+
+def _top_k(logits: torch.Tensor, top_k: list[int]) -> torch.Tensor:
+    vocab = logits.shape[1]
+    k = torch.tensor([k if k > 0 else vocab for k in top_k], device=logits.device)
+    # the k-th largest logit of each row is its threshold
+    kth = logits.topk(int(k.max()), dim=-1).values.gather(1, (k - 1).unsqueeze(1))
+    return logits.masked_fill(logits < kth, float("-inf"))
+
+
+def _top_k_top_p(logits: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:
+    vocab = logits.shape[1]
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    ranks = torch.arange(vocab, device=logits.device).unsqueeze(0)
+    k = torch.tensor([k if k > 0 else vocab for k in top_k], device=logits.device)
+    sorted_logits = sorted_logits.masked_fill(ranks >= k.unsqueeze(1), float("-inf"))
+    probs = sorted_logits.softmax(dim=-1)
+    mass_before = probs.cumsum(dim=-1) - probs
+    # keep the smallest prefix whose mass reaches top_p (the first token always stays)
+    p = torch.tensor(top_p, device=logits.device, dtype=probs.dtype).unsqueeze(1)
+    sorted_logits = sorted_logits.masked_fill(mass_before >= p, float("-inf"))
+    return torch.full_like(logits, float("-inf")).scatter_(1, order, sorted_logits)
+
+
+def _apply_penalties(logits: torch.Tensor, states: list[RequestState]) -> torch.Tensor:
+    for i, s in enumerate(states):
+        if not s.has_penalties:
+            continue
+        p, counts = s.params, s.output_counts
+        row = logits[i]
+        if p.repetition_penalty != 1.0:
+            seen = s.prompt_mask | (counts > 0)
+            penalized = torch.where(row > 0, row / p.repetition_penalty,
+                                    row * p.repetition_penalty)
+            row = torch.where(seen, penalized, row)
+        row = row - p.frequency_penalty * counts - p.presence_penalty * (counts > 0)
+        logits[i] = row
+    return logits
+
+
+def _logprobs(raw: torch.Tensor, tokens: torch.Tensor, states: list[RequestState],
+              want: list[bool]) -> list[list[TokenLogprobs] | None]:
+    sampled = raw.gather(1, tokens.unsqueeze(1))
+    ranks = ((raw > sampled).sum(dim=-1) + 1).tolist()
+    sampled_list = sampled.squeeze(1).tolist()
+    top_n = max(s.params.logprobs or 0 for s in states)
+    top_vals, top_ids = (raw.topk(top_n, dim=-1) if top_n else (None, None))
+    token_list = tokens.tolist()
+    out: list[list[TokenLogprobs] | None] = []
+    for i, s in enumerate(states):
+        if not want[i]:
+            out.append(None)
+            continue
+        n = s.params.logprobs
+        top = []
+        if n:
+            top = list(zip(top_ids[i, :n].tolist(), top_vals[i, :n].tolist()))
+        out.append([TokenLogprobs(token_id=token_list[i], logprob=sampled_list[i],
+                                  rank=ranks[i], top=top)])
+    return out

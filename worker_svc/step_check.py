@@ -1,0 +1,81 @@
+"""Validation of one SchedulerOutput against the worker's state, done in full before
+anything changes: a bad step (or a bad request in it) raises and leaves the worker
+exactly as it was."""
+
+from __future__ import annotations
+
+from shared.types import InvalidRequestError, SchedulerOutput
+from worker_svc.request_state import RequestState
+
+
+class StepError(ValueError):
+    """The step contradicts what this worker holds: a scheduler/worker desync."""
+
+
+def check_step(step: SchedulerOutput, requests: dict[str, RequestState], *, vocab_size: int,
+               max_model_len: int, num_blocks: int, block_size: int) -> None:
+    finished = step.finished_req_ids
+    # per request after this step's increments: (known tokens, blocks held, computed)
+    after: dict[str, tuple[int, int, int]] = {}
+    for new in step.scheduled_new_reqs:
+        _check_new(new, requests, finished, after, vocab_size, max_model_len)
+        _check_blocks(new.req_id, new.block_ids, num_blocks)
+        after[new.req_id] = (len(new.prompt_token_ids), len(new.block_ids),
+                             new.num_computed_tokens)
+    cached = step.scheduled_cached_reqs
+    columns = (cached.resumed_from_preemption, cached.new_block_ids, cached.num_computed_tokens)
+    if any(len(c) != len(cached.req_ids) for c in columns):
+        raise StepError("scheduled_cached_reqs columns differ in length")
+    for i, req_id in enumerate(cached.req_ids):
+        state = requests.get(req_id)
+        if state is None or req_id in finished or req_id in after:
+            raise StepError(f"cached request {req_id!r} is not held by this worker "
+                            "(unknown, finished, or also sent as new)")
+        _check_blocks(req_id, cached.new_block_ids[i], num_blocks)
+        held = 0 if cached.resumed_from_preemption[i] or req_id in step.preempted_req_ids \
+            else len(state.block_ids)
+        after[req_id] = (len(state.token_ids), held + len(cached.new_block_ids[i]),
+                         cached.num_computed_tokens[i])
+    if set(step.num_scheduled_tokens) != set(after):
+        raise StepError("num_scheduled_tokens must name exactly the scheduled new and "
+                        "cached requests")
+    if sum(step.num_scheduled_tokens.values()) != step.total_num_scheduled_tokens:
+        raise StepError("total_num_scheduled_tokens is not the sum of num_scheduled_tokens")
+    for req_id, n in step.num_scheduled_tokens.items():
+        num_tokens, num_held_blocks, computed = after[req_id]
+        end = computed + n
+        if n < 1 or computed < 0:
+            raise StepError(f"request {req_id!r}: scheduled {n} tokens from {computed}")
+        if end > num_tokens:
+            raise StepError(f"request {req_id!r}: positions up to {end} scheduled but only "
+                            f"{num_tokens} tokens are known")
+        if end > max_model_len:
+            raise StepError(f"request {req_id!r}: {end} tokens exceed max_model_len "
+                            f"{max_model_len}")
+        if num_held_blocks * block_size < end:
+            raise StepError(f"request {req_id!r}: {num_held_blocks} blocks cannot hold "
+                            f"{end} tokens")
+
+
+def _check_new(new, requests, finished, after, vocab_size: int, max_model_len: int) -> None:
+    if (new.req_id in requests and new.req_id not in finished) or new.req_id in after:
+        raise StepError(f"new request {new.req_id!r} is already held by this worker")
+    new.sampling_params.validate(vocab_size)
+    prompt = new.prompt_token_ids
+    if not prompt:
+        raise InvalidRequestError(f"request {new.req_id!r}: the prompt is empty")
+    if len(prompt) > max_model_len:
+        raise InvalidRequestError(f"request {new.req_id!r}: prompt of {len(prompt)} tokens "
+                                  f"exceeds max_model_len {max_model_len}")
+    if min(prompt) < 0 or max(prompt) >= vocab_size:
+        raise InvalidRequestError(f"request {new.req_id!r}: prompt token ids must be in "
+                                  f"[0, {vocab_size})")
+    if not 0 <= new.num_computed_tokens < len(prompt):
+        raise StepError(f"request {new.req_id!r}: num_computed_tokens "
+                        f"{new.num_computed_tokens} outside [0, {len(prompt)})")
+
+
+def _check_blocks(req_id: str, block_ids: list[int], num_blocks: int) -> None:
+    for b in block_ids:
+        if not 0 < b < num_blocks:
+            raise StepError(f"request {req_id!r}: block id {b} outside [1, {num_blocks})")
