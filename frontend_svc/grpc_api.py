@@ -1,0 +1,119 @@
+"""The client-facing gRPC service (generate.proto's Generation): a thin
+translation between protobuf and the frontend's choices."""
+
+from __future__ import annotations
+
+from contextlib import aclosing
+
+import grpc
+
+from shared import proto_convert as convert
+from shared.proto import generate_pb2, generate_pb2_grpc
+from shared.types import FinishReason, InvalidRequestError
+
+from frontend_svc import generation
+from frontend_svc.context import Frontend
+from frontend_svc.errors import EngineError
+from frontend_svc.generation import Choice
+from frontend_svc.request_state import RequestState
+from frontend_svc.translate import GenerationInput, check_prompt, stop_strings
+
+SERVICE_NAME = "gapserve.v1.Generation"
+
+
+def generate_input(req: generate_pb2.GenerateRequest, fe: Frontend) -> GenerationInput:
+    """Validate and tokenize; raises InvalidRequestError naming the problem."""
+    limits = fe.limits
+    params = convert.sampling_from_proto(req.sampling_params)
+    params.validate(limits.vocab_size)
+    add_special = req.add_special_tokens if req.HasField("add_special_tokens") else True
+    which = req.WhichOneof("input")
+    if which == "text":
+        ids = fe.tokenizer.encode(req.text, add_special)
+    elif which == "token_ids":
+        ids = list(req.token_ids.ids)
+    else:
+        raise InvalidRequestError("give the prompt as text or token_ids")
+    check_prompt(ids, params, limits)
+    return GenerationInput(
+        ids, params, stop_strings(list(req.stop)), None,
+        req.include_stop_str_in_output if req.HasField("include_stop_str_in_output") else False,
+        req.skip_special_tokens if req.HasField("skip_special_tokens") else True,
+        req.priority)
+
+
+def final_message(state: RequestState) -> generate_pb2.GenerateFinal:
+    timings = state.timings_ms()
+    final = generate_pb2.GenerateFinal(
+        finish_reason=int(state.finish_reason or FinishReason.ABORT),
+        usage=generate_pb2.Usage(
+            prompt_tokens=state.num_prompt_tokens,
+            completion_tokens=state.num_completion_tokens,
+            total_tokens=state.num_prompt_tokens + state.num_completion_tokens,
+            cached_tokens=state.num_cached_tokens),
+        timings=generate_pb2.RequestTimings(arrival_unix_s=state.arrival_s,
+                                            num_preemptions=state.num_preemptions, **timings))
+    if isinstance(state.stop_reason, str):
+        final.stop_str = state.stop_reason
+    elif state.stop_reason is not None:
+        final.stop_token_id = state.stop_reason
+    return final
+
+
+class GenerationServicer(generate_pb2_grpc.GenerationServicer):
+    def __init__(self, fe: Frontend) -> None:
+        self.fe = fe
+        self.active: dict[str, str] = {}  # the client's request id -> the scheduler's
+
+    async def Generate(self, request, context):
+        try:
+            inp = generate_input(request, self.fe)
+        except InvalidRequestError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except EngineError as exc:
+            await context.abort(exc.code, exc.message)
+        client_id = request.request_id or self.fe.new_id("gen")
+        if client_id in self.active:
+            await context.abort(grpc.StatusCode.ALREADY_EXISTS,
+                                f"request {client_id!r} is already running")
+        choice = Choice(self.fe.new_id("grpc"), inp, inp.params,
+                        context.invocation_metadata(), "text_completion")
+        self.active[client_id] = choice.req_id
+        try:
+            async with aclosing(generation.stream(self.fe.engine, self.fe.tokenizer, choice,
+                                                  self.fe.observer)) as deltas:
+                async for state, delta in deltas:
+                    msg = generate_pb2.GenerateResponse(
+                        request_id=client_id, token_ids=delta.token_ids, text=delta.text,
+                        logprobs=[convert.logprobs_to_proto(x) for x in delta.logprobs])
+                    if delta.finished:
+                        msg.final.CopyFrom(final_message(state))
+                    yield msg
+        except EngineError as exc:
+            await context.abort(exc.code, exc.message)
+        finally:
+            self.active.pop(client_id, None)
+
+    async def Abort(self, request, context):
+        ids = [self.active[i] for i in request.request_ids if i in self.active]
+        return generate_pb2.AbortResponse(num_aborted=self.fe.engine.abort(ids))
+
+    async def Tokenize(self, request, context):
+        add_special = request.add_special_tokens if request.HasField("add_special_tokens") \
+            else True
+        ids = self.fe.tokenizer.encode(request.text, add_special)
+        try:
+            max_model_len = self.fe.limits.max_model_len
+        except EngineError as exc:
+            await context.abort(exc.code, exc.message)
+        return generate_pb2.TokenizeResponse(token_ids=ids, tokens=self.fe.tokenizer.tokens(ids),
+                                             max_model_len=max_model_len)
+
+    async def GetModelInfo(self, request, context):
+        info = self.fe.engine.model_info
+        if info is None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "the scheduler is not connected")
+        return generate_pb2.GetModelInfoResponse(
+            served_model_name=self.fe.served_model_name,
+            model_info=convert.model_info_to_proto(info))
+

@@ -1,0 +1,40 @@
+"""Every telemetry hook of the frontend in one place: the root span and metrics
+of each request (frontend_svc/metrics.py), logging set-up, /metrics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shared.telemetry import get_logger, metrics_text, setup_telemetry
+
+from frontend_svc.metrics import RequestTracker
+
+log = get_logger(component="frontend")
+
+
+@dataclass(slots=True)
+class Observer:
+    model_name: str
+
+    def start(self, choice) -> RequestTracker:
+        return RequestTracker.start(choice.req_id, self.model_name, choice.params,
+                                    len(choice.inp.prompt_token_ids), choice.incoming,
+                                    operation=choice.operation)
+
+    def finish(self, tracker: RequestTracker, state) -> None:
+        tracker.finish(state.finish_reason, num_preemptions=state.num_preemptions,
+                       num_cached_tokens=state.num_cached_tokens)
+
+    def fail(self, tracker: RequestTracker, code: str, message: str) -> None:
+        tracker.fail(code, message)
+        if code != "CANCELLED":
+            log.warning("request failed", request_id=tracker.req_id, code=code,
+                        message=message)
+
+
+def setup(args) -> None:
+    setup_telemetry("frontend", otlp_endpoint=args.otlp_traces_endpoint,
+                    log_format=args.log_format, log_level=args.log_level)
+
+
+__all__ = ["Observer", "setup", "metrics_text", "log"]

@@ -1,0 +1,104 @@
+"""OpenAI response bodies as plain dicts: choices, logprobs, usage, SSE chunks."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from shared.types import TokenLogprobs
+
+from frontend_svc.request_state import Delta, RequestState
+from frontend_svc.tokenizer import TextTokenizer
+
+MIN_LOGPROB = -9999.0  # JSON has no -Infinity
+
+
+def _lp(value: float) -> float:
+    return max(float(value), MIN_LOGPROB)
+
+
+def sse(body: dict | str) -> str:
+    data = body if isinstance(body, str) else json.dumps(body, separators=(",", ":"))
+    return f"data: {data}\n\n"
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def usage_of(prompt_lens: list[int], states: list[RequestState]) -> dict:
+    """Prompt tokens count once per prompt (its n choices share it), like the
+    reference; completion tokens sum over all choices."""
+    return usage(sum(prompt_lens), sum(s.num_completion_tokens for s in states))
+
+
+class CompletionLogprobs:
+    """The legacy completions logprobs object, built token by token; text_offset
+    keeps counting across stream chunks."""
+
+    __slots__ = ("tokenizer", "offset")
+
+    def __init__(self, tokenizer: TextTokenizer, offset: int = 0) -> None:
+        self.tokenizer = tokenizer
+        self.offset = offset
+
+    def format(self, lps: list[TokenLogprobs]) -> dict:
+        text = self.tokenizer.token_text
+        out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        for lp in lps:
+            token = text(lp.token_id)
+            out["tokens"].append(token)
+            out["token_logprobs"].append(_lp(lp.logprob))
+            top = {text(i): _lp(p) for i, p in lp.top}
+            top.setdefault(token, _lp(lp.logprob))
+            out["top_logprobs"].append(top)
+            out["text_offset"].append(self.offset)
+            self.offset += len(token)
+        return out
+
+
+def chat_logprobs(tokenizer: TextTokenizer, lps: list[TokenLogprobs]) -> dict:
+    def entry(token_id: int, logprob: float) -> dict:
+        token = tokenizer.token_text(token_id)
+        return {"token": token, "logprob": _lp(logprob), "bytes": list(token.encode())}
+
+    return {"content": [{**entry(lp.token_id, lp.logprob),
+                         "top_logprobs": [entry(i, p) for i, p in lp.top]} for lp in lps]}
+
+
+def completion_choice(index: int, state: RequestState, echo_text: str | None,
+                      logprobs: dict | None) -> dict:
+    return {"index": index, "text": (echo_text or "") + state.text, "logprobs": logprobs,
+            "finish_reason": _finish(state.finish_reason), "stop_reason": state.stop_reason}
+
+
+def chat_choice(index: int, state: RequestState, logprobs: dict | None) -> dict:
+    return {"index": index, "message": {"role": "assistant", "content": state.text},
+            "logprobs": logprobs, "finish_reason": _finish(state.finish_reason),
+            "stop_reason": state.stop_reason}
+
+
+def completion_chunk(resp_id: str, created: int, model: str, index: int, text: str,
+                     delta: Delta | None, logprobs: dict | None) -> dict:
+    return {"id": resp_id, "object": "text_completion", "created": created, "model": model,
+            "choices": [{"index": index, "text": text, "logprobs": logprobs,
+                         "finish_reason": delta.finish_name if delta else None,
+                         "stop_reason": delta.stop_reason if delta else None}]}
+
+
+def chat_chunk(resp_id: str, created: int, model: str, index: int, delta_body: dict,
+               delta: Delta | None, logprobs: dict | None) -> dict:
+    return {"id": resp_id, "object": "chat.completion.chunk", "created": created,
+            "model": model,
+            "choices": [{"index": index, "delta": delta_body, "logprobs": logprobs,
+                         "finish_reason": delta.finish_name if delta else None,
+                         "stop_reason": delta.stop_reason if delta else None}]}
+
+
+def _finish(reason) -> str | None:
+    return {1: "stop", 2: "length", 3: "abort"}.get(int(reason)) if reason else None
+
+
+def now() -> int:
+    return int(time.time())

@@ -1,0 +1,93 @@
+"""`gapserve frontend`: the OpenAI-compatible HTTP API (FastAPI + uvicorn) and the
+client gRPC service, in one asyncio loop sharing one engine client (one session
+stream to the scheduler)."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from pathlib import Path
+
+import grpc
+import uvicorn
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from shared.config import frontend_parser, parse_args
+from shared.default_model import resolve_model
+from shared.grpc_server import CHANNEL_OPTIONS
+from shared.proto import generate_pb2_grpc
+
+from frontend_svc import observe
+from frontend_svc.context import Frontend
+from frontend_svc.engine_client import EngineClient
+from frontend_svc.grpc_api import SERVICE_NAME, GenerationServicer
+from frontend_svc.openai_api import build_app
+from frontend_svc.tokenizer import TextTokenizer
+
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(frontend_parser(), argv)
+    observe.setup(args)
+    model_dir = resolve_model(args.model)
+    tokenizer = TextTokenizer.from_dir(model_dir)
+    name = args.served_model_name or Path(model_dir).name
+    try:
+        asyncio.run(serve(args, tokenizer, name, str(model_dir)))
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+async def serve(args, tokenizer: TextTokenizer, served_model_name: str,
+                model_path: str) -> None:
+    health_servicer = health.aio.HealthServicer()
+
+    async def set_health(serving: bool) -> None:
+        for service in ("", SERVICE_NAME):
+            await health_servicer.set(service, SERVING if serving else NOT_SERVING)
+
+    engine = EngineClient(args.scheduler_address, on_connection=set_health)
+    fe = Frontend(engine, tokenizer, served_model_name, model_path,
+                  observe.Observer(served_model_name))
+
+    grpc_server = grpc.aio.server(options=CHANNEL_OPTIONS)
+    generate_pb2_grpc.add_GenerationServicer_to_server(GenerationServicer(fe), grpc_server)
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, grpc_server)
+    reflection.enable_server_reflection(
+        [SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME], grpc_server)
+    await set_health(False)
+    if grpc_server.add_insecure_port(f"{args.host}:{args.grpc_port}") == 0:
+        raise OSError(f"cannot bind {args.host}:{args.grpc_port}")
+    await grpc_server.start()
+
+    http = uvicorn.Server(uvicorn.Config(
+        build_app(fe), host=args.host, port=args.http_port, log_level="warning",
+        access_log=False, timeout_graceful_shutdown=5))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+
+    http_task = asyncio.create_task(http.serve())
+    engine_task = asyncio.create_task(engine.start())  # waits for the scheduler
+    observe.log.info("frontend listening", http_port=args.http_port,
+                     grpc_port=args.grpc_port, scheduler=args.scheduler_address,
+                     model=served_model_name)
+    stop_task = asyncio.create_task(stop.wait())
+    await asyncio.wait({http_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
+    http.should_exit = True
+    engine_task.cancel()
+    await set_health(False)
+    await grpc_server.stop(grace=2.0)
+    await http_task
+    await engine.close()
+    observe.log.info("frontend stopped")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,149 @@
+"""Client requests -> what the scheduler gets: prompt token ids, SamplingParams,
+stop strings. Every check happens here, before anything is queued; a failure is
+an InvalidRequestError naming the field (HTTP 400, gRPC INVALID_ARGUMENT)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from shared.types import InvalidRequestError, SamplingParams
+
+from frontend_svc.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from frontend_svc.tokenizer import TextTokenizer
+
+MAX_N = 128  # choices per request: each is a full request at the scheduler
+INT32 = 2**31
+INT64 = 2**63  # the wire's seed type
+
+
+@dataclass(slots=True)
+class ModelLimits:
+    max_model_len: int
+    vocab_size: int
+
+
+@dataclass(slots=True)
+class GenerationInput:
+    """One prompt, ready for the scheduler (before fan-out into n choices)."""
+
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    stops: list[str] = field(default_factory=list)
+    prompt_text: str | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    priority: int = 0
+
+
+def fan_out(params: SamplingParams, n: int) -> list[SamplingParams]:
+    """n choices; with a seed, choice i uses seed + i like the reference, so
+    choices differ but the whole response is reproducible."""
+    return [dataclasses.replace(params, stop_token_ids=list(params.stop_token_ids),
+                                seed=None if params.seed is None else params.seed + i)
+            for i in range(n)]
+
+
+def check_prompt(ids: list[int], params: SamplingParams, limits: ModelLimits) -> None:
+    if not ids:
+        raise InvalidRequestError("the prompt is empty")
+    bad = next((t for t in ids if not 0 <= t < limits.vocab_size), None)
+    if bad is not None:
+        raise InvalidRequestError(
+            f"prompt token id {bad} is outside the vocabulary [0, {limits.vocab_size})")
+    if len(ids) + params.max_tokens > limits.max_model_len:
+        raise InvalidRequestError(
+            f"this model's maximum context length is {limits.max_model_len} tokens, "
+            f"but {len(ids) + params.max_tokens} were requested ({len(ids)} in the "
+            f"prompt, {params.max_tokens} in the completion); shorten the prompt "
+            "or lower max_tokens")
+
+
+def stop_strings(stop: str | list[str] | None) -> list[str]:
+    stops = [stop] if isinstance(stop, str) else list(stop or [])
+    if any(s == "" for s in stops):
+        raise InvalidRequestError("stop strings must not be empty")
+    return stops
+
+
+def sampling_params(req: SamplingFields, max_tokens: int, logprobs: int | None,
+                    limits: ModelLimits) -> SamplingParams:
+    """SamplingParams from the shared fields; None keeps the default."""
+    if not 1 <= req.n <= MAX_N:
+        raise InvalidRequestError(f"n must be in [1, {MAX_N}], got {req.n}")
+    if not -INT32 <= req.priority < INT32:
+        raise InvalidRequestError("priority must fit in 32 bits")
+    given = {name: getattr(req, name) for name in (
+        "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
+        "frequency_penalty", "repetition_penalty") if getattr(req, name) is not None}
+    params = SamplingParams(max_tokens=max_tokens, min_tokens=req.min_tokens,
+                            stop_token_ids=list(req.stop_token_ids or []),
+                            ignore_eos=req.ignore_eos, logprobs=logprobs, **given)
+    params.validate(limits.vocab_size)
+    if params.seed is not None and not -INT64 <= params.seed <= INT64 - req.n:
+        raise InvalidRequestError("seed must fit in a signed 64-bit integer")
+    return params
+
+
+def _max_tokens(requested: int | None, prompt_len: int, limits: ModelLimits) -> int:
+    if requested is not None:
+        return requested
+    # Chat's default is "as long as the context allows"; check_prompt reports a full one.
+    return max(limits.max_model_len - prompt_len, 1)
+
+
+def completion_inputs(req: CompletionRequest, tokenizer: TextTokenizer,
+                      limits: ModelLimits) -> list[GenerationInput]:
+    """One GenerationInput per prompt of a (possibly batched) completion request."""
+    if req.echo and req.logprobs is not None:
+        raise InvalidRequestError("echo with logprobs is not supported "
+                                  "(prompt logprobs are not computed)")
+    prompt = req.prompt
+    if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
+        prompts = [prompt]
+    else:
+        prompts = list(prompt)
+    if not prompts:
+        raise InvalidRequestError("the prompt is empty")
+    stops = stop_strings(req.stop)
+    inputs = []
+    for p in prompts:
+        if isinstance(p, str):
+            ids, text = tokenizer.encode(p, req.add_special_tokens), p
+        else:
+            ids, text = list(p), None
+        params = sampling_params(req, _max_tokens(req.max_tokens, len(ids), limits),
+                                 req.logprobs, limits)
+        check_prompt(ids, params, limits)
+        if text is None and req.echo:
+            text = tokenizer.decode(ids, req.skip_special_tokens)
+        inputs.append(GenerationInput(ids, params, stops, text,
+                                      req.include_stop_str_in_output,
+                                      req.skip_special_tokens, req.priority))
+    return inputs
+
+
+def _message_dict(message) -> dict:
+    content = message.content
+    if isinstance(content, list):
+        content = "".join(part.text for part in content)
+    out = {"role": message.role, "content": content or ""}
+    if message.name is not None:
+        out["name"] = message.name
+    return out
+
+
+def chat_input(req: ChatCompletionRequest, tokenizer: TextTokenizer,
+               limits: ModelLimits) -> GenerationInput:
+    if req.top_logprobs is not None and not req.logprobs:
+        raise InvalidRequestError("top_logprobs requires logprobs to be true")
+    logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    ids = tokenizer.apply_chat_template([_message_dict(m) for m in req.messages],
+                                        req.add_generation_prompt)
+    requested = req.max_completion_tokens if req.max_completion_tokens is not None \
+        else req.max_tokens
+    params = sampling_params(req, _max_tokens(requested, len(ids), limits), logprobs, limits)
+    check_prompt(ids, params, limits)
+    return GenerationInput(ids, params, stop_strings(req.stop), None,
+                           req.include_stop_str_in_output, req.skip_special_tokens,
+                           req.priority)
