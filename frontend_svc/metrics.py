@@ -18,6 +18,7 @@ Metric names mirror vLLM's `vllm:*` ones (docs/observability.md has the table).
 
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -66,6 +67,28 @@ _tracer = get_tracer("gapserve.frontend")
 
 
 @dataclass(slots=True)
+class _Series:
+    """One model's labelled children, looked up once (on_tokens runs per token)."""
+
+    ttft: Any
+    itl: Any
+    e2e: Any
+    prompt_tokens: Any
+    generation_tokens: Any
+    request_prompt_tokens: Any
+    request_generation_tokens: Any
+    max_tokens: Any
+
+
+@functools.cache
+def _series(m: str) -> _Series:
+    return _Series(TIME_TO_FIRST_TOKEN.labels(m), INTER_TOKEN_LATENCY.labels(m),
+                   E2E_REQUEST_LATENCY.labels(m), PROMPT_TOKENS.labels(m),
+                   GENERATION_TOKENS.labels(m), REQUEST_PROMPT_TOKENS.labels(m),
+                   REQUEST_GENERATION_TOKENS.labels(m), REQUEST_MAX_TOKENS.labels(m))
+
+
+@dataclass(slots=True)
 class RequestTracker:
     req_id: str
     model_name: str
@@ -100,7 +123,7 @@ class RequestTracker:
             })
         if params.seed is not None:
             span.set_attribute("gen_ai.request.seed", params.seed)
-        REQUEST_MAX_TOKENS.labels(model_name).observe(params.max_tokens)
+        _series(model_name).max_tokens.observe(params.max_tokens)
         return cls(req_id, model_name, num_prompt_tokens, span, time.monotonic())
 
     def activate(self):
@@ -123,16 +146,16 @@ class RequestTracker:
         m = self.model_name
         if self.first_token_s is None:
             self.first_token_s = now
-            TIME_TO_FIRST_TOKEN.labels(m).observe(now - self.arrival_s)
+            _series(m).ttft.observe(now - self.arrival_s)
             self.span.add_event("first_token")
         else:
             # tokens that arrive together share the gap since the previous batch
             gap = (now - self.last_token_s) / num_new_tokens
             for _ in range(num_new_tokens):
-                INTER_TOKEN_LATENCY.labels(m).observe(gap)
+                _series(m).itl.observe(gap)
         self.last_token_s = now
         self.num_output_tokens += num_new_tokens
-        GENERATION_TOKENS.labels(m).inc(num_new_tokens)
+        _series(m).generation_tokens.inc(num_new_tokens)
 
     def finish(self, reason: FinishReason, num_preemptions: int = 0,
                num_cached_tokens: int = 0) -> None:
@@ -142,10 +165,10 @@ class RequestTracker:
         self.done = True
         m = self.model_name
         name = finish_reason_name(reason)
-        E2E_REQUEST_LATENCY.labels(m).observe(time.monotonic() - self.arrival_s)
-        PROMPT_TOKENS.labels(m).inc(self.num_prompt_tokens)
-        REQUEST_PROMPT_TOKENS.labels(m).observe(self.num_prompt_tokens)
-        REQUEST_GENERATION_TOKENS.labels(m).observe(self.num_output_tokens)
+        _series(m).e2e.observe(time.monotonic() - self.arrival_s)
+        _series(m).prompt_tokens.inc(self.num_prompt_tokens)
+        _series(m).request_prompt_tokens.observe(self.num_prompt_tokens)
+        _series(m).request_generation_tokens.observe(self.num_output_tokens)
         REQUEST_SUCCESS.labels(m, name).inc()
         self.span.add_event("finished", {"reason": name})
         self.span.set_attributes({

@@ -28,9 +28,10 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 from prometheus_client import Counter, Gauge, Histogram
 
-from scheduler_svc.diagnosis import CapacityMonitor, CapacityReading, Diagnosis
+from scheduler_svc.diagnosis import CapacityMonitor, CapacityReading, Diagnosis, diagnose
 from shared.telemetry import (
-    context_carrier, extract_context, finish_reason_name, get_logger, get_tracer)
+    context_carrier, extract_context, finish_reason_name, get_logger, get_tracer,
+    tracing_enabled)
 from shared.types import FinishReason, ModelRunnerOutput, RequestOutput, SamplingParams, SchedulerOutput
 
 _M = ["model_name"]
@@ -129,8 +130,32 @@ class _Request:
 
 @dataclass(slots=True)
 class _Step:
-    span: trace.Span
+    span: trace.Span | None  # None: tracing is off
     started_s: float
+
+
+@dataclass(slots=True)
+class _Series:
+    """One model's labelled children, looked up once instead of on every step."""
+
+    running: Any
+    waiting: Any
+    waiting_capacity: Any
+    waiting_not_ready: Any
+    kv_usage: Any
+    prefix_queries: Any
+    prefix_hits: Any
+    iteration_tokens: Any
+    step_duration: Any
+
+    @classmethod
+    def of(cls, m: str) -> _Series:
+        return cls(NUM_REQUESTS_RUNNING.labels(m), NUM_REQUESTS_WAITING.labels(m),
+                   NUM_REQUESTS_WAITING_BY_REASON.labels(m, "capacity"),
+                   NUM_REQUESTS_WAITING_BY_REASON.labels(m, "not_ready"),
+                   KV_CACHE_USAGE.labels(m), PREFIX_CACHE_QUERIES.labels(m),
+                   PREFIX_CACHE_HITS.labels(m), ITERATION_TOKENS.labels(m),
+                   STEP_DURATION.labels(m))
 
 
 @dataclass(slots=True)
@@ -147,10 +172,12 @@ class SchedulerTelemetry:
     _prefix_seen: tuple[int, int] = (0, 0)  # cumulative (queries, hits) already counted
     _preemptions_total: int = 0
     _log: Any = None
+    _series: _Series | None = None
 
     def __post_init__(self) -> None:
         self._monitor = CapacityMonitor(self.max_num_seqs, self.diagnosis_window_s)
         self._log = get_logger()
+        self._series = _Series.of(self.model_name)
 
     # -- requests ------------------------------------------------------------
 
@@ -230,26 +257,28 @@ class SchedulerTelemetry:
         with the step to the workers, so their spans nest under this one."""
         now = self.clock()
         started = now if started_s is None else started_s
-        m = self.model_name
         cached = output.scheduled_cached_reqs
         num_resumed = sum(cached.resumed_from_preemption)
-        links = []
         for new in output.scheduled_new_reqs:
             self._scheduled(new.req_id, now, resumed=False)
-        for req_id, resumed in zip(cached.req_ids, cached.resumed_from_preemption):
-            if resumed:
-                self._scheduled(req_id, now, resumed=True)
+        if num_resumed:
+            for req_id, resumed in zip(cached.req_ids, cached.resumed_from_preemption):
+                if resumed:
+                    self._scheduled(req_id, now, resumed=True)
+        for req_id in output.preempted_req_ids:
+            self._preempted(req_id)
+        reading = reading_from_stats(stats)
+        self._record_gauges(reading, stats, now)
+        self._series.iteration_tokens.observe(output.total_num_scheduled_tokens)
+        if not tracing_enabled():  # per-request work below only when someone looks
+            self._steps[output.step_id] = _Step(None, started)
+            return {}
+
+        links = []
         for req_id in output.num_scheduled_tokens:
             req = self._requests.get(req_id)
             if req is not None:
                 links.append(Link(req.span.get_span_context()))
-        for req_id in output.preempted_req_ids:
-            self._preempted(req_id)
-
-        reading = reading_from_stats(stats)
-        self._record_gauges(reading, stats)
-        ITERATION_TOKENS.labels(m).observe(output.total_num_scheduled_tokens)
-
         attributes = {
             "gapserve.step.id": output.step_id,
             "gapserve.step.num_scheduled_tokens": output.total_num_scheduled_tokens,
@@ -277,7 +306,9 @@ class SchedulerTelemetry:
         step = self._steps.pop(step_id, None)
         if step is None:
             return
-        STEP_DURATION.labels(self.model_name).observe(self.clock() - step.started_s)
+        self._series.step_duration.observe(self.clock() - step.started_s)
+        if step.span is None:
+            return
         if result is not None:
             t = result.timings
             step.span.set_attributes({
@@ -314,27 +345,27 @@ class SchedulerTelemetry:
             f"request {req_id} was {PREEMPTION_ADVICE}", request_id=req_id,
             num_preemptions=count, preemptions_total=self._preemptions_total)
 
-    def _record_gauges(self, reading: CapacityReading, stats: Any) -> None:
-        m = self.model_name
-        NUM_REQUESTS_RUNNING.labels(m).set(reading.running)
-        NUM_REQUESTS_WAITING.labels(m).set(reading.waiting + reading.waiting_not_ready)
-        NUM_REQUESTS_WAITING_BY_REASON.labels(m, "capacity").set(reading.waiting)
-        NUM_REQUESTS_WAITING_BY_REASON.labels(m, "not_ready").set(reading.waiting_not_ready)
-        KV_CACHE_USAGE.labels(m).set(reading.kv_cache_usage)
+    def _record_gauges(self, reading: CapacityReading, stats: Any, now: float) -> None:
+        c = self._series
+        c.running.set(reading.running)
+        c.waiting.set(reading.waiting + reading.waiting_not_ready)
+        c.waiting_capacity.set(reading.waiting)
+        c.waiting_not_ready.set(reading.waiting_not_ready)
+        c.kv_usage.set(reading.kv_cache_usage)
         queries = int(_stat(stats, "prefix_cache_queries"))
         hits = int(_stat(stats, "prefix_cache_hits"))
         seen_q, seen_h = self._prefix_seen
         # stats carry cumulative totals; a counter only goes up by the difference
         if queries > seen_q:
-            PREFIX_CACHE_QUERIES.labels(m).inc(queries - seen_q)
+            c.prefix_queries.inc(queries - seen_q)
         if hits > seen_h:
-            PREFIX_CACHE_HITS.labels(m).inc(hits - seen_h)
+            c.prefix_hits.inc(hits - seen_h)
         self._prefix_seen = (max(queries, seen_q), max(hits, seen_h))
-        self._monitor.observe(reading, self.clock())
-        self._set_diagnosis(self._monitor.status(self.clock())["diagnosis"])
+        self._monitor.observe(reading, now)
+        self._set_diagnosis(diagnose(reading.running, self.max_num_seqs, reading.waiting,
+                                     self._monitor.preemptions_in_window(now)))
 
-    def _set_diagnosis(self, value: str) -> None:
-        d = Diagnosis(value)
+    def _set_diagnosis(self, d: Diagnosis) -> None:
         if d is self._diagnosis:
             return
         for each in Diagnosis:
@@ -349,5 +380,6 @@ class SchedulerTelemetry:
     def status(self, stats: Any) -> dict[str, Any]:
         """Refresh the gauges and the diagnosis from current stats (also when idle)
         and return the status dict (shape: CapacityMonitor.status)."""
-        self._record_gauges(reading_from_stats(stats), stats)
-        return self._monitor.status(self.clock())
+        now = self.clock()
+        self._record_gauges(reading_from_stats(stats), stats, now)
+        return self._monitor.status(now)

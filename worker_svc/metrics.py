@@ -53,19 +53,24 @@ class WorkerTelemetry:
     model_name: str
     rank: int = 0
     _requests: dict[str, trace.Span] = field(default_factory=dict)
+    _series: tuple = ()  # this rank's labelled children, looked up once
+
+    def __post_init__(self) -> None:
+        labels = (self.model_name, str(self.rank))
+        self._series = tuple(m.labels(*labels) for m in (
+            FORWARD_TIME, SAMPLE_TIME, PREPARE_TIME, IDLE_TIME, EXECUTE_TIME, STEPS, STEP_TOKENS))
 
     def step(self, step: SchedulerOutput, timings: StepTimings) -> None:
         """Record one executed step: metrics, then spans placed at the times the
         runner measured (so tracing adds nothing inside the forward pass)."""
-        labels = (self.model_name, str(self.rank))
-        FORWARD_TIME.labels(*labels).observe(timings.forward_ms)
-        SAMPLE_TIME.labels(*labels).observe(timings.sample_ms)
-        PREPARE_TIME.labels(*labels).observe(timings.prepare_ms)
-        IDLE_TIME.labels(*labels).observe(timings.idle_ms)
-        EXECUTE_TIME.labels(*labels).observe(
-            timings.prepare_ms + timings.forward_ms + timings.sample_ms)
-        STEPS.labels(*labels).inc()
-        STEP_TOKENS.labels(*labels).inc(step.total_num_scheduled_tokens)
+        c = self._series
+        c[0].observe(timings.forward_ms)
+        c[1].observe(timings.sample_ms)
+        c[2].observe(timings.prepare_ms)
+        c[3].observe(timings.idle_ms)
+        c[4].observe(timings.prepare_ms + timings.forward_ms + timings.sample_ms)
+        c[5].inc()
+        c[6].inc(step.total_num_scheduled_tokens)
 
         for req_id in step.finished_req_ids:
             self._end_request(req_id)

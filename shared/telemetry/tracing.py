@@ -25,6 +25,22 @@ from opentelemetry.sdk.trace.export import (
 _NOOP_TRACER = trace.NoOpTracer()
 
 
+class _NoopSpanContext:
+    """`with tracer.start_as_current_span(...)` while tracing is off: yields the
+    invalid span and leaves the current context alone."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> trace.Span:
+        return trace.INVALID_SPAN
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+_NOOP_SPAN_CONTEXT = _NoopSpanContext()
+
+
 @dataclass(slots=True)
 class _TracingState:
     provider: TracerProvider | None = None  # None: tracing is off
@@ -126,9 +142,13 @@ class _Tracer(trace.Tracer):
         return self._tracer
 
     def start_span(self, *args: Any, **kwargs: Any) -> trace.Span:
+        if _state.provider is None:
+            return trace.INVALID_SPAN  # tracing off: nothing to build or attach
         return self._current().start_span(*args, **kwargs)
 
     def start_as_current_span(self, *args: Any, **kwargs: Any):  # type: ignore[override]
+        if _state.provider is None:
+            return _NOOP_SPAN_CONTEXT
         return self._current().start_as_current_span(*args, **kwargs)
 
 
