@@ -1,37 +1,48 @@
-"""The model's tokenizer and chat template, loaded from the checkpoint directory.
-
-Encoding and chat templates go through transformers; decoding goes straight to the
-Rust `tokenizers` object because it runs on the per-token path.
-"""
+"""The model's tokenizer and chat template, loaded from the checkpoint directory
+(tokenizer.json, tokenizer_config.json, chat_template.jinja) with the Rust
+`tokenizers` library directly: decoding runs on the per-token path, and the
+frontend stays free of transformers and torch (it starts in about a second)."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import tokenizers
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from shared.types import InvalidRequestError
+
+from frontend_svc.chat_template import ChatTemplate
+
+SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token")
 
 
 @dataclass(slots=True)
 class TextTokenizer:
-    hf: PreTrainedTokenizerBase
     fast: tokenizers.Tokenizer
+    chat_template: ChatTemplate | None = None
+    eos_token_id: int | None = None
 
     @classmethod
     def from_dir(cls, path: str | Path) -> "TextTokenizer":
-        hf = AutoTokenizer.from_pretrained(str(path))
-        fast = getattr(hf, "backend_tokenizer", None) or getattr(hf, "_tokenizer", None)
-        if fast is None:
-            raise RuntimeError(f"{path}: a fast tokenizer (tokenizer.json) is required")
-        return cls(hf=hf, fast=fast)
-
-    @property
-    def eos_token_id(self) -> int | None:
-        return self.hf.eos_token_id
+        path = Path(path)
+        if not (path / "tokenizer.json").is_file():
+            raise FileNotFoundError(f"{path}: no tokenizer.json (a fast tokenizer is required)")
+        fast = tokenizers.Tokenizer.from_file(str(path / "tokenizer.json"))
+        config_path = path / "tokenizer_config.json"
+        config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+        special = {key: _token_text(config.get(key)) for key in SPECIAL_TOKEN_KEYS}
+        special = {k: v for k, v in special.items() if v is not None}
+        source = config.get("chat_template")
+        if (path / "chat_template.jinja").is_file():
+            source = (path / "chat_template.jinja").read_text()
+        if isinstance(source, list):  # named templates: use the default one
+            source = next((t["template"] for t in source if t.get("name") == "default"), None)
+        eos = special.get("eos_token")
+        return cls(fast, ChatTemplate(source, special) if source else None,
+                   fast.token_to_id(eos) if eos else None)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self.fast.encode(text, add_special_tokens=add_special_tokens).ids
@@ -50,11 +61,14 @@ class TextTokenizer:
     def apply_chat_template(self, messages: list[dict[str, Any]],
                             add_generation_prompt: bool = True) -> list[int]:
         """Prompt token ids for a chat; the template adds the special tokens itself."""
-        if not self.hf.chat_template:
+        if self.chat_template is None:
             raise InvalidRequestError("this model has no chat template; use /v1/completions")
-        try:
-            text = self.hf.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=add_generation_prompt)
-        except Exception as exc:  # a template may raise on roles it does not support
-            raise InvalidRequestError(f"chat template failed on these messages: {exc}") from exc
+        text = self.chat_template.render(messages, add_generation_prompt)
         return self.encode(text, add_special_tokens=False)
+
+
+def _token_text(value: Any) -> str | None:
+    """tokenizer_config.json writes a special token as a string or as {"content": ...}."""
+    if isinstance(value, dict):
+        return value.get("content")
+    return value if isinstance(value, str) else None

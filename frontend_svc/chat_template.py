@@ -1,0 +1,50 @@
+"""The model's chat template, rendered the way Hugging Face transformers renders
+it (a sandboxed Jinja2 environment with trim_blocks/lstrip_blocks and the same
+helpers), without importing transformers (and with it torch) into the frontend."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+from jinja2 import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from shared.types import InvalidRequestError
+
+
+def _raise_exception(message: str) -> None:
+    raise TemplateError(message)
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators=None, sort_keys: bool = False) -> str:
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent,
+                      separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+class ChatTemplate:
+    __slots__ = ("template", "special_tokens")
+
+    def __init__(self, source: str, special_tokens: dict[str, str]) -> None:
+        env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                            extensions=["jinja2.ext.loopcontrols"])
+        env.filters["tojson"] = _tojson
+        env.globals["raise_exception"] = _raise_exception
+        env.globals["strftime_now"] = _strftime_now
+        self.template = env.from_string(source)
+        self.special_tokens = special_tokens  # bos_token, eos_token, ...: templates use them
+
+    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+        try:
+            return self.template.render(messages=messages,
+                                        add_generation_prompt=add_generation_prompt,
+                                        **self.special_tokens)
+        except TemplateError as exc:  # e.g. a template that refuses a role order
+            raise InvalidRequestError(f"the chat template refused these messages: {exc}") \
+                from exc
