@@ -21,6 +21,7 @@ class DriverRequest:
     blocks: list[int] = field(default_factory=list)
     computed: int = 0
     sent: bool = False
+    resumed: bool = False  # preempted since it last ran: its next blocks replace the table
 
     @property
     def tokens(self) -> list[int]:
@@ -40,6 +41,7 @@ class StepDriver:
             else list(range(runner.num_kv_blocks - 1, 0, -1))
         self.requests: dict[str, DriverRequest] = {}
         self.finished: set[str] = set()
+        self.preempted: set[str] = set()
         self.step_id = 0
 
     def add(self, req_id: str, prompt: list[int], max_new: int,
@@ -53,8 +55,9 @@ class StepDriver:
         """Schedule `plan` (req_id -> tokens; default: each live request's whole gap)."""
         live = {r: q for r, q in self.requests.items() if not q.done}
         plan = plan or {r: len(q.tokens) - q.computed for r, q in live.items()}
-        out = SchedulerOutput(step_id=self.step_id, finished_req_ids=self.finished)
-        self.finished = set()
+        out = SchedulerOutput(step_id=self.step_id, finished_req_ids=self.finished,
+                              preempted_req_ids=self.preempted)
+        self.finished, self.preempted = set(), set()
         self.step_id += 1
         cached = CachedRequestData()
         for req_id, n in plan.items():
@@ -67,7 +70,8 @@ class StepDriver:
                     req_id, list(req.prompt), req.params, list(req.blocks), req.computed))
                 req.sent = True
             else:
-                cached.append(req_id, False, new_blocks, req.computed)
+                cached.append(req_id, req.resumed, new_blocks, req.computed)
+                req.resumed = False
             out.num_scheduled_tokens[req_id] = n
             req.computed += n
         out.scheduled_cached_reqs = cached
@@ -81,6 +85,13 @@ class StepDriver:
                 self.free.extend(reversed(req.blocks))
                 req.blocks = []
         return result
+
+    def preempt(self, req_id: str) -> None:
+        """Recompute-style preemption: blocks freed, progress reset, tokens kept."""
+        req = self.requests[req_id]
+        self.free.extend(reversed(req.blocks))
+        req.blocks, req.computed, req.resumed = [], 0, True
+        self.preempted.add(req_id)
 
     def run_to_completion(self, max_steps: int = 10_000) -> None:
         for _ in range(max_steps):
