@@ -17,6 +17,7 @@ import time
 import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from shared import config as flags
 from shared.grpc_server import check_health
@@ -126,9 +127,17 @@ class Supervisor:
     children: list[Child]
     stop: threading.Event = field(default_factory=threading.Event)
 
-    def start(self) -> None:
+    def start(self, log_dir: Path | None = None, env: dict[str, str] | None = None) -> None:
+        """Start every child; with log_dir, each writes its output to <name>.log there."""
         for child in self.children:
-            child.process = subprocess.Popen([sys.executable, "-m", "gapserve", *child.argv])
+            out = None if log_dir is None else open(log_dir / f"{child.name}.log", "wb")
+            try:
+                child.process = subprocess.Popen(
+                    [sys.executable, "-m", "gapserve", *child.argv], env=env,
+                    stdout=out, stderr=subprocess.STDOUT if out else None)
+            finally:
+                if out is not None:
+                    out.close()  # the child holds its own descriptor
 
     def dead(self) -> Child | None:
         return next((c for c in self.children if c.process.poll() is not None), None)

@@ -189,6 +189,12 @@ class Engine:
                 f"prompt + max_tokens = {need} tokens need {blocks} KV blocks, but the "
                 f"cache has only {info.num_kv_blocks - 1}")
 
+    def post_failure(self, error: BaseException) -> None:
+        """Something outside the loop saw the worker group break (e.g. an idle
+        worker stream ended); the loop fails every request and stops."""
+        with self._cond:
+            self._post(("fail", error))
+
     def num_sessions(self) -> int:
         with self._cond:
             return len(self._sessions)
@@ -262,6 +268,8 @@ class Engine:
                 aborted.extend(arg)
             elif kind == "call":
                 arg()
+            elif kind == "fail":
+                raise arg
         ends = self._scheduler.abort_requests(aborted) if aborted else []
         if self._tel is not None and ends:
             self._tel.request_outputs(ends)

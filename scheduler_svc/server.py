@@ -32,6 +32,7 @@ from shared.types import InvalidRequestError, ModelInfo, ModelRunnerOutput, Sche
 
 log = get_logger(service="scheduler")
 
+_MAX_WAIT_S = 3600.0  # longest an early caller waits for start-up
 _CODES = {ErrorCode.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
           ErrorCode.ALREADY_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
           ErrorCode.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE}
@@ -48,6 +49,7 @@ class WorkerGroup:
                           for a in self.addresses]
         self._stubs = [worker_pb2_grpc.WorkerStub(c) for c in self._channels]
         self._outboxes: list[queue.SimpleQueue] = []
+        self._closing = False
         self._replies: list = []
 
     def handshake(self, timeout_s: float) -> ModelInfo:
@@ -69,11 +71,19 @@ class WorkerGroup:
                 raise ConfigError(f"worker {address} reports {info}, rank 0 {infos[0]}")
         return infos[0]
 
-    def open_streams(self) -> None:
-        for stub in self._stubs:
+    def open_streams(self, on_lost=None) -> None:
+        """Open one Step stream per rank; on_lost(error) is called if one ends
+        while the group is open (a worker died), even when no step is in flight."""
+        for address, stub in zip(self.addresses, self._stubs):
             outbox: queue.SimpleQueue = queue.SimpleQueue()
             self._outboxes.append(outbox)
-            self._replies.append(stub.Step(iter(outbox.get, None)))
+            replies = stub.Step(iter(outbox.get, None))
+            if on_lost is not None:
+                replies.add_done_callback(
+                    lambda call, a=address: None if self._closing else on_lost(
+                        EngineFailed(f"the Step stream to worker {a} ended: "
+                                     f"{call.code().name} {call.details()}")))
+            self._replies.append(replies)
 
     def submit(self, step: SchedulerOutput) -> None:
         msg = pc.scheduler_output_to_proto(step)
@@ -88,6 +98,7 @@ class WorkerGroup:
         return pc.runner_output_from_proto(answers[0])
 
     def close(self) -> None:
+        self._closing = True
         for outbox in self._outboxes:
             outbox.put(None)
         for replies in self._replies:
@@ -135,7 +146,8 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
     def _engine(self, context) -> Engine:
         # Callers that come early wait (within their deadline) rather than fail, so a
         # frontend may start at the same time as the scheduler.
-        if not self._ready.wait(context.time_remaining()):
+        # time_remaining() is huge (not None) without a deadline: Event.wait needs a bound
+        if not self._ready.wait(min(context.time_remaining() or _MAX_WAIT_S, _MAX_WAIT_S)):
             context.abort(grpc.StatusCode.UNAVAILABLE, "the scheduler is still starting")
         engine = self.engine
         if engine is None:
@@ -261,7 +273,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                        cfg.max_num_batched_tokens)
         engine = Engine(scheduler, group, info, cfg.max_model_len, telemetry=telemetry,
                         on_failure=lambda e: (failed.set(), stop.set()))
-        group.open_streams()
+        group.open_streams(on_lost=engine.post_failure)
         engine.start()
         servicer.ready(engine, lambda: engine_status(engine, scheduler, telemetry))
         server.set_serving()
