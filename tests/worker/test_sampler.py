@@ -1,0 +1,125 @@
+"""Sampling rules: each filter keeps exactly the tokens it should, seeds make draws
+reproducible whatever the batch, penalties and min_tokens change the right logits,
+and logprobs are the model's own."""
+
+import math
+
+import torch
+
+from shared.types import SamplingParams
+from worker_svc.request_state import RequestState
+from worker_svc.sampler import sample
+
+VOCAB = 50
+EOS = 2
+
+
+def _state(params: SamplingParams, prompt=(5, 6, 7), output=(), req_id="r") -> RequestState:
+    s = RequestState(req_id=req_id, token_ids=list(prompt) + list(output),
+                     num_prompt_tokens=len(prompt), block_ids=[], num_computed_tokens=0,
+                     params=params, row=0,
+                     generator=None if params.seed is None
+                     else torch.Generator().manual_seed(params.seed))
+    if s.has_penalties:
+        s.prompt_mask = torch.zeros(VOCAB, dtype=torch.bool)
+        s.prompt_mask[list(prompt)] = True
+        s.output_counts = torch.bincount(torch.tensor(list(output), dtype=torch.long),
+                                         minlength=VOCAB)
+    return s
+
+
+def _logits(seed=0, rows=1) -> torch.Tensor:
+    return torch.randn(rows, VOCAB, generator=torch.Generator().manual_seed(seed)) * 2
+
+
+def _draws(logits: torch.Tensor, params: SamplingParams, n: int, seed=0) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return [sample(logits.clone(), [_state(params)], [EOS], g)[1][0] for _ in range(n)]
+
+
+def test_greedy_picks_the_argmax():
+    logits = _logits()
+    assert _draws(logits, SamplingParams(temperature=0.0), 1) == [int(logits.argmax())]
+
+
+def test_top_k_never_picks_outside_the_top_k():
+    logits = _logits(1)
+    allowed = set(logits[0].topk(4).indices.tolist())
+    draws = _draws(logits, SamplingParams(temperature=5.0, top_k=4), 400)
+    assert set(draws) == allowed  # all of them reachable, nothing else
+
+
+def test_top_p_keeps_the_smallest_prefix_reaching_p():
+    probs = torch.tensor([0.4, 0.25, 0.15, 0.1, 0.05, 0.05] + [0.0] * (VOCAB - 6))
+    logits = probs.clamp_min(1e-12).log().unsqueeze(0)
+    # 0.4 + 0.25 = 0.65 < 0.7 so the third token (mass before it 0.65) is still needed
+    draws = _draws(logits, SamplingParams(top_p=0.7), 600)
+    assert set(draws) == {0, 1, 2}
+    assert set(_draws(logits, SamplingParams(top_p=0.65), 300)) == {0, 1}
+
+
+def test_min_p_drops_tokens_below_the_scaled_maximum():
+    probs = torch.tensor([0.5, 0.3, 0.12, 0.08] + [0.0] * (VOCAB - 4))
+    logits = probs.clamp_min(1e-12).log().unsqueeze(0)
+    assert set(_draws(logits, SamplingParams(min_p=0.2), 400)) == {0, 1, 2}
+
+
+def test_same_seed_same_tokens_whatever_else_is_in_the_batch():
+    logits = _logits(3, rows=3)
+    logits[2] = logits[0]  # the seeded request sees the same logits in both batches
+    seeded = SamplingParams(temperature=1.5, seed=77)
+
+    def run(batch_params, row, batch_seed):
+        states = [_state(p, req_id=str(i)) for i, p in enumerate(batch_params)]
+        g = torch.Generator().manual_seed(batch_seed)
+        return [sample(logits[:len(states)].clone(), states, [EOS], g)[1][row]
+                for _ in range(30)]
+
+    alone = run([seeded], 0, batch_seed=1)
+    crowded = run([SamplingParams(temperature=1.0), SamplingParams(temperature=0.0),
+                   seeded], 2, batch_seed=2)
+    assert crowded == alone
+    assert run([SamplingParams(temperature=1.5, seed=78)], 0, batch_seed=1) != alone
+
+
+def test_repetition_penalty_demotes_seen_tokens_both_signs():
+    logits = torch.zeros(1, VOCAB)
+    logits[0, 5], logits[0, 9], logits[0, 11] = 3.0, 2.0, -1.0
+    params = SamplingParams(temperature=0.0, repetition_penalty=2.0)
+    state = _state(params, prompt=(5, 11))
+    out = logits.clone()
+    sample(out, [state], [EOS], torch.Generator())
+    assert out[0, 5] == 1.5 and out[0, 11] == -2.0 and out[0, 9] == 2.0
+    assert sample(logits.clone(), [state], [EOS], torch.Generator())[1] == [9]
+
+
+def test_frequency_and_presence_penalties_count_output_tokens_only():
+    logits = torch.zeros(1, VOCAB)
+    params = SamplingParams(temperature=0.0, frequency_penalty=0.5, presence_penalty=0.25)
+    state = _state(params, prompt=(5,), output=(7, 7, 8))
+    sample(logits, [state], [EOS], torch.Generator())
+    assert logits[0, 7] == -1.25 and logits[0, 8] == -0.75 and logits[0, 5] == 0.0
+
+
+def test_min_tokens_suppresses_eos_and_stop_ids_until_reached():
+    logits = torch.zeros(1, VOCAB)
+    logits[0, EOS], logits[0, 30], logits[0, 4] = 9.0, 8.0, 1.0
+    params = SamplingParams(temperature=0.0, min_tokens=2, stop_token_ids=[30])
+    early = _state(params, output=(4,))
+    assert sample(logits.clone(), [early], [EOS], torch.Generator())[1] == [4]
+    done = _state(params, output=(4, 4))
+    assert sample(logits.clone(), [done], [EOS], torch.Generator())[1] == [EOS]
+
+
+def test_logprobs_are_the_raw_model_logprobs_with_rank_and_top_n():
+    logits = _logits(5)
+    want = torch.log_softmax(logits[0], -1)
+    params = SamplingParams(temperature=0.0, logprobs=3, repetition_penalty=1.5)
+    state = _state(params, prompt=(int(logits.argmax()),))  # penalty moves the pick
+    _, tokens, logprobs = sample(logits.clone(), [state], [EOS], torch.Generator())
+    lp = logprobs[0][0]
+    assert lp.token_id == tokens[0]
+    assert math.isclose(lp.logprob, float(want[tokens[0]]), abs_tol=1e-6)
+    assert lp.rank == int((want > want[tokens[0]]).sum()) + 1 and lp.rank > 1
+    top_ids = want.topk(3).indices.tolist()
+    assert [t for t, _ in lp.top] == top_ids
