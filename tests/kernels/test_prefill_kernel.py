@@ -49,3 +49,13 @@ def test_bad_tile_sizes_are_rejected():
     batch = make_batch([2], [4])
     with pytest.raises(ValueError, match="power of two"):
         paged_prefill(*batch.kernel_args(), 2, batch.scale, block_m=8)
+
+
+def test_query_may_be_a_strided_view_and_out_is_contiguous():
+    batch = make_batch([4, 1], [9, 5], seed=4)
+    want = batch.expected()
+    wide = torch.cat([batch.query, torch.full_like(batch.query, float("nan"))], dim=2)
+    batch.query = wide[:, :, :64]  # every row strided past its NaN twin
+    got = paged_prefill(*batch.kernel_args(), batch.meta.max_query_len, batch.scale)
+    assert got.is_contiguous()
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

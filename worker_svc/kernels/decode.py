@@ -162,7 +162,7 @@ def paged_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     num_reqs = seq_lens.shape[0]
     bd = block_d(head_dim)
     if out is None:
-        out = torch.empty_like(query)
+        out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
     elif out.shape != query.shape or out.dtype != query.dtype or out.stride(2) != 1:
         raise ValueError(f"out {tuple(out.shape)} {out.dtype} must match query {tuple(query.shape)} "
                          f"{query.dtype} with a contiguous last axis")
