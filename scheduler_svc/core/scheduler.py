@@ -37,12 +37,15 @@ class Scheduler:
                               f"got {num_blocks}")
         # The longest request keeps KV for max_model_len - 1 tokens (its last token is
         # sampled, never computed); if that cannot fit, it could never finish.
+        # An admission also leaves the watermark free.
         need = -(-(config.max_model_len - 1) // config.block_size)
-        if need > num_blocks - 1:
+        reserve = int(config.watermark * (num_blocks - 1))
+        if need + reserve > num_blocks - 1:
             raise ConfigError(
                 f"max_model_len {config.max_model_len} needs {need} KV blocks of "
-                f"{config.block_size} tokens, but the pool has only {num_blocks - 1}; "
-                f"lower max_model_len or give the workers more memory")
+                f"{config.block_size} tokens (+{reserve} kept free by the watermark), but "
+                f"the pool has only {num_blocks - 1}; lower max_model_len or the watermark, "
+                f"or give the workers more memory")
         self.config = config
         self.kv = KVCacheManager(num_blocks, config.block_size, config.max_model_len,
                                  config.enable_prefix_caching, config.watermark)
