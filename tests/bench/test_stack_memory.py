@@ -1,0 +1,51 @@
+"""stack_memory finds a stack's processes and sums their memory, never its own."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+
+import pytest
+
+from .test_serve_bench import _load
+
+memory = _load("stack_memory")
+
+
+@pytest.fixture
+def child():
+    marker = f"stack-memory-test-{uuid.uuid4().hex}"
+    # Blocks on stdin until the test closes it: alive exactly as long as needed.
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()", marker],
+                            stdin=subprocess.PIPE)
+    yield proc, marker
+    proc.stdin.close()
+    proc.wait(timeout=30)
+
+
+def test_a_pattern_finds_the_processes_whose_command_line_holds_it(child):
+    proc, marker = child
+    assert memory.find_pids(match=marker) == [proc.pid]
+
+
+def test_a_root_pid_brings_its_descendants_but_never_the_measuring_process(child):
+    proc, _ = child
+    pids = memory.find_pids(roots=[os.getpid()])
+    assert proc.pid in pids and os.getpid() not in pids
+
+
+def test_the_sums_add_up_each_process_memory(child):
+    proc, marker = child
+    sampler = memory.MemorySampler(match=marker, interval_s=0.05).start()
+    report = sampler.stop()
+    (only,) = report["processes"]
+    assert only["pid"] == proc.pid and only["rss_bytes"] > 1 << 20
+    assert report["peak_sum_rss_bytes"] >= only["rss_bytes"] >= only["pss_bytes"] > 0
+    assert report["sum_peak_rss_bytes"] == only["peak_rss_bytes"] >= only["rss_bytes"]
+
+
+def test_a_sampler_needs_something_to_measure():
+    with pytest.raises(ValueError, match="pattern or pids"):
+        memory.MemorySampler()
