@@ -23,7 +23,8 @@ from shared.types import FinishReason, ModelInfo, RequestOutput, SamplingParams
 from frontend_svc.errors import EngineError
 
 log = get_logger(component="engine_client")
-RECONNECT_DELAY_S = 0.5  # between session attempts while the scheduler is away
+RECONNECT_DELAY_S = 0.5  # between attempts while the scheduler is away
+MODEL_INFO_TIMEOUT_S = 30.0  # one attempt; the scheduler answers once its workers are up
 
 Item = RequestOutput | EngineError
 
@@ -46,8 +47,16 @@ class EngineClient:
 
     async def start(self) -> None:
         """Learn the model facts (waiting for the scheduler), then open the session."""
-        reply = await self._stub.GetModelInfo(common_pb2.GetModelInfoRequest(),
-                                              wait_for_ready=True)
+        while True:
+            try:
+                reply = await self._stub.GetModelInfo(
+                    common_pb2.GetModelInfoRequest(), wait_for_ready=True,
+                    timeout=MODEL_INFO_TIMEOUT_S)
+                break
+            except grpc.aio.AioRpcError as exc:  # not up yet, or still loading the model
+                log.info("waiting for the scheduler", address=self.address,
+                         code=exc.code().name)
+                await asyncio.sleep(RECONNECT_DELAY_S)
         self.model_info = convert.model_info_from_proto(reply)
         self._session_task = asyncio.create_task(self._run_sessions())
         await self.connected.wait()

@@ -7,7 +7,6 @@ from collections.abc import AsyncIterator
 
 from fastapi import FastAPI, Request, Response
 from fastapi.responses import JSONResponse
-from google.protobuf.json_format import MessageToDict
 
 from shared.types import InvalidRequestError
 
@@ -62,8 +61,8 @@ def build_app(fe: Frontend) -> FastAPI:
     @app.get("/v1/status")
     async def status() -> dict:
         reply = await fe.engine.get_status()
-        return MessageToDict(reply, preserving_proto_field_name=True,
-                             always_print_fields_with_no_presence=True)
+        # every field, with 64-bit counters as JSON numbers (MessageToDict makes them strings)
+        return {f.name: getattr(reply, f.name) for f in reply.DESCRIPTOR.fields}
 
     @app.post("/tokenize")
     async def tokenize(req: TokenizeRequest) -> dict:
