@@ -37,3 +37,4 @@ class BlockHasher:
                 h.update(b"\x01salt")
                 h.update(request.cache_salt.encode())
             hashes.append(h.digest())
+        request.next_hash_at = (len(hashes) + 1) * size

@@ -70,7 +70,8 @@ class KVCacheManager:
         num_total = min(num_computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
         num_needed = -(-num_total // self.block_size) - num_held - len(new_computed_blocks)
         if num_needed <= 0 and not new_computed_blocks:  # the common decode step: no new block
-            self._cache_full_blocks(request, blocks, num_computed + num_new_tokens)
+            if len(request.block_hashes) > self.num_cached_blocks.get(req_id, 0):
+                self._cache_full_blocks(request, blocks, num_computed + num_new_tokens)
             return []
         num_needed = max(num_needed, 0)
         # Prefix-hit blocks sitting in the free queue are taken out of it, so they count.

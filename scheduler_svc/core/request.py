@@ -37,7 +37,7 @@ class Request:
         "priority", "cache_salt", "output_token_ids", "all_token_ids", "num_prompt_tokens",
         "num_computed_tokens", "num_output_placeholders", "status", "stop_token_id",
         "num_preemptions", "num_cached_tokens", "ready", "block_hashes", "block_hasher",
-        "max_tokens", "min_tokens", "stop_token_ids", "ignore_eos",
+        "max_tokens", "min_tokens", "stop_token_ids", "ignore_eos", "next_hash_at",
     )
 
     def __init__(self, req_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
@@ -58,10 +58,11 @@ class Request:
         self.status = RequestStatus.WAITING
         self.stop_token_id: int | None = None
         self.num_preemptions = 0
-        self.num_cached_tokens = -1  # prefix-cache hit at first admission; -1 = not admitted yet
+        self.num_cached_tokens = 0  # prompt tokens served from the prefix cache at admission
         self.ready = True  # False while it waits on something outside the scheduler
         self.block_hashes: list[bytes] = []  # hashes of the full blocks of committed tokens
         self.block_hasher: Callable[[Request], None] | None = None
+        self.next_hash_at = 1 << 62  # token count at which the next block fills (set by the hasher)
         # Copied out of sampling_params: read on every step's hot path.
         self.max_tokens = sampling_params.max_tokens
         self.min_tokens = sampling_params.min_tokens
@@ -93,7 +94,7 @@ class Request:
         """Commit one sampled token; only committed tokens are hashed into the prefix cache."""
         self.output_token_ids.append(token_id)
         self.all_token_ids.append(token_id)
-        if self.block_hasher is not None:
+        if len(self.all_token_ids) >= self.next_hash_at:
             self.block_hasher(self)
 
     def __repr__(self) -> str:

@@ -240,10 +240,15 @@ class Scheduler:
         for request in resumed:  # the worker replaces its block table
             cached.append(request.req_id, True, kv.get_block_ids(request.req_id),
                           request.num_computed_tokens)
+        # Column-wise appends inlined: this loop runs once per running request per step.
+        ids, flags, block_ids, computed = (cached.req_ids, cached.resumed_from_preemption,
+                                           cached.new_block_ids, cached.num_computed_tokens)
         for request in scheduled_running:
-            cached.append(request.req_id, False,
-                          [b.block_id for b in new_blocks_of[request.req_id]],
-                          request.num_computed_tokens)
+            blocks = new_blocks_of[request.req_id]
+            ids.append(request.req_id)
+            flags.append(False)
+            block_ids.append([b.block_id for b in blocks] if blocks else [])
+            computed.append(request.num_computed_tokens)
 
         # Work counts as done when scheduled; a step that reaches the end samples a token.
         async_ = self.config.async_scheduling
@@ -333,14 +338,18 @@ class Scheduler:
         logprobs = model_runner_output.logprobs
         outputs = []
         any_finished_running = False
+        finished_status = RequestStatus.FINISHED_STOPPED
         for k, (req_id, sampled) in enumerate(zip(req_ids, sampled_ids)):
+            if not sampled:  # a non-final prefill chunk
+                continue
             request = step[req_id][0]
             # Finished meanwhile (EOS in the previous step, or aborted): the token
             # computed after the end is discarded.
-            if not sampled or request.status >= RequestStatus.FINISHED_STOPPED:
+            if request.status >= finished_status:
                 continue
-            if request.num_output_placeholders:  # 0 if preempted since: placeholders dropped
-                request.num_output_placeholders = max(0, request.num_output_placeholders - len(sampled))
+            placeholders = request.num_output_placeholders
+            if placeholders:  # 0 if preempted since: placeholders were dropped
+                request.num_output_placeholders = max(0, placeholders - len(sampled))
             new_ids = []
             status = None
             for token_id in sampled:
@@ -352,8 +361,12 @@ class Scheduler:
             if status is not None:
                 any_finished_running |= request.status is RequestStatus.RUNNING
                 self._finish(request, status)
-            new_logprobs = logprobs[k] if k < len(logprobs) and logprobs[k] else []
-            outputs.append(self._output(request, new_ids, new_logprobs[:len(new_ids)]))
+                new_logprobs = logprobs[k] if k < len(logprobs) and logprobs[k] else []
+                outputs.append(self._output(request, new_ids, new_logprobs[:len(new_ids)]))
+            else:  # the common case, kept cheap: no finish fields to look up
+                new_logprobs = logprobs[k][:len(new_ids)] if k < len(logprobs) and logprobs[k] else []
+                outputs.append(RequestOutput(req_id, new_ids, new_logprobs, None, None,
+                                             request.num_preemptions, request.num_cached_tokens))
         if any_finished_running:
             self.running = [r for r in self.running if not r.is_finished]
         return outputs
@@ -389,7 +402,7 @@ class Scheduler:
             req_id=request.req_id, new_token_ids=new_ids, new_logprobs=list(new_logprobs),
             finish_reason=request.finish_reason, stop_token_id=request.stop_token_id,
             num_preemptions=request.num_preemptions,
-            num_cached_tokens=max(request.num_cached_tokens, 0))
+            num_cached_tokens=request.num_cached_tokens)
 
     # ------------------------------------------------------------------ inspection
 
