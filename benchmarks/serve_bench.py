@@ -355,6 +355,10 @@ def format_table(report: dict) -> str:
         rows.append(("Stack peak RSS / PSS (MiB)",
                      f"{mem['peak_sum_rss_bytes'] / 2**20:.0f} / "
                      f"{mem['peak_sum_pss_bytes'] / 2**20:.0f}"))
+        if mem.get("kv_cache_bytes") is not None:
+            rows.append(("KV cache (MiB, share of peak RSS)",
+                         f"{mem['kv_cache_bytes'] / 2**20:.0f} "
+                         f"({100 * mem['kv_cache_share_of_peak_rss']:.0f}%)"))
     rows += [("Error", e) for e in report["error_samples"]]
     width = max(len(k) for k, _ in rows)
     return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
@@ -394,6 +398,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "contains this (see stack_memory.py)")
     p.add_argument("--memory-pid", type=int, action="append", default=[],
                    help="a stack process to measure with its descendants (repeatable)")
+    p.add_argument("--kv-from-gapserve", metavar="HOST:PORT", default=None,
+                   help="with --memory-*: a gapserve frontend's gRPC address, to report "
+                        "the KV cache's size and share of the peak memory")
     p.add_argument("--json", nargs="?", const="-", default=None, metavar="PATH",
                    help="write the report as JSON to PATH, or to stdout instead of the table")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
@@ -431,15 +438,24 @@ def main(argv: list[str] | None = None) -> int:
         print(f"serve_bench: {exc}", file=sys.stderr)
         return 2
     args.started_at = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
-    sampler = None
+    sampler = kv_bytes = None
     if args.memory_match or args.memory_pid:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from stack_memory import MemorySampler
-        sampler = MemorySampler(args.memory_match, args.memory_pid).start()
+        import stack_memory
+        if args.kv_from_gapserve:  # asked first: a wrong address fails before the run
+            try:
+                kv_bytes = stack_memory.gapserve_kv_cache_bytes(args.kv_from_gapserve)
+            except Exception as exc:  # grpc.RpcError, ValueError: report and stop
+                print(f"serve_bench: KV cache size from {args.kv_from_gapserve}: {exc}",
+                      file=sys.stderr)
+                return 2
+        sampler = stack_memory.MemorySampler(args.memory_match, args.memory_pid).start()
     results, duration = asyncio.run(run(args, requests))
     report = summarize(results, duration, args)
     if sampler is not None:
         report["memory"] = sampler.stop()
+        if kv_bytes is not None:
+            stack_memory.add_kv_share(report["memory"], kv_bytes)
     if args.json and args.json != "-":
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
     if args.json == "-":

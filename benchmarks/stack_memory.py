@@ -184,6 +184,34 @@ class MemorySampler:
         }
 
 
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3fn": 1}
+
+
+def gapserve_kv_cache_bytes(grpc_address: str) -> int:
+    """The KV cache a gapserve stack allocated, from the frontend's GetModelInfo:
+    blocks x block size x layers x (K and V) x KV heads x head dim x dtype size."""
+    import grpc
+
+    from shared.proto import common_pb2, generate_pb2_grpc
+
+    with grpc.insecure_channel(grpc_address) as channel:
+        reply = generate_pb2_grpc.GenerationStub(channel).GetModelInfo(
+            common_pb2.GetModelInfoRequest(), timeout=10.0)
+    m = reply.model_info
+    dtype = m.dtype.removeprefix("torch.")
+    if dtype not in _DTYPE_BYTES:
+        raise ValueError(f"unknown KV cache dtype {m.dtype!r}")
+    return (m.num_kv_blocks * m.block_size * m.num_layers * 2 * m.num_kv_heads
+            * m.head_dim * _DTYPE_BYTES[dtype])
+
+
+def add_kv_share(report: dict, kv_cache_bytes: int) -> dict:
+    report["kv_cache_bytes"] = kv_cache_bytes
+    peak = report["peak_sum_rss_bytes"]
+    report["kv_cache_share_of_peak_rss"] = kv_cache_bytes / peak if peak else None
+    return report
+
+
 def _mib(n: int) -> str:
     return f"{n / 2**20:.0f} MiB"
 
@@ -195,6 +223,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="a process to measure with its descendants (repeatable)")
     parser.add_argument("--watch", type=float, default=0.0,
                         help="sample for this many seconds and report the peak")
+    parser.add_argument("--gapserve-grpc", metavar="HOST:PORT", default=None,
+                        help="a gapserve frontend's gRPC address: also report the KV "
+                             "cache's size and its share of the stack's peak RSS")
     parser.add_argument("--json", action="store_true", help="print JSON")
     args = parser.parse_args(argv)
     if not args.match and not args.pid:
@@ -204,6 +235,8 @@ def main(argv: list[str] | None = None) -> int:
     report = sampler.stop()
     if not report["processes"]:
         parser.exit(1, "no matching process\n")
+    if args.gapserve_grpc:
+        add_kv_share(report, gapserve_kv_cache_bytes(args.gapserve_grpc))
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
@@ -213,6 +246,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"stack: peak summed RSS {_mib(report['peak_sum_rss_bytes'])}, "
           f"peak summed PSS {_mib(report['peak_sum_pss_bytes'])}, "
           f"sum of per-process peaks {_mib(report['sum_peak_rss_bytes'])}")
+    if "kv_cache_bytes" in report:
+        print(f"KV cache: {_mib(report['kv_cache_bytes'])}, "
+              f"{100 * report['kv_cache_share_of_peak_rss']:.0f}% of the peak summed RSS")
     return 0
 
 

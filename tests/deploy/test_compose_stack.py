@@ -75,6 +75,8 @@ def test_serve_bench_reports_a_sane_json_for_a_tiny_run(stack, tmp_path):
            "--max-tokens", "6", "--ignore-eos", "--json", str(out)]
     for pid in pids:
         cmd += ["--memory-pid", pid]
+    grpc_port = int(environment(stack.doc["services"]["frontend"])["GAPSERVE_GRPC_PORT"])
+    cmd += ["--kv-from-gapserve", stack.ports.address("frontend", grpc_port)]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "4/4 done" in result.stderr  # progress while it runs
@@ -86,7 +88,12 @@ def test_serve_bench_reports_a_sane_json_for_a_tiny_run(stack, tmp_path):
     assert report["itl_ms"]["p50"] > 0 and report["output_throughput"] > 0
     assert report["memory"]["peak_sum_rss_bytes"] > 200 * 2**20  # fp32 weights alone ~0.5 GB
     assert {p["pid"] for p in report["memory"]["processes"]} >= set(map(int, pids))
-    assert "Output tokens/s" in result.stdout
+    status = httpx.get(_api_base(stack).removesuffix("/v1") + "/v1/status", timeout=10).json()
+    # SmolLM2 in fp32: 30 layers x (K, V) x 3 KV heads x 64 dims x 4 bytes per token
+    per_block = 16 * 30 * 2 * 3 * 64 * 4
+    assert report["memory"]["kv_cache_bytes"] == status["num_kv_blocks"] * per_block
+    assert report["memory"]["kv_cache_share_of_peak_rss"] > 0
+    assert "Output tokens/s" in result.stdout and "KV cache" in result.stdout
 
 
 def test_traces_reach_the_otlp_endpoint_the_compose_file_names(stack):
