@@ -30,7 +30,8 @@ PREEMPTION_LOG_EVERY = 50  # like vLLM: warn on the first preemption, then every
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, num_blocks: int) -> None:
+    def __init__(self, config: SchedulerConfig, num_blocks: int, *, logger=None) -> None:
+        """`logger`: a structlog logger for the preemption warning (default: "scheduler")."""
         config.validate()
         if num_blocks < 2:
             raise ConfigError(f"the KV pool needs at least 2 blocks (block 0 is reserved), "
@@ -58,6 +59,7 @@ class Scheduler:
         # step id -> {req_id: (request, whether the step samples a token for it)}
         self.in_flight: dict[int, dict[str, tuple[Request, bool]]] = {}
         self.next_step_id = 0
+        self.log = logger if logger is not None else log
         self._stats = SchedulerStats(num_total_blocks=num_blocks)
 
     # ------------------------------------------------------------------ requests
@@ -304,7 +306,7 @@ class Scheduler:
         self.waiting.prepend(request)
         total = stats.num_preemptions_total
         if total == 1 or total % PREEMPTION_LOG_EVERY == 0:
-            log.warning("request preempted: the KV cache is full; it will be recomputed. "
+            self.log.warning("request preempted: the KV cache is full; it will be recomputed. "
                         "Frequent preemption means the load is past capacity",
                         req_id=request.req_id, num_preemptions=request.num_preemptions,
                         total_num_cumulative_preemption=total)

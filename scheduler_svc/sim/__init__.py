@@ -1,0 +1,1 @@
+"""Capacity-planning simulator: the real scheduler core against a simulated worker."""

@@ -1,0 +1,5 @@
+import sys
+
+from scheduler_svc.sim.cli import main
+
+sys.exit(main())
