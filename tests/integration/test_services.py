@@ -34,10 +34,17 @@ def hf_tiny(tiny_model_dir):
 
 
 def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
+    """transformers' greedy choice for n steps, EOS included (as with ignore_eos):
+    a plain argmax loop, since generate() would suppress EOS under min_new_tokens."""
+    ids, out, past = torch.tensor([prompt]), [], None
     with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n,
-                             do_sample=False, pad_token_id=2)
-    return out[0, len(prompt):].tolist()
+        for _ in range(n):
+            step = model(ids if past is None else ids[:, -1:], past_key_values=past,
+                         use_cache=True)
+            past = step.past_key_values
+            out.append(int(step.logits[0, -1].argmax()))
+            ids = torch.cat([ids, torch.tensor([[out[-1]]])], dim=1)
+    return out
 
 
 def pool_is_free(stack) -> bool:
@@ -238,21 +245,19 @@ def test_32_concurrent_greedy_requests_each_equal_transformers_alone(default_sta
     tok = AutoTokenizer.from_pretrained(default_stack.model_dir)
     model = LlamaForCausalLM.from_pretrained(default_stack.model_dir,
                                              dtype=torch.float32).eval()
-    prompts = [f"Question {i}: what is {i} plus {i * 3}? Answer:" for i in range(32)]
-    client = default_stack.openai(timeout=300)
+    prompts = [tok(f"Question {i}: what is {i} plus {i * 3}? Answer:")["input_ids"]
+               for i in range(32)]
     n = 16
 
-    def run(prompt):
-        return client.completions.create(model=default_stack.served_model_name, prompt=prompt,
-                                         max_tokens=n, extra_body={"ignore_eos": True},
-                                         logprobs=0, **GREEDY)
+    def run(ids):  # exact token ids through the generated gRPC stub
+        return generate(default_stack, token_ids=generate_pb2.TokenIds(ids=ids),
+                        sampling_params=common_pb2.SamplingParams(
+                            temperature=0.0, max_tokens=n, ignore_eos=True))
 
     with ThreadPoolExecutor(32) as pool:
         replies = list(pool.map(run, prompts))
-    for prompt, reply in zip(prompts, replies):
-        ids = tok(prompt)["input_ids"]
-        want = tok.decode(hf_greedy(model, ids, n))
-        assert reply.choices[0].text == want, prompt
+    for ids, reply in zip(prompts, replies):
+        assert [t for r in reply for t in r.token_ids] == hf_greedy(model, ids, n), ids
     assert pool_is_free(default_stack)
 
 

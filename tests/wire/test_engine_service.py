@@ -30,10 +30,17 @@ def hf_model(tiny_model_dir):
 
 
 def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
+    """transformers' greedy choice for n steps, EOS included (as with ignore_eos):
+    a plain argmax loop, since generate() would suppress EOS under min_new_tokens."""
+    ids, out, past = torch.tensor([prompt]), [], None
     with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False,
-                             min_new_tokens=n, pad_token_id=2)
-    return out[0, len(prompt):].tolist()
+        for _ in range(n):
+            step = model(ids if past is None else ids[:, -1:], past_key_values=past,
+                         use_cache=True)
+            past = step.past_key_values
+            out.append(int(step.logits[0, -1].argmax()))
+            ids = torch.cat([ids, torch.tensor([[out[-1]]])], dim=1)
+    return out
 
 
 def free_blocks(stack) -> tuple[int, int]:
