@@ -27,6 +27,9 @@ from shared.types import (
 log = structlog.get_logger("scheduler")
 
 PREEMPTION_LOG_EVERY = 50  # like vLLM: warn on the first preemption, then every 50th
+# A third step would let a preempted request be re-admitted before the output of its
+# last in-flight step is applied, and the worker's token ids would then differ from ours.
+MAX_STEPS_IN_FLIGHT = 2
 
 
 class Scheduler:
@@ -116,6 +119,9 @@ class Scheduler:
         # num_computed_tokens < num_tokens + num_output_placeholders, and gets
         # min(gap, limits) tokens. Prefill, chunked prefill, decode and recompute
         # after preemption are all that same rule.
+        if len(self.in_flight) >= MAX_STEPS_IN_FLIGHT:
+            raise RuntimeError(f"{MAX_STEPS_IN_FLIGHT} steps are already in flight; apply "
+                               f"the oldest one's output (update_from_output) first")
         cfg = self.config
         kv = self.kv
         running = self.running

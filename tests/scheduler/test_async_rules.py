@@ -1,5 +1,7 @@
 """Async scheduling: step N+1 is scheduled before step N's tokens are known."""
 
+import pytest
+
 from shared.types import FinishReason
 from tests.scheduler.helpers import (
     EOS, FakeWorker, drive, drive_async, joined, make_request, make_scheduler,
@@ -104,3 +106,15 @@ def test_only_committed_tokens_are_hashed_into_the_prefix_cache():
     assert len(s.kv.pool.cached) == 1
     assert s.requests["a"].block_hashes[0] in s.kv.pool.cached
     del so2, so3
+
+
+def test_at_most_two_steps_are_in_flight():
+    s = make_scheduler(async_scheduling=True)
+    w = FakeWorker()
+    s.add_request(make_request("a", 10, max_tokens=5))
+    so1 = s.schedule()
+    s.schedule()
+    with pytest.raises(RuntimeError, match="in flight"):
+        s.schedule()
+    s.update_from_output(so1, w.execute(so1))
+    s.schedule()
