@@ -245,7 +245,9 @@ async def run(args: argparse.Namespace, requests: list[BenchRequest],
     async with httpx.AsyncClient(limits=limits, timeout=timeout, headers=headers,
                                  transport=transport) as client:
         for req in requests[:args.warmup]:  # untimed: first-call costs are not serving costs
-            await send(client, url, request_body(req, args))
+            res = await send(client, url, request_body(req, args))
+            if not res.ok:  # a server that is not ready would make every figure wrong
+                raise RuntimeError(f"warm-up request failed: {res.error}")
         progress = Progress(len(requests), args.quiet)
 
         async def one(req: BenchRequest) -> RequestResult:
@@ -450,7 +452,11 @@ def main(argv: list[str] | None = None) -> int:
                       file=sys.stderr)
                 return 2
         sampler = stack_memory.MemorySampler(args.memory_match, args.memory_pid).start()
-    results, duration = asyncio.run(run(args, requests))
+    try:
+        results, duration = asyncio.run(run(args, requests))
+    except RuntimeError as exc:
+        print(f"serve_bench: {exc}", file=sys.stderr)
+        return 2
     report = summarize(results, duration, args)
     if sampler is not None:
         report["memory"] = sampler.stop()

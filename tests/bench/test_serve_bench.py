@@ -164,3 +164,11 @@ def test_table_names_every_headline_metric():
     for label in ("Output tokens/s", "Requests/s", "TTFT mean / p50 / p99", "ITL mean",
                   "E2E latency mean", "Completed / errors"):
         assert label in table
+
+
+def test_a_failed_warmup_stops_the_run_before_measuring():
+    server = Server(b'{"error": {"message": "not ready"}}', status=503)
+    args = bench.parse_args(["--model", "m", "--quiet", "--warmup", "1", "--num-requests", "3"])
+    with pytest.raises(RuntimeError, match="warm-up request failed: HTTP 503"):
+        asyncio.run(bench.run(args, bench.build_requests(args), httpx.MockTransport(server)))
+    assert len(server.seen) == 1
