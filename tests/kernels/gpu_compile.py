@@ -78,7 +78,8 @@ def spill_bytes(ptx: str, sm: int) -> int:
         src = os.path.join(tmp, "k.ptx")
         with open(src, "w") as f:
             f.write(ptx)
-        log = subprocess.run([get_ptxas(sm).path, "-v", f"--gpu-name=sm_{sm}{'a' if sm >= 90 else ''}", src, "-o",
+        arch = f"sm_{sm}a" if sm >= 90 else f"sm_{sm}"  # 'a': Hopper's wgmma/TMA features
+        log = subprocess.run([get_ptxas(sm).path, "-v", f"--gpu-name={arch}", src, "-o",
                               os.path.join(tmp, "k.cubin")], capture_output=True, text=True,
                              check=True).stderr
     return sum(int(n) for n in re.findall(r"(\d+) bytes spill stores", log))
