@@ -20,7 +20,7 @@ from shared import proto_convert as pc
 from shared.grpc_server import ServiceServer
 from shared.proto import worker_pb2, worker_pb2_grpc
 from shared.telemetry import get_logger, setup_telemetry, start_metrics_server
-from shared.types import InvalidRequestError, ModelRunnerOutput
+from shared.types import InvalidRequestError, ModelRunnerOutput, SchedulerOutput
 from worker_svc.config import WorkerConfig
 
 log = get_logger(service="worker")
@@ -74,7 +74,19 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 yield pc.runner_output_to_proto(result)
             log.info("step_stream_closed")
         finally:
-            self._stream_lock.release()
+            try:
+                self._forget_all(runner)
+            finally:
+                self._stream_lock.release()
+
+    @staticmethod
+    def _forget_all(runner) -> None:
+        """The scheduler that owned these requests is gone; a new one starts afresh,
+        so drop every request through the ordinary increment: a finishing step."""
+        held = set(runner.requests)
+        if held:
+            runner.execute(SchedulerOutput(step_id=-1, finished_req_ids=held))
+            log.info("requests_dropped", count=len(held))
 
 
 def worker_config(args) -> WorkerConfig:

@@ -177,3 +177,23 @@ def test_a_second_scheduler_cannot_drive_a_busy_worker(wire_stack):
         with pytest.raises(grpc.RpcError) as e:
             next(replies)
         assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+
+def test_a_new_scheduler_finds_the_worker_clean_after_the_old_stream_ends(tiny_runner):
+    from tests.wire.conftest import start_wire_stack
+    first = start_wire_stack(tiny_runner)
+    client = SessionClient(first.engine_stub)
+    client.add("same-id", [1, 2, 3], temperature=0.0, max_tokens=200, ignore_eos=True)
+    while not client.tokens.get("same-id"):
+        client.read()
+    first.close()  # the scheduler goes away mid-request
+    wait_for(lambda: not tiny_runner.requests, what="the worker to drop the old requests")
+    second = start_wire_stack(tiny_runner)
+    try:
+        client = SessionClient(second.engine_stub)
+        client.add("same-id", [1, 2, 3], temperature=0.0, max_tokens=3, ignore_eos=True)
+        client.wait_ended("same-id")
+        assert len(client.tokens["same-id"]) == 3
+        client.close()
+    finally:
+        second.close()
