@@ -137,6 +137,11 @@ def test_every_service_traces_to_the_otlp_port_of_a_service_in_the_file():
         assert depends_on(svc).get(host) == "service_started"
 
 
+def test_the_tracing_backend_takes_otlp_from_other_containers():
+    command = DOC["services"]["jaeger"]["command"]
+    assert "receivers.otlp.protocols.grpc.endpoint=0.0.0.0:4317" in command
+
+
 def test_prometheus_scrapes_every_gapserve_service_on_its_metrics_port():
     prom = yaml.safe_load(PROMETHEUS_PATH.read_text())
     targets = {t for job in prom["scrape_configs"] for sc in job["static_configs"]
