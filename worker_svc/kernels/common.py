@@ -29,6 +29,17 @@ def check_dtype(t: torch.Tensor, name: str) -> None:
         raise ValueError(f"{name} must be float32, float16 or bfloat16, got {t.dtype}")
 
 
+def output_for(query: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    """A fresh contiguous output (the model views it as [tokens, hidden]), or the
+    caller's buffer if it fits."""
+    if out is None:
+        return torch.empty(query.shape, dtype=query.dtype, device=query.device)
+    if out.shape != query.shape or out.dtype != query.dtype or out.stride(2) != 1:
+        raise ValueError(f"out {tuple(out.shape)} {out.dtype} must match query "
+                         f"{tuple(query.shape)} {query.dtype} with a contiguous last axis")
+    return out
+
+
 def block_d(head_dim: int) -> int:
     # tl.arange needs a power of two and tl.dot needs at least 16
     return max(16, triton.next_power_of_2(head_dim))

@@ -14,7 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
-from worker_svc.kernels.common import LOG2E, block_d, check_dtype, dot_settings, paged_offsets
+from worker_svc.kernels.common import (LOG2E, block_d, check_dtype, dot_settings,
+                                       output_for, paged_offsets)
 
 MIN_TOKENS_PER_SPLIT = 256  # below this a split's fixed cost outweighs its parallelism
 MAX_SPLITS = 64
@@ -161,11 +162,7 @@ def paged_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     group = num_heads // num_kv_heads
     num_reqs = seq_lens.shape[0]
     bd = block_d(head_dim)
-    if out is None:
-        out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
-    elif out.shape != query.shape or out.dtype != query.dtype or out.stride(2) != 1:
-        raise ValueError(f"out {tuple(out.shape)} {out.dtype} must match query {tuple(query.shape)} "
-                         f"{query.dtype} with a contiguous last axis")
+    out = output_for(query, out)
     if num_reqs == 0:
         return out
     if num_splits > 1:

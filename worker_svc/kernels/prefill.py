@@ -15,7 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
-from worker_svc.kernels.common import LOG2E, block_d, check_dtype, dot_settings, paged_offsets
+from worker_svc.kernels.common import (LOG2E, block_d, check_dtype, dot_settings,
+                                       output_for, paged_offsets)
 
 
 @triton.jit
@@ -116,11 +117,7 @@ def paged_prefill(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
         if b < 16 or b & (b - 1):
             raise ValueError(f"{name} must be a power of two >= 16, got {b}")
     num_reqs = seq_lens.shape[0]
-    if out is None:
-        out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
-    elif out.shape != query.shape or out.dtype != query.dtype or out.stride(2) != 1:
-        raise ValueError(f"out {tuple(out.shape)} {out.dtype} must match query {tuple(query.shape)} "
-                         f"{query.dtype} with a contiguous last axis")
+    out = output_for(query, out)
     if num_reqs == 0 or max_query_len == 0:
         return out
     consts = prefill_constexprs(group, head_dim, page, block_m, block_n, query.dtype,
