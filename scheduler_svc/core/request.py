@@ -16,10 +16,6 @@ class RequestStatus(enum.IntEnum):
     FINISHED_LENGTH = 5
     FINISHED_ABORTED = 6
 
-    @property
-    def finished(self) -> bool:
-        return self >= RequestStatus.FINISHED_STOPPED
-
 
 FINISH_REASONS = {
     RequestStatus.FINISHED_STOPPED: FinishReason.STOP,

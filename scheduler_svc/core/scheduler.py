@@ -15,8 +15,6 @@ from scheduler_svc.core.queues import make_queue
 from scheduler_svc.core.request import Request, RequestStatus
 from scheduler_svc.core.stats import SchedulerStats
 from shared.types import (
-    CachedRequestData,
-    FinishReason,
     InvalidRequestError,
     ModelRunnerOutput,
     NewRequestData,
@@ -271,7 +269,8 @@ class Scheduler:
                 request.num_output_placeholders += 1
             step[req_id] = (request, samples)
             total += n
-        self.in_flight[out.step_id] = step  # even when empty: every step gets one update
+        if step:  # an empty step computes nothing: its update may be skipped
+            self.in_flight[out.step_id] = step
         out.num_scheduled_tokens = num_scheduled
         out.total_num_scheduled_tokens = total
         out.finished_req_ids = self.finished_req_ids
@@ -328,9 +327,12 @@ class Scheduler:
         if scheduler_output.step_id != step_id:
             raise ValueError(f"worker output is for step {step_id}, "
                              f"but it was passed with step {scheduler_output.step_id}")
-        if step is None:
-            raise ValueError(f"step {step_id} is not in flight (unknown or already applied)")
         req_ids = model_runner_output.req_ids
+        if step is None:
+            if not scheduler_output.num_scheduled_tokens and not req_ids \
+                    and step_id < self.next_step_id:
+                return []  # an empty step: nothing was in flight, nothing to apply
+            raise ValueError(f"step {step_id} is not in flight (unknown or already applied)")
         sampled_ids = model_runner_output.sampled_token_ids
         if len(req_ids) != len(sampled_ids):
             raise ValueError("worker output has a different number of request ids and token lists")

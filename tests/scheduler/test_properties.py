@@ -7,9 +7,8 @@ import zlib
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from scheduler_svc.core import Scheduler, SchedulerConfig
+from scheduler_svc.core import Request, Scheduler, SchedulerConfig
 from shared.types import FinishReason, ModelRunnerOutput, SamplingParams, SchedulerOutput
-from scheduler_svc.core import Request
 from tests.scheduler.helpers import EOS, FakeWorker, check_invariants
 
 PROPERTY_SETTINGS = settings(max_examples=int(__import__("os").environ.get("SCHED_PROP_EXAMPLES", 60)), deadline=None,

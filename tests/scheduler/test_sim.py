@@ -4,11 +4,11 @@ import json
 
 import pytest
 
+from scheduler_svc.core import SchedulerConfig
 from scheduler_svc.sim.cli import main
 from scheduler_svc.sim.runner import simulate
 from scheduler_svc.sim.step_model import StepModel
 from scheduler_svc.sim.workload import WorkloadError, make_requests, parse_workload
-from scheduler_svc.core import SchedulerConfig
 from shared.types import SchedulerOutput
 
 

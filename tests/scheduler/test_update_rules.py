@@ -103,3 +103,12 @@ def test_bad_worker_output_raises_and_changes_nothing():
     assert s.update_from_output(so, w.execute(so)) == []
     with pytest.raises(ValueError, match="not in flight"):
         s.update_from_output(so, w.execute(so))  # applied twice
+
+
+def test_an_empty_step_needs_no_update_and_accepts_one():
+    s = make_scheduler()
+    w = FakeWorker()
+    for _ in range(3):  # more empty steps than may be in flight
+        s.schedule()
+    so = s.schedule()
+    assert s.update_from_output(so, w.execute(so)) == []
