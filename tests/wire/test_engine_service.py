@@ -197,3 +197,15 @@ def test_a_new_scheduler_finds_the_worker_clean_after_the_old_stream_ends(tiny_r
         client.close()
     finally:
         second.close()
+
+
+def test_an_idle_engine_runs_no_steps(wire_stack):
+    client = SessionClient(wire_stack.engine_stub)
+    client.add(rid(), [1, 2, 3], temperature=0.0, max_tokens=2, ignore_eos=True)
+    while not client.finished:
+        client.read()
+    # GetStatus runs on the loop thread, so each answer comes after any pending work
+    before = wire_stack.engine_stub.GetStatus(engine_pb2.GetStatusRequest(), timeout=5)
+    after = wire_stack.engine_stub.GetStatus(engine_pb2.GetStatusRequest(), timeout=5)
+    assert before.num_steps_total == after.num_steps_total > 0
+    client.close()

@@ -1,0 +1,69 @@
+"""`gapserve serve` hands each service exactly the flags it understands."""
+
+import pytest
+
+from gapserve import cli
+from gapserve.serve import children, serve_parser
+from shared import config
+
+PARSERS = {"worker": config.worker_parser, "scheduler": config.scheduler_parser,
+           "frontend": config.frontend_parser}
+
+
+def serve_children(argv, environ=None):
+    args = config.parse_args(serve_parser(), argv, environ=environ or {})
+    return {c.name: c for c in children(args)}
+
+
+def parsed(child):
+    command, *rest = child.argv
+    return config.parse_args(PARSERS[command](), rest, environ={})
+
+
+def test_every_child_command_parses_with_its_own_service_parser():
+    kids = serve_children(["--model", "/m", "--no-enable-prefix-caching", "--max-num-seqs", "8",
+                           "--kv-cache-memory", "1000", "--served-model-name", "x"])
+    assert set(kids) == {"worker-0", "scheduler", "frontend"}
+    worker, scheduler, frontend = (parsed(kids[n]) for n in ("worker-0", "scheduler", "frontend"))
+    assert (worker.model, worker.kv_cache_memory, worker.max_num_seqs) == ("/m", 1000, 8)
+    assert (scheduler.enable_prefix_caching, scheduler.max_num_seqs) == (False, 8)
+    assert (frontend.model, frontend.served_model_name) == ("/m", "x")
+
+
+def test_serve_wires_the_ports_between_the_services():
+    kids = serve_children(["--scheduler-port", "7002", "--worker-port", "7003",
+                           "--http-port", "7080", "--grpc-port", "7051"])
+    assert parsed(kids["worker-0"]).port == 7003
+    scheduler = parsed(kids["scheduler"])
+    assert (scheduler.port, scheduler.worker_addresses) == (7002, ["127.0.0.1:7003"])
+    frontend = parsed(kids["frontend"])
+    assert (frontend.scheduler_address, frontend.http_port, frontend.grpc_port) == (
+        "127.0.0.1:7002", 7080, 7051)
+
+
+def test_serve_reads_its_flags_from_the_environment_too():
+    kids = serve_children([], environ={"GAPSERVE_SCHEDULING_POLICY": "priority",
+                                       "GAPSERVE_BLOCK_SIZE": "32"})
+    assert parsed(kids["scheduler"]).scheduling_policy == "priority"
+    assert parsed(kids["worker-0"]).block_size == 32
+
+
+def test_one_worker_per_tensor_parallel_rank_on_consecutive_ports():
+    kids = serve_children(["--tensor-parallel-size", "2", "--worker-port", "7003"])
+    assert parsed(kids["worker-1"]).port == 7004 and parsed(kids["worker-1"]).rank == 1
+    assert parsed(kids["scheduler"]).worker_addresses == ["127.0.0.1:7003", "127.0.0.1:7004"]
+
+
+def test_unknown_command_is_a_usage_error(capsys):
+    assert cli.main(["bogus"]) == 2
+    assert "unknown command" in capsys.readouterr().err
+
+
+def test_the_combined_parser_has_a_subcommand_per_command_with_its_real_flags():
+    import argparse
+    parser = cli.build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert set(sub.choices) == set(cli.COMMANDS)
+    assert parser.parse_args(["worker", "--rank", "2"]).rank == 2
+    with pytest.raises(SystemExit):
+        parser.parse_args(["worker", "--rank", "x"])
