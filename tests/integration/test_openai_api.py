@@ -170,6 +170,8 @@ def test_32_concurrent_greedy_requests_equal_transformers(default_stack):
     import torch
     from transformers import AutoModelForCausalLM
 
+    from frontend_svc.tokenizer import TextTokenizer
+
     max_tokens = 24
     client, model = default_stack.openai(timeout=600), default_stack.served_model_name
 
@@ -181,20 +183,18 @@ def test_32_concurrent_greedy_requests_equal_transformers(default_stack):
     with concurrent.futures.ThreadPoolExecutor(32) as pool:
         choices = list(pool.map(one, PROMPTS_32))
 
+    tokenizer = TextTokenizer.from_dir(default_stack.model_dir)
     ref = AutoModelForCausalLM.from_pretrained(str(default_stack.model_dir),
                                                dtype=torch.float32).eval()
-    tokenize = lambda text: httpx.post(default_stack.http_url + "/tokenize",  # noqa: E731
-                                       json={"prompt": text}).json()["tokens"]
-    detok = lambda ids: httpx.post(default_stack.http_url + "/detokenize",  # noqa: E731
-                                   json={"tokens": ids}).json()["prompt"]
     eos = ref.generation_config.eos_token_id
     for prompt, choice in zip(PROMPTS_32, choices):
-        ids = tokenize(prompt)
-        with torch.no_grad():
-            out = ref.generate(torch.tensor([ids]), max_new_tokens=max_tokens, do_sample=False,
+        ids = tokenizer.encode(prompt)
+        with torch.no_grad():  # this prompt alone, greedy
+            out = ref.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids)),
+                               max_new_tokens=max_tokens, do_sample=False,
                                eos_token_id=eos, pad_token_id=eos)
         expected = out[0, len(ids):].tolist()
-        got_text = choice.text
-        expected_text = detok([t for t in expected if t != eos])
-        assert got_text == expected_text.split("<|im_end|>")[0], prompt
-        assert choice.finish_reason == ("stop" if eos in expected else "length"), prompt
+        # token by token (logprobs carry each token's own text), then the whole text
+        assert choice.logprobs.tokens == [tokenizer.token_text(t) for t in expected], prompt
+        assert choice.text == tokenizer.decode(expected), prompt
+        assert choice.finish_reason == ("stop" if expected[-1] == eos else "length"), prompt
