@@ -147,6 +147,7 @@ class _Series:
     prefix_hits: Any
     iteration_tokens: Any
     step_duration: Any
+    preemptions: Any  # made at start, so dashboards see 0 rather than no series
 
     @classmethod
     def of(cls, m: str) -> _Series:
@@ -155,7 +156,7 @@ class _Series:
                    NUM_REQUESTS_WAITING_BY_REASON.labels(m, "not_ready"),
                    KV_CACHE_USAGE.labels(m), PREFIX_CACHE_QUERIES.labels(m),
                    PREFIX_CACHE_HITS.labels(m), ITERATION_TOKENS.labels(m),
-                   STEP_DURATION.labels(m))
+                   STEP_DURATION.labels(m), NUM_PREEMPTIONS.labels(m))
 
 
 @dataclass(slots=True)
@@ -333,7 +334,7 @@ class SchedulerTelemetry:
             REQUEST_QUEUE_TIME.labels(self.model_name).observe(now - req.arrival_s)
 
     def _preempted(self, req_id: str) -> None:
-        NUM_PREEMPTIONS.labels(self.model_name).inc()
+        self._series.preemptions.inc()
         self._preemptions_total += 1
         req = self._requests.get(req_id)
         count = 0

@@ -1,7 +1,8 @@
 """Telemetry of a worker, kept at its edges: Prometheus metrics of each step's
 timings, a span per step (child of the scheduler's step span, with prepare,
-forward and sample children laid out from the worker's own clock), and a span
-per request on this worker inside the request's trace.
+forward and sample children laid out from the worker's own clock), and, inside
+each request's own trace, a span for the step that computed its prompt and one
+for each step that recomputed it after a preemption.
 
 The worker server makes one call per step, after the runner answered:
 
@@ -17,10 +18,11 @@ import time
 from dataclasses import dataclass, field
 
 from opentelemetry import trace
-from opentelemetry.trace import SpanKind
+from opentelemetry.context import Context
+from opentelemetry.trace import Link, SpanKind
 from prometheus_client import Counter, Histogram
 
-from shared.telemetry import extract_context, get_tracer
+from shared.telemetry import extract_context, get_tracer, tracing_enabled
 from shared.types import SchedulerOutput, StepTimings
 
 _L = ["model_name", "rank"]
@@ -52,7 +54,8 @@ def _ns(seconds: float) -> int:
 class WorkerTelemetry:
     model_name: str
     rank: int = 0
-    _requests: dict[str, trace.Span] = field(default_factory=dict)
+    # trace context of each request this worker holds (from its NewRequestData)
+    _contexts: dict[str, Context] = field(default_factory=dict)
     _series: tuple = ()  # this rank's labelled children, looked up once
 
     def __post_init__(self) -> None:
@@ -72,22 +75,12 @@ class WorkerTelemetry:
         c[5].inc()
         c[6].inc(step.total_num_scheduled_tokens)
 
+        if not tracing_enabled():
+            return
         for req_id in step.finished_req_ids:
-            self._end_request(req_id)
-        for req_id in step.preempted_req_ids:
-            span = self._requests.get(req_id)
-            if span is not None:
-                span.add_event("preempted: blocks dropped", {"gapserve.step.id": step.step_id})
+            self._contexts.pop(req_id, None)
         for new in step.scheduled_new_reqs:
-            if new.req_id not in self._requests:
-                self._requests[new.req_id] = _tracer.start_span(
-                    "worker.request", context=extract_context(new.trace_context),
-                    kind=SpanKind.SERVER, attributes={
-                        "gen_ai.request.id": new.req_id,
-                        "gapserve.worker.rank": self.rank,
-                        "gen_ai.usage.input_tokens": len(new.prompt_token_ids),
-                        "gapserve.request.num_cached_tokens": new.num_computed_tokens,
-                    })
+            self._contexts[new.req_id] = extract_context(new.trace_context)
         self._step_spans(step, timings)
 
     def _step_spans(self, step: SchedulerOutput, t: StepTimings) -> None:
@@ -106,22 +99,38 @@ class WorkerTelemetry:
                 "gapserve.worker.sample_ms": t.sample_ms,
                 "gapserve.worker.idle_ms": t.idle_ms,
             })
-        if span.is_recording():
-            ctx = trace.set_span_in_context(span)
-            at = start
-            for name, ms in (("worker.prepare", t.prepare_ms), ("worker.forward", t.forward_ms),
-                             ("worker.sample", t.sample_ms)):
-                child = _tracer.start_span(name, context=ctx, start_time=_ns(at))
-                at += ms / 1000
-                child.end(end_time=_ns(at))
+        ctx = trace.set_span_in_context(span)
+        at = start
+        for name, ms in (("worker.prepare", t.prepare_ms), ("worker.forward", t.forward_ms),
+                         ("worker.sample", t.sample_ms)):
+            child = _tracer.start_span(name, context=ctx, start_time=_ns(at))
+            at += ms / 1000
+            child.end(end_time=_ns(at))
         span.end(end_time=_ns(end))
+        self._prefill_spans(step, span, start, end)
 
-    def _end_request(self, req_id: str) -> None:
-        span = self._requests.pop(req_id, None)
-        if span is not None:
-            span.end()
-
-    def close(self) -> None:
-        """End the spans of requests still held (the worker is shutting down)."""
-        for req_id in list(self._requests):
-            self._end_request(req_id)
+    def _prefill_spans(self, step: SchedulerOutput, step_span: trace.Span, start: float,
+                       end: float) -> None:
+        """In each request's own trace, the steps that computed its prompt: the
+        first one, and each one that recomputes it after a preemption (a span per
+        admission, never per token)."""
+        cached = step.scheduled_cached_reqs
+        firsts = [(new.req_id, new.num_computed_tokens, "worker.prefill")
+                  for new in step.scheduled_new_reqs]
+        firsts += [(rid, n, "worker.recompute") for rid, resumed, n in
+                   zip(cached.req_ids, cached.resumed_from_preemption,
+                       cached.num_computed_tokens) if resumed]
+        link = [Link(step_span.get_span_context())]
+        for req_id, num_computed, name in firsts:
+            ctx = self._contexts.get(req_id)
+            if ctx is None:
+                continue
+            _tracer.start_span(name, context=ctx, kind=SpanKind.SERVER, links=link,
+                               start_time=_ns(start), attributes={
+                                   "gen_ai.request.id": req_id,
+                                   "gapserve.worker.rank": self.rank,
+                                   "gapserve.step.id": step.step_id,
+                                   "gapserve.request.num_computed_tokens": num_computed,
+                                   "gapserve.request.num_scheduled_tokens":
+                                       step.num_scheduled_tokens.get(req_id, 0),
+                               }).end(end_time=_ns(end))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from shared.telemetry import context_carrier, get_tracer
-from shared.types import NewRequestData, SamplingParams, SchedulerOutput, StepTimings
+from shared.types import CachedRequestData, NewRequestData, SamplingParams, SchedulerOutput, StepTimings
 from tests.observability.helpers import sample
 from worker_svc.metrics import WorkerTelemetry
 from opentelemetry import trace
@@ -47,28 +47,42 @@ def test_worker_step_span_nests_under_the_step_with_forward_and_sample_children(
     assert step.start_time == 100 * 10**9
 
 
-def test_worker_request_span_joins_the_request_trace_and_ends_when_finished(captured):
+def test_prefill_and_recompute_spans_join_the_request_trace(captured):
     out = captured("worker")
     with get_tracer("scheduler").start_as_current_span("scheduler.request") as req_span:
         carrier = context_carrier()
     tel = WorkerTelemetry("wm")
     new = NewRequestData("r", [1, 2, 3], SamplingParams(), [1], 0, trace_context=carrier)
-    tel.step(SchedulerOutput(1, scheduled_new_reqs=[new]), timings())
-    assert out.spans("worker.request") == []
-    tel.step(SchedulerOutput(2, finished_req_ids={"r"}), timings())
-    [span] = out.spans("worker.request")
-    assert span.context.trace_id == req_span.get_span_context().trace_id
-    assert span.parent.span_id == req_span.get_span_context().span_id
-    assert span.attributes["gen_ai.usage.input_tokens"] == 3
+    tel.step(SchedulerOutput(1, scheduled_new_reqs=[new], num_scheduled_tokens={"r": 3}),
+             timings())
+    decode = CachedRequestData()
+    decode.append("r", False, [], 3)
+    tel.step(SchedulerOutput(2, scheduled_cached_reqs=decode), timings())  # no span: a decode
+    resumed = CachedRequestData()
+    resumed.append("r", True, [2], 0)
+    tel.step(SchedulerOutput(3, scheduled_cached_reqs=resumed, num_scheduled_tokens={"r": 4}),
+             timings(start=200.0))
+    prefill, recompute = out.spans("worker.prefill"), out.spans("worker.recompute")
+    assert len(prefill) == 1 and len(recompute) == 1
+    for span in prefill + recompute:
+        assert span.context.trace_id == req_span.get_span_context().trace_id
+        assert span.parent.span_id == req_span.get_span_context().span_id
+    assert prefill[0].attributes["gapserve.request.num_scheduled_tokens"] == 3
+    assert recompute[0].attributes["gapserve.request.num_scheduled_tokens"] == 4
+    step3 = next(s for s in out.spans("worker.step") if s.attributes["gapserve.step.id"] == 3)
+    assert recompute[0].links[0].context.span_id == step3.context.span_id
 
 
-def test_close_ends_the_spans_of_requests_still_held(captured):
+def test_a_finished_request_is_forgotten(captured):
     out = captured("worker")
     tel = WorkerTelemetry("wm")
-    new = NewRequestData("r", [1], SamplingParams(), [1], 0)
-    tel.step(SchedulerOutput(1, scheduled_new_reqs=[new]), timings())
-    tel.close()
-    assert len(out.spans("worker.request")) == 1
+    tel.step(SchedulerOutput(1, scheduled_new_reqs=[
+        NewRequestData("r", [1], SamplingParams(), [1], 0)]), timings())
+    tel.step(SchedulerOutput(2, finished_req_ids={"r"}), timings())
+    resumed = CachedRequestData()
+    resumed.append("r", True, [2], 0)
+    tel.step(SchedulerOutput(3, scheduled_cached_reqs=resumed), timings())
+    assert out.spans("worker.recompute") == []
 
 
 def test_tracing_off_records_metrics_and_no_spans():
