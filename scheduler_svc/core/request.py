@@ -34,6 +34,7 @@ class Request:
         "num_computed_tokens", "num_output_placeholders", "status", "stop_token_id",
         "num_preemptions", "num_cached_tokens", "ready", "block_hashes", "block_hasher",
         "max_tokens", "min_tokens", "stop_token_ids", "ignore_eos", "next_hash_at",
+        "num_lost_tokens",
     )
 
     def __init__(self, req_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
@@ -54,6 +55,7 @@ class Request:
         self.status = RequestStatus.WAITING
         self.stop_token_id: int | None = None
         self.num_preemptions = 0
+        self.num_lost_tokens = 0  # computed tokens dropped by the last preemption
         self.num_cached_tokens = 0  # prompt tokens served from the prefix cache at admission
         self.ready = True  # False while it waits on something outside the scheduler
         self.block_hashes: list[bytes] = []  # hashes of the full blocks of committed tokens

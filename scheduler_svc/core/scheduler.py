@@ -216,7 +216,7 @@ class Scheduler:
             if request.status is RequestStatus.PREEMPTED:
                 resumed.append(request)
                 self._stats.num_waiting_preempted -= 1
-                self._stats.num_recomputed_tokens_total -= num_hit
+                self._stats.num_recomputed_tokens_total += max(0, request.num_lost_tokens - num_hit)
             else:
                 new_reqs.append(request)
                 request.num_cached_tokens = num_hit
@@ -301,7 +301,7 @@ class Scheduler:
         workers execute steps strictly in order, so a new owner writes them later."""
         self.kv.free(request)
         stats = self._stats
-        stats.num_recomputed_tokens_total += request.num_computed_tokens
+        request.num_lost_tokens = request.num_computed_tokens
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.num_output_placeholders = 0

@@ -21,7 +21,7 @@ class SchedulerStats:
     prefix_cache_queries: int = 0  # tokens looked up, cumulative
     prefix_cache_hits: int = 0  # tokens found, cumulative
     num_preemptions_total: int = 0
-    num_recomputed_tokens_total: int = 0  # computed tokens lost to preemption, less re-hits
+    num_recomputed_tokens_total: int = 0  # computed before a preemption, computed again after it
     step_num_scheduled_tokens: int = 0  # last step
     step_num_scheduled_reqs: int = 0  # last step
     step_num_preempted: int = 0  # last step

@@ -223,8 +223,11 @@ def test_preempted_request_hits_its_own_prefix_on_resume():
     w = FakeWorker()
     three_growing(s)
     grow_until_preemption(s, w)
+    lost = s.requests["r2"].num_lost_tokens
+    assert lost >= 48 and s.stats().num_recomputed_tokens_total == 0  # counted on resume
     s.abort_requests(["r0"])  # frees room so r2 comes back at once
     so, _ = step(s, w)
+    assert s.stats().num_recomputed_tokens_total == lost - 48  # only the part not hit
     cached = so.scheduled_cached_reqs
     k = cached.req_ids.index("r2")
     assert cached.resumed_from_preemption[k]
