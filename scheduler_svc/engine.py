@@ -273,6 +273,7 @@ class Engine:
         ends = self._scheduler.abort_requests(aborted) if aborted else []
         if self._tel is not None and ends:
             self._tel.request_outputs(ends)
+            self._tel.refresh(self._scheduler.stats())  # gauges read idle once all ended
         if failures or ends:
             self._route(ends, failures)
 
@@ -302,6 +303,7 @@ class Engine:
         if tel is not None:
             tel.step_finished(step.step_id, result)
             tel.request_outputs(outputs)
+            tel.refresh(self._scheduler.stats())  # gauges read idle once all ended
         self._route(outputs, [])
         return step.total_num_scheduled_tokens > 0
 
