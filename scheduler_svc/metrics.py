@@ -11,6 +11,7 @@ The engine makes a handful of calls, all with objects it already has:
     carrier = tel.step_scheduled(scheduler_output, scheduler.stats(), started_s)
     tel.step_finished(step_id, model_runner_output)
     tel.request_outputs(request_outputs)        # first tokens and finishes
+    tel.refresh(scheduler.stats())              # after applying a result or aborts
     tel.status(scheduler.stats())               # GetStatus: the diagnosis dict
 
 Metric names mirror vLLM's `vllm:*` ones (docs/observability.md has the table).
@@ -338,13 +339,18 @@ class SchedulerTelemetry:
         self._preemptions_total += 1
         req = self._requests.get(req_id)
         count = 0
+        ids = {}
         if req is not None:
             req.num_preemptions += 1
             count = req.num_preemptions
             req.span.add_event("preempted", {"gapserve.request.num_preemptions": count})
+            ctx = req.span.get_span_context()
+            if ctx.is_valid:  # the line belongs to the request's trace, not the step's
+                ids = {"trace_id": format(ctx.trace_id, "032x"),
+                       "span_id": format(ctx.span_id, "016x")}
         self._log.warning(
             f"request {req_id} was {PREEMPTION_ADVICE}", request_id=req_id,
-            num_preemptions=count, preemptions_total=self._preemptions_total)
+            num_preemptions=count, preemptions_total=self._preemptions_total, **ids)
 
     def _record_gauges(self, reading: CapacityReading, stats: Any, now: float) -> None:
         c = self._series
@@ -378,9 +384,13 @@ class SchedulerTelemetry:
 
     # -- status --------------------------------------------------------------
 
+    def refresh(self, stats: Any) -> None:
+        """Set the gauges and the diagnosis from current stats: after a step's result
+        is applied (requests finished, blocks freed), so an idle server reads idle."""
+        self._record_gauges(reading_from_stats(stats), stats, self.clock())
+
     def status(self, stats: Any) -> dict[str, Any]:
         """Refresh the gauges and the diagnosis from current stats (also when idle)
         and return the status dict (shape: CapacityMonitor.status)."""
-        now = self.clock()
-        self._record_gauges(reading_from_stats(stats), stats, now)
-        return self._monitor.status(now)
+        self.refresh(stats)
+        return self._monitor.status(self.clock())
