@@ -34,7 +34,7 @@ class Request:
         "num_computed_tokens", "num_output_placeholders", "status", "stop_token_id",
         "num_preemptions", "num_cached_tokens", "ready", "block_hashes", "block_hasher",
         "max_tokens", "min_tokens", "stop_token_ids", "ignore_eos", "next_hash_at",
-        "num_lost_tokens",
+        "num_lost_tokens", "stop_check_ids", "max_num_tokens",
     )
 
     def __init__(self, req_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
@@ -66,6 +66,11 @@ class Request:
         self.min_tokens = sampling_params.min_tokens
         self.stop_token_ids = frozenset(sampling_params.stop_token_ids)
         self.ignore_eos = sampling_params.ignore_eos
+        # A sampled token needs the full stop check only if it is in here or the
+        # request reaches max_num_tokens (the scheduler lowers it to max_model_len).
+        self.stop_check_ids = self.stop_token_ids if self.ignore_eos \
+            else self.stop_token_ids | self.eos_token_ids
+        self.max_num_tokens = self.num_prompt_tokens + self.max_tokens
 
     @property
     def num_tokens(self) -> int:

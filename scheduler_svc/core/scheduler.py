@@ -80,6 +80,7 @@ class Scheduler:
         request.sampling_params.validate()
         if request.status is not RequestStatus.WAITING or request.num_computed_tokens:
             raise InvalidRequestError(f"request {request.req_id!r} was already scheduled")
+        request.max_num_tokens = min(request.max_num_tokens, limit)
         if self.hasher is not None:
             request.block_hasher = self.hasher
             self.hasher(request)
@@ -365,9 +366,11 @@ class Scheduler:
             for token_id in sampled:
                 request.append_output_token(token_id)
                 new_ids.append(token_id)
-                status = self._check_stop(request, token_id)
-                if status is not None:
-                    break
+                if token_id in request.stop_check_ids \
+                        or len(request.all_token_ids) >= request.max_num_tokens:
+                    status = self._check_stop(request, token_id)
+                    if status is not None:
+                        break
             if status is not None:
                 any_finished_running |= request.status is RequestStatus.RUNNING
                 self._finish(request, status)
