@@ -28,10 +28,15 @@ class _Prefill:
 @dataclass(slots=True)
 class _Plan:
     decode_rows: torch.Tensor | None  # [num_decodes] int64 query rows
-    decode_blocks: torch.Tensor | None  # [num_decodes, max_blocks] int64
+    decode_blocks: torch.Tensor | None  # [num_decodes * max_blocks] int64, row-major
     decode_mask: torch.Tensor | None  # [num_decodes, 1, 1, max_blocks * block_size] bool
+    decode_len: int  # keys per decode after gathering (the one decode's exact length)
     decode_all_rows: bool  # every query row is a decode, in order: no gather/scatter
     prefills: list[_Prefill]
+
+
+# every layer of a step passes the same slot_mapping: look for padding (-1) once
+_checked_slots: list = [None, None]  # [slot_mapping seen last, its rows to keep or None]
 
 
 def write_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
@@ -39,8 +44,11 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
     num_kv_heads, head_dim = kv_cache.shape[3], kv_cache.shape[4]
     k_flat = kv_cache[0].view(-1, num_kv_heads, head_dim)
     v_flat = kv_cache[1].view(-1, num_kv_heads, head_dim)
-    if slot_mapping.numel() and bool((slot_mapping < 0).any()):  # -1 marks padding rows
-        keep = slot_mapping >= 0
+    if _checked_slots[0] is not slot_mapping:
+        padded = slot_mapping.numel() > 0 and bool((slot_mapping < 0).any())
+        _checked_slots[:] = [slot_mapping, (slot_mapping >= 0) if padded else None]
+    keep = _checked_slots[1]
+    if keep is not None:
         key, value, slot_mapping = key[keep], value[keep], slot_mapping[keep]
     k_flat.index_copy_(0, slot_mapping, key)
     v_flat.index_copy_(0, slot_mapping, value)
@@ -52,17 +60,15 @@ def attention(query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetada
     plan = meta.backend_state
     if not isinstance(plan, _Plan):
         plan = meta.backend_state = _make_plan(meta, kv_cache.shape[2], query.device)
-    num_heads, head_dim = query.shape[1], query.shape[2]
-    num_kv_heads = kv_cache.shape[3]
-    gqa = num_heads != num_kv_heads
+    gqa = query.shape[1] != kv_cache.shape[3]
     if plan.decode_all_rows and not plan.prefills:
-        return _decode(query, kv_cache, plan, scale, gqa)
+        return _decode(query, kv_cache, plan, scale)
     out = torch.empty_like(query)
     if plan.decode_rows is not None:
-        out[plan.decode_rows] = _decode(query[plan.decode_rows], kv_cache, plan, scale, gqa)
+        out[plan.decode_rows] = _decode(query[plan.decode_rows], kv_cache, plan, scale)
     for p in plan.prefills:
-        k = kv_cache[0, p.blocks].flatten(0, 1)[:p.seq_len].transpose(0, 1)
-        v = kv_cache[1, p.blocks].flatten(0, 1)[:p.seq_len].transpose(0, 1)
+        k = kv_cache[0].index_select(0, p.blocks).flatten(0, 1)[:p.seq_len].transpose(0, 1)
+        v = kv_cache[1].index_select(0, p.blocks).flatten(0, 1)[:p.seq_len].transpose(0, 1)
         q = query[p.rows].transpose(0, 1)  # [heads, q_len, head_dim]
         o = F.scaled_dot_product_attention(q, k, v, attn_mask=p.mask,
                                            is_causal=p.mask is None, scale=scale,
@@ -71,16 +77,20 @@ def attention(query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetada
     return out
 
 
-def _decode(query: torch.Tensor, kv_cache: torch.Tensor, plan: _Plan, scale: float,
-            gqa: bool) -> torch.Tensor:
-    num_decodes, num_kv_heads, head_dim = query.shape[0], kv_cache.shape[3], kv_cache.shape[4]
-    # [decodes, blocks, block_size, kv_heads, head_dim] -> [decodes, kv_heads, ctx, head_dim]
-    k = kv_cache[0, plan.decode_blocks].view(num_decodes, -1, num_kv_heads, head_dim)
-    v = kv_cache[1, plan.decode_blocks].view(num_decodes, -1, num_kv_heads, head_dim)
-    o = F.scaled_dot_product_attention(query.unsqueeze(2), k.transpose(1, 2),
-                                       v.transpose(1, 2), attn_mask=plan.decode_mask,
-                                       scale=scale, enable_gqa=gqa)
-    return o.squeeze(2)
+def _decode(query: torch.Tensor, kv_cache: torch.Tensor, plan: _Plan,
+            scale: float) -> torch.Tensor:
+    num_decodes, num_heads, head_dim = query.shape
+    num_kv_heads = kv_cache.shape[3]
+    # index_select copies whole blocks (contiguous rows): far faster than advanced indexing
+    k = kv_cache[0].index_select(0, plan.decode_blocks).view(num_decodes, -1, num_kv_heads,
+                                                              head_dim)[:, :plan.decode_len]
+    v = kv_cache[1].index_select(0, plan.decode_blocks).view(num_decodes, -1, num_kv_heads,
+                                                              head_dim)[:, :plan.decode_len]
+    # GQA: the query heads sharing a KV head become that head's query rows
+    q = query.view(num_decodes, num_kv_heads, num_heads // num_kv_heads, head_dim)
+    o = F.scaled_dot_product_attention(q, k.transpose(1, 2), v.transpose(1, 2),
+                                       attn_mask=plan.decode_mask, scale=scale)
+    return o.reshape(num_decodes, num_heads, head_dim)
 
 
 def _make_plan(meta: AttentionMetadata, block_size: int, device: torch.device) -> _Plan:
@@ -102,13 +112,16 @@ def _make_plan(meta: AttentionMetadata, block_size: int, device: torch.device) -
                                  blocks=meta.block_table[i, :num_blocks].long(),
                                  seq_len=seq_len, mask=mask))
     if not decodes:
-        return _Plan(None, None, None, False, prefills)
+        return _Plan(None, None, None, 0, False, prefills)
     idx = torch.tensor(decodes, device=device)
-    lens = meta.seq_lens[idx].long()
-    max_blocks = -(-max(seq_lens[i] for i in decodes) // block_size)
-    blocks = meta.block_table[idx, :max_blocks].long()
-    key_pos = torch.arange(max_blocks * block_size, device=device)
-    mask = (key_pos.unsqueeze(0) < lens.unsqueeze(1)).view(len(decodes), 1, 1, -1)
+    max_len = max(seq_lens[i] for i in decodes)
+    max_blocks = -(-max_len // block_size)
+    blocks = meta.block_table[idx, :max_blocks].long().reshape(-1)
+    mask = None  # a lone decode attends to exactly its keys: no mask, no padding
+    if len(decodes) > 1:
+        key_pos = torch.arange(max_len, device=device)
+        lens = meta.seq_lens[idx].long()
+        mask = (key_pos.unsqueeze(0) < lens.unsqueeze(1)).view(len(decodes), 1, 1, -1)
     rows = torch.tensor([starts[i] for i in decodes], device=device)
     all_rows = len(decodes) == starts[-1] and decodes == list(range(len(seq_lens)))
-    return _Plan(rows, blocks, mask, all_rows, prefills)
+    return _Plan(rows, blocks, mask, max_len, all_rows, prefills)
