@@ -14,9 +14,10 @@
     .venv/bin/python benchmarks/gpu_kernels.py --smoke   # CPU, Triton interpreter, tiny sizes:
                                                          # checks the script, not the GPU
 
-Part (c) uses the converted default model when it is on disk; on a machine that
-cannot fetch it (no network) it builds a checkpoint with the default model's exact
-architecture and random weights, which decodes at the same speed.
+Part (c) uses --model, else the converted default model when it is already on disk
+(`python -m shared.default_model` converts it); it never downloads. Without either
+it builds a checkpoint with the default model's exact architecture and random
+weights, which decodes at the same speed.
 """
 
 from __future__ import annotations
@@ -238,14 +239,16 @@ def timed_decode(batch, ctx, shape, dtype, device, copy_gbs, with_torch, num_spl
 # ---------------------------------------------------------------- (c) end to end
 
 
-def model_dir(smoke: bool, tmp: Path) -> tuple[Path, str]:
+def model_dir(smoke: bool, tmp: Path, given: Path | None) -> tuple[Path, str]:
+    if given is not None:
+        return given, str(given)
     if not smoke:
-        try:
-            from shared.default_model import resolve_model
-            return resolve_model(None), "default model"
-        except Exception as e:  # no network on the GPU box: same architecture, random weights
-            print(f"default model unavailable ({type(e).__name__}: {e}); using random "
-                  "weights with its architecture", flush=True)
+        from shared.default_model import default_model_dir, is_checkpoint_dir
+        if is_checkpoint_dir(default_model_dir()):
+            return default_model_dir(), "default model"
+        # never fetch here: a GPU box may have no network, and pip would retry for minutes
+        print("default model not converted on this machine; using random weights with "
+              "its architecture (same speed)", flush=True)
     from transformers import LlamaConfig, LlamaForCausalLM
     arch = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
                 num_attention_heads=9, num_key_value_heads=3, head_dim=64,
@@ -317,12 +320,12 @@ class Decoder:
         return self._run(step)
 
 
-def part_c(device, smoke):
+def part_c(device, smoke, model=None):
     from worker_svc.config import WorkerConfig
     from worker_svc.runner import ModelRunner
     prompt_len, warmup, steps = (8, 1, 2) if smoke else (128, 5, 64)
     with tempfile.TemporaryDirectory() as tmp:
-        path, what = model_dir(smoke, Path(tmp))
+        path, what = model_dir(smoke, Path(tmp), model)
         row("c", "model", what)
         greedy: dict[str, dict] = {}
         for batch in (1, 64 if not smoke else 4):
@@ -368,6 +371,7 @@ def main() -> int:
                         help="tiny sizes on the CPU under the Triton interpreter")
     parser.add_argument("--json", type=Path, help="also write the rows as JSON here")
     parser.add_argument("--parts", default="abc", help="which parts to run, e.g. ab")
+    parser.add_argument("--model", type=Path, help="checkpoint directory for part (c)")
     args = parser.parse_args()
     if not args.smoke and not torch.cuda.is_available():
         print("no CUDA device: run on a GPU machine, or use --smoke to check the script")
@@ -376,9 +380,12 @@ def main() -> int:
     name = "CPU (Triton interpreter)" if args.smoke else torch.cuda.get_device_name(device)
     print(f"device: {name}; torch {torch.__version__}", flush=True)
     t0 = time.perf_counter()
-    for part, fn in (("a", part_a), ("b", part_b), ("c", part_c)):
-        if part in args.parts:
-            fn(device, args.smoke)
+    if "a" in args.parts:
+        part_a(device, args.smoke)
+    if "b" in args.parts:
+        part_b(device, args.smoke)
+    if "c" in args.parts:
+        part_c(device, args.smoke, args.model)
     print(f"\n{name}, {time.strftime('%Y-%m-%d')}, {time.perf_counter() - t0:.0f} s")
     width = max(len(r["case"]) for r in ROWS)
     print(f"{'part':4}  {'case':{width}}  result")
