@@ -35,7 +35,7 @@ def _policy(text: str) -> str:
     return text
 
 
-# flag -> (SchedulerConfig field, StepModel field or "pool", value type, help)
+# flag -> (SchedulerConfig or StepModel field, or "pool" for the block count; type; help)
 SWEEPABLE = {
     "max-num-seqs": ("max_num_seqs", int, "most requests running at once"),
     "max-num-batched-tokens": ("max_num_batched_tokens", int, "token budget of a step"),
