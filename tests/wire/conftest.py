@@ -3,7 +3,6 @@ tiny random-weight model: fast enough for unit tests of the wire."""
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass
 
 import grpc
