@@ -48,10 +48,10 @@ def signature(fn, constexprs: dict, dtype: torch.dtype) -> dict:
 def divisibility(fn, constexprs: dict) -> dict:
     """The hints the JIT would give at model shapes: 16-byte aligned pointers and
     strides that are multiples of 16 (every stride is a multiple of a head dim of 64
-    or 128), except the block table's row length, which can be anything."""
+    or 128), except the block table's row length and the split count."""
     attrs = {}
     for i, name in enumerate(fn.arg_names):
-        if name in constexprs or name in ("qk_scale", "stride_bt_req"):
+        if name in constexprs or name in ("qk_scale", "stride_bt_req", "num_splits"):
             continue
         attrs[(i,)] = [["tt.divisibility", 16]]
     return attrs

@@ -30,7 +30,7 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, seq_lens_pt
                    stride_bt_req, stride_o_tok, stride_o_head,
                    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_G: tl.constexpr,
                    BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
-                   NUM_SPLITS: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+                   SPLIT: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
     req = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -39,7 +39,8 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, seq_lens_pt
         return  # a request with no query token this step
     seq_len = tl.load(seq_lens_ptr + req)
     num_tiles = tl.cdiv(seq_len, BLOCK_N)
-    tiles_per_split = tl.cdiv(num_tiles, NUM_SPLITS)
+    num_splits = tl.num_programs(2)  # a runtime value: no recompile per split count
+    tiles_per_split = tl.cdiv(num_tiles, num_splits)
     tile_start = split * tiles_per_split
     tile_end = tl.minimum(tile_start + tiles_per_split, num_tiles)
 
@@ -80,13 +81,13 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, seq_lens_pt
         m_i = m_new
 
     out_mask = mask_g[:, None] & mask_d[None, :]
-    if NUM_SPLITS == 1:
+    if not SPLIT:
         o_off = q_row.to(tl.int64) * stride_o_tok + heads[:, None] * stride_o_head + d[None, :]
         tl.store(out_ptr + o_off, (acc / l_i[:, None]).to(out_ptr.dtype.element_ty),
                  mask=out_mask)
     else:
-        # partials: [num_reqs, num_heads, NUM_SPLITS, BLOCK_D] and lse [.., NUM_SPLITS]
-        row = (req * (tl.num_programs(1) * GROUP) + heads) * NUM_SPLITS + split
+        # partials: [num_reqs, num_heads, num_splits, BLOCK_D] and lse [.., num_splits]
+        row = (req * (tl.num_programs(1) * GROUP) + heads) * num_splits + split
         safe_l = tl.where(l_i > 0, l_i, 1.0)  # an empty split: acc is 0, lse -inf
         tl.store(part_out_ptr + row[:, None].to(tl.int64) * BLOCK_D + d[None, :],
                  acc / safe_l[:, None], mask=out_mask)
@@ -96,9 +97,8 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, seq_lens_pt
 
 @triton.jit
 def _merge_splits_kernel(part_out_ptr, part_lse_ptr, qsl_ptr, out_ptr,
-                         stride_o_tok, stride_o_head, NUM_HEADS: tl.constexpr,
-                         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                         NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr):
+                         stride_o_tok, stride_o_head, num_splits, NUM_HEADS: tl.constexpr,
+                         HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr):
     req = tl.program_id(0)
     head = tl.program_id(1)
     q_row = tl.load(qsl_ptr + req)
@@ -106,8 +106,8 @@ def _merge_splits_kernel(part_out_ptr, part_lse_ptr, qsl_ptr, out_ptr,
         return
     s = tl.arange(0, BLOCK_S)
     d = tl.arange(0, BLOCK_D)
-    mask_s = s < NUM_SPLITS
-    row = (req * NUM_HEADS + head) * NUM_SPLITS + s
+    mask_s = s < num_splits
+    row = (req * NUM_HEADS + head) * num_splits + s
     lse = tl.load(part_lse_ptr + row, mask=mask_s, other=float("-inf"))
     weight = tl.exp2(lse - tl.max(lse, 0))  # split 0 is never empty, so the max is finite
     part = tl.load(part_out_ptr + row[:, None].to(tl.int64) * BLOCK_D + d[None, :],
@@ -135,13 +135,13 @@ def decode_constexprs(group: int, head_dim: int, page: int, num_splits: int, blo
     compile check, so it builds exactly what a launch would)."""
     upcast, precision = dot_settings(dtype, device)
     return dict(GROUP=group, HEAD_DIM=head_dim, BLOCK_G=max(16, triton.next_power_of_2(group)),
-                BLOCK_D=block_d(head_dim), BLOCK_N=block_n, PAGE=page, NUM_SPLITS=num_splits,
+                BLOCK_D=block_d(head_dim), BLOCK_N=block_n, PAGE=page, SPLIT=num_splits > 1,
                 UPCAST=upcast, PRECISION=precision)
 
 
 def merge_constexprs(num_heads: int, head_dim: int, num_splits: int) -> dict:
     return dict(NUM_HEADS=num_heads, HEAD_DIM=head_dim, BLOCK_D=block_d(head_dim),
-                NUM_SPLITS=num_splits, BLOCK_S=triton.next_power_of_2(num_splits))
+                BLOCK_S=triton.next_power_of_2(num_splits))
 
 
 def paged_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -182,6 +182,6 @@ def paged_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                             query.device), **LAUNCH)
     if num_splits > 1:
         _merge_splits_kernel[(num_reqs, num_heads)](
-            part_out, part_lse, query_start_loc, out, out.stride(0), out.stride(1),
+            part_out, part_lse, query_start_loc, out, out.stride(0), out.stride(1), num_splits,
             **merge_constexprs(num_heads, head_dim, num_splits), **LAUNCH)
     return out
