@@ -62,7 +62,11 @@ def build_app(fe: Frontend) -> FastAPI:
     async def status() -> dict:
         reply = await fe.engine.get_status()
         # every field, with 64-bit counters as JSON numbers (MessageToDict makes them strings)
-        return {f.name: getattr(reply, f.name) for f in reply.DESCRIPTOR.fields}
+        out = {f.name: getattr(reply, f.name) for f in reply.DESCRIPTOR.fields}
+        # the rate the diagnosis reads: preemptions per second over its window
+        if out.get("window_s"):
+            out["preemption_rate_per_s"] = out["num_preemptions_in_window"] / out["window_s"]
+        return out
 
     @app.post("/tokenize")
     async def tokenize(req: TokenizeRequest) -> dict:
