@@ -117,6 +117,21 @@ def test_one_request_is_one_trace_through_frontend_scheduler_and_worker(stack, r
     assert forward and all(s.service == "worker-0" for s in forward)
 
 
+def test_grpc_metadata_traceparent_continues_the_callers_trace(stack, receiver):
+    from shared.proto import common_pb2, generate_pb2
+
+    trace_id, parent = secrets.token_hex(16), secrets.token_hex(8)
+    request = generate_pb2.GenerateRequest(
+        text=PROMPT, sampling_params=common_pb2.SamplingParams(max_tokens=2, temperature=0.0))
+    replies = list(stack.generation_stub().Generate(
+        request, metadata=[("traceparent", f"00-{trace_id}-{parent}-01")], timeout=60))
+    assert replies[-1].HasField("final")
+    spans = receiver.wait_for(lambda s: {x.service for x in s if x.trace_id == trace_id} >=
+                              {"frontend", "scheduler", "worker-0"})
+    [root] = [s for s in spans if s.trace_id == trace_id and s.service == "frontend"]
+    assert root.parent_span_id == parent
+
+
 def test_starved_pool_preempts_visibly_in_spans_metrics_logs_and_status(stack, receiver):
     before = scrape(stack.scheduler_metrics_url)
     assert get_json(stack.http_url + "/v1/status")["diagnosis"] == "healthy"
@@ -138,6 +153,7 @@ def test_starved_pool_preempts_visibly_in_spans_metrics_logs_and_status(stack, r
     status = get_json(stack.http_url + "/v1/status")
     assert status["diagnosis"] == "past_capacity"
     assert "shed load" in status["lever"]
+    assert status["preemption_rate_per_s"] > 0 and status["max_num_seqs"] == 8
 
     spans = receiver.wait_for(lambda s: sum(
         x.name == "scheduler.request" and x.trace_id in trace_ids for x in s) == 4)
