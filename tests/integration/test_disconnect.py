@@ -101,3 +101,19 @@ def test_other_requests_finish_correctly_around_a_disconnect(tiny_stack):
     assert other.choices[0].text == expected
     after = wait_for(tiny_stack, idle)
     assert after["num_free_blocks"] == before["num_free_blocks"]
+
+
+def test_a_stop_string_aborts_the_request_at_the_scheduler(tiny_stack):
+    client, model = tiny_stack.openai(), tiny_stack.served_model_name
+    early = client.completions.create(model=model, prompt=BODY["prompt"], max_tokens=10,
+                                      temperature=0.0,
+                                      extra_body={"ignore_eos": True}).choices[0].text
+    stop = early[-4:]
+    before = wait_for(tiny_stack, idle)
+    out = client.completions.create(model=model, prompt=BODY["prompt"], max_tokens=LONG,
+                                     temperature=0.0, stop=[stop],
+                                     extra_body={"ignore_eos": True})
+    assert out.choices[0].finish_reason == "stop" and out.usage.completion_tokens <= 10
+    after = wait_for(tiny_stack, idle)
+    assert after["num_free_blocks"] == before["num_free_blocks"]
+    assert after["num_steps_total"] - before["num_steps_total"] < LONG // 2
