@@ -19,7 +19,7 @@ RUN python -m venv /opt/venv \
  && pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"
 WORKDIR /src
 # Sources only (see .dockerignore); tests and benchmarks stay out of the image.
-COPY pyproject.toml README.md ./
+COPY pyproject.toml ./
 COPY protos protos
 COPY shared shared
 COPY worker_svc worker_svc
