@@ -57,6 +57,7 @@ class WorkerTelemetry:
     # trace context of each request this worker holds (from its NewRequestData)
     _contexts: dict[str, Context] = field(default_factory=dict)
     _series: tuple = ()  # this rank's labelled children, looked up once
+    _last_end_s: float = 0.0  # when the previous step ended (unix seconds)
 
     def __post_init__(self) -> None:
         labels = (self.model_name, str(self.rank))
@@ -65,7 +66,13 @@ class WorkerTelemetry:
 
     def step(self, step: SchedulerOutput, timings: StepTimings) -> None:
         """Record one executed step: metrics, then spans placed at the times the
-        runner measured (so tracing adds nothing inside the forward pass)."""
+        runner measured (so tracing adds nothing inside the forward pass). Fills
+        in `timings.idle_ms` when the runner left it 0, so the scheduler sees it too."""
+        if not timings.idle_ms and timings.start_unix_s and self._last_end_s:
+            # steps run strictly in order: the gap since the last one is time spent
+            # waiting for the scheduler (or for work at all, when the server is quiet)
+            timings.idle_ms = max(0.0, timings.start_unix_s - self._last_end_s) * 1e3
+        self._last_end_s = timings.end_unix_s
         c = self._series
         c[0].observe(timings.forward_ms)
         c[1].observe(timings.sample_ms)

@@ -93,3 +93,15 @@ def test_tracing_off_records_metrics_and_no_spans():
     tel.step(SchedulerOutput(1), timings())
     assert sample("gapserve:worker_steps_total", model_name="off", rank="0") == 1
     assert not trace.get_current_span().is_recording()
+
+
+def test_idle_time_is_the_gap_since_the_previous_step_when_the_runner_leaves_it_out(captured):
+    captured("worker")
+    tel = WorkerTelemetry("idle")
+    first = timings(start=100.0, idle=0.0)  # ends at 100.010
+    tel.step(SchedulerOutput(1), first)
+    second = timings(start=100.025, idle=0.0)
+    tel.step(SchedulerOutput(2), second)
+    assert second.idle_ms == pytest.approx(15.0)
+    assert sample("gapserve:worker_idle_time_milliseconds_sum", model_name="idle",
+                  rank="0") == pytest.approx(15.0)
