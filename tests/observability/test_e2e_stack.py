@@ -203,3 +203,13 @@ def test_every_log_line_of_every_service_is_json_with_the_service(stack):
         lines = log_lines(stack, name)  # raises on any line that is not JSON
         assert lines and all(line["service"].startswith(service) for line in lines)
         assert all("timestamp" in line and "level" in line for line in lines)
+
+
+def test_gapserve_status_prints_the_live_diagnosis_and_its_lever(stack, capsys):
+    from gapserve import status
+
+    assert status.main(["--url", stack.http_url]) == 0
+    printed = capsys.readouterr().out
+    live = get_json(stack.http_url + "/v1/status")
+    assert printed.splitlines()[0] == f"diagnosis: {live['diagnosis']}"
+    assert f"lever: {live['lever']}" in printed
