@@ -46,20 +46,21 @@ class EngineClient:
     # ---- lifecycle
 
     async def start(self) -> None:
-        """Learn the model facts (waiting for the scheduler), then open the session."""
+        """Open the session (waiting for the scheduler); returns once connected."""
+        self._session_task = asyncio.create_task(self._run_sessions())
+        await self.connected.wait()
+
+    async def _fetch_model_info(self) -> ModelInfo:
         while True:
             try:
                 reply = await self._stub.GetModelInfo(
                     common_pb2.GetModelInfoRequest(), wait_for_ready=True,
                     timeout=MODEL_INFO_TIMEOUT_S)
-                break
+                return convert.model_info_from_proto(reply)
             except grpc.aio.AioRpcError as exc:  # not up yet, or still loading the model
                 log.info("waiting for the scheduler", address=self.address,
                          code=exc.code().name)
                 await asyncio.sleep(RECONNECT_DELAY_S)
-        self.model_info = convert.model_info_from_proto(reply)
-        self._session_task = asyncio.create_task(self._run_sessions())
-        await self.connected.wait()
 
     async def close(self) -> None:
         self._closed = True
@@ -75,6 +76,8 @@ class EngineClient:
 
     async def _run_sessions(self) -> None:
         while not self._closed:
+            # each session may meet a restarted scheduler with other limits
+            self.model_info = await self._fetch_model_info()
             outbox: asyncio.Queue = asyncio.Queue()
             call = self._stub.Session(_drain(outbox), wait_for_ready=True)
             try:
