@@ -3,6 +3,8 @@ right 4xx, nothing reaches the scheduler, and the server keeps answering correct
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import openai
 import pytest
@@ -49,8 +51,15 @@ def assert_openai_error(response: httpx.Response, status: int) -> None:
     assert isinstance(error["message"], str) and error["message"]
 
 
-def steps(stack) -> int:
-    return httpx.get(stack.http_url + "/v1/status").json()["num_steps_total"]
+def steps(stack, timeout_s: float = 30.0) -> int:
+    """The scheduler's step count once it is idle (an idle scheduler runs no steps)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        status = httpx.get(stack.http_url + "/v1/status").json()
+        if status["num_running"] == 0 and status["num_waiting"] == 0:
+            return status["num_steps_total"]
+        assert time.monotonic() < deadline, f"the scheduler never became idle: {status}"
+        time.sleep(0.02)
 
 
 @pytest.fixture(scope="module")
