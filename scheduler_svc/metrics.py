@@ -19,14 +19,15 @@ Metric names mirror vLLM's `vllm:*` ones (docs/observability.md has the table).
 
 from __future__ import annotations
 
+import os
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+from opentelemetry.trace import SpanKind, Status, StatusCode
 from prometheus_client import Counter, Gauge, Histogram
 
 from scheduler_svc.diagnosis import CapacityMonitor, CapacityReading, Diagnosis, diagnose
@@ -91,30 +92,22 @@ PREEMPTION_ADVICE = (
 _tracer = get_tracer("gapserve.scheduler")
 
 
-def _stat(stats: Any, *names: str, default: Any = 0) -> Any:
-    # Scheduler.stats() may be an object or a dict; read the first name it has.
-    for name in names:
-        if isinstance(stats, Mapping):
-            if name in stats:
-                return stats[name]
-        elif hasattr(stats, name):
-            return getattr(stats, name)
-    return default
+def _stat(stats: Any, name: str, default: Any = 0) -> Any:
+    # scheduler_svc.core.stats.SchedulerStats, or a dict with its field names (tests)
+    if type(stats) is dict:
+        return stats.get(name, default)
+    return getattr(stats, name, default)
 
 
 def reading_from_stats(stats: Any) -> CapacityReading:
-    """The one place that knows the names Scheduler.stats() uses."""
-    waiting_total = int(_stat(stats, "num_waiting", "num_waiting_reqs", "waiting"))
-    not_ready = int(_stat(stats, "num_waiting_not_ready", "waiting_not_ready"))
-    capacity = int(_stat(stats, "num_waiting_capacity", "waiting_capacity",
-                         default=waiting_total - not_ready))
+    """The one place that reads Scheduler.stats() for the diagnosis and gauges."""
+    not_ready = int(_stat(stats, "num_waiting_not_ready"))
     return CapacityReading(
-        running=int(_stat(stats, "num_running", "num_running_reqs", "running")),
-        waiting=capacity,
+        running=int(_stat(stats, "num_running")),
+        waiting=int(_stat(stats, "num_waiting")) - not_ready,  # num_waiting includes them
         waiting_not_ready=not_ready,
-        preemptions_total=int(_stat(stats, "num_preemptions", "preemptions_total",
-                                    "num_preemptions_total")),
-        kv_cache_usage=float(_stat(stats, "kv_cache_usage", "kv_usage", default=0.0)),
+        preemptions_total=int(_stat(stats, "num_preemptions_total")),
+        kv_cache_usage=float(_stat(stats, "kv_usage", 0.0)),
     )
 
 
@@ -167,6 +160,9 @@ class SchedulerTelemetry:
     max_num_batched_tokens: int = 0
     diagnosis_window_s: float = 30.0
     clock: Any = time.monotonic
+    # the SDK keeps at most this many links per span anyway
+    max_step_links: int = field(
+        default_factory=lambda: int(os.environ.get("OTEL_SPAN_LINK_COUNT_LIMIT", "128")))
     _requests: dict[str, _Request] = field(default_factory=dict)
     _steps: dict[int, _Step] = field(default_factory=dict)
     _monitor: CapacityMonitor | None = None
@@ -276,11 +272,6 @@ class SchedulerTelemetry:
             self._steps[output.step_id] = _Step(None, started)
             return {}
 
-        links = []
-        for req_id in output.num_scheduled_tokens:
-            req = self._requests.get(req_id)
-            if req is not None:
-                links.append(Link(req.span.get_span_context()))
         attributes = {
             "gapserve.step.id": output.step_id,
             "gapserve.step.num_scheduled_tokens": output.total_num_scheduled_tokens,
@@ -296,12 +287,29 @@ class SchedulerTelemetry:
         if self.max_num_batched_tokens:
             attributes["gapserve.step.budget_used"] = (
                 output.total_num_scheduled_tokens / self.max_num_batched_tokens)
-        # A step serves many requests: it links to them instead of being a child.
-        span = _tracer.start_span("scheduler.step", context=Context(), links=links,
-                                  attributes=attributes,
+        span = _tracer.start_span("scheduler.step", context=Context(), attributes=attributes,
                                   start_time=time.time_ns() - int((now - started) * 1e9))
+        if span.is_recording():  # a step the sampler dropped costs no links
+            self._link_requests(span, output)
         self._steps[output.step_id] = _Step(span, started)
         return context_carrier(trace.set_span_in_context(span))
+
+    def _link_requests(self, span: trace.Span, output: SchedulerOutput) -> None:
+        """A step serves many requests: it links to them instead of being a child.
+        Requests whose state changed (new, resumed, preempted) come first; past the
+        span's link limit the rest are counted, not linked (each link costs ~10 us)."""
+        cached = output.scheduled_cached_reqs
+        changed = [new.req_id for new in output.scheduled_new_reqs]
+        changed += [rid for rid, resumed in zip(cached.req_ids, cached.resumed_from_preemption)
+                    if resumed]
+        changed += output.preempted_req_ids
+        first = set(changed)
+        ordered = changed + [rid for rid in output.num_scheduled_tokens if rid not in first]
+        reqs = [r for r in map(self._requests.get, ordered) if r is not None]
+        for req in reqs[:self.max_step_links]:
+            span.add_link(req.span.get_span_context())
+        if len(reqs) > self.max_step_links:
+            span.set_attribute("gapserve.step.num_links_dropped", len(reqs) - self.max_step_links)
 
     def step_finished(self, step_id: int, result: ModelRunnerOutput | None = None) -> None:
         """The workers answered step `step_id` (None: it was dropped)."""

@@ -3,10 +3,9 @@ the preemption warning and counters, gauges and the diagnosis metric."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from opentelemetry import trace
 
+from scheduler_svc.core.stats import SchedulerStats
 from scheduler_svc.metrics import SchedulerTelemetry
 from shared.telemetry import extract_context, get_tracer
 from shared.types import (CachedRequestData, FinishReason, ModelRunnerOutput, NewRequestData,
@@ -14,15 +13,7 @@ from shared.types import (CachedRequestData, FinishReason, ModelRunnerOutput, Ne
 from tests.observability.helpers import sample
 
 
-@dataclass
-class Stats:  # the fields Scheduler.stats() reports
-    num_running: int = 0
-    num_waiting: int = 0
-    num_waiting_not_ready: int = 0
-    kv_cache_usage: float = 0.0
-    prefix_cache_queries: int = 0
-    prefix_cache_hits: int = 0
-    num_preemptions: int = 0
+Stats = SchedulerStats  # what Scheduler.stats() returns
 
 
 class Clock:
@@ -106,10 +97,10 @@ def test_preemption_is_an_event_with_the_cumulative_count_and_a_warning(captured
     tel.request_added("b", 3, SamplingParams())
     tel.step_scheduled(new_step(1, new=["a", "b"]), Stats(num_running=2))
     tel.step_scheduled(new_step(2, cached=["a"], preempted=["b"]),
-                       Stats(num_running=1, num_waiting=1, num_preemptions=1))
+                       Stats(num_running=1, num_waiting=1, num_preemptions_total=1))
     tel.step_scheduled(new_step(3, cached=["a", "b"], resumed=["b"]), Stats(num_running=2))
     tel.step_scheduled(new_step(4, cached=["a"], preempted=["b"]),
-                       Stats(num_running=1, num_waiting=1, num_preemptions=2))
+                       Stats(num_running=1, num_waiting=1, num_preemptions_total=2))
     tel.request_finished("b", FinishReason.ABORT)
     assert sample("gapserve:num_preemptions_total", model_name="preempt-test") == before + 2
     b = next(s for s in out.spans("scheduler.request") if s.attributes["gen_ai.request.id"] == "b")
@@ -132,7 +123,7 @@ def test_gauges_follow_stats_and_kv_usage_returns_to_zero_when_idle(captured):
     captured("scheduler")
     tel = telemetry(model="gauges")
     tel.step_scheduled(new_step(1), Stats(num_running=3, num_waiting=2, num_waiting_not_ready=1,
-                                          kv_cache_usage=0.75))
+                                          kv_usage=0.75))
     assert sample("gapserve:num_requests_running", model_name="gauges") == 3
     assert sample("gapserve:num_requests_waiting", model_name="gauges") == 2
     assert sample("gapserve:num_requests_waiting_by_reason", model_name="gauges",
@@ -180,11 +171,11 @@ def test_diagnosis_metric_flips_to_past_capacity_and_back(captured):
     assert state() == "healthy"
     clock.now += 1
     tel.step_scheduled(new_step(1, cached=["a"], preempted=["b"]),
-                       Stats(num_running=1, num_waiting=1, num_preemptions=1, kv_cache_usage=1))
+                       Stats(num_running=1, num_waiting=1, num_preemptions_total=1, kv_usage=1))
     assert state() == "past_capacity"
-    assert tel.status(Stats(num_running=1, num_preemptions=1))["diagnosis"] == "past_capacity"
+    assert tel.status(Stats(num_running=1, num_preemptions_total=1))["diagnosis"] == "past_capacity"
     clock.now += 6
-    status = tel.status(Stats(num_preemptions=1))
+    status = tel.status(Stats(num_preemptions_total=1))
     assert status["diagnosis"] == "healthy" and state() == "healthy"
 
 
@@ -210,3 +201,24 @@ def test_request_carrier_puts_worker_spans_in_the_request_trace(captured):
     parent = trace.get_current_span(extract_context(carrier)).get_span_context()
     assert parent.span_id == req.context.span_id
     assert tel.request_carrier("unknown") == {}
+
+
+def test_step_links_put_changed_requests_first_and_count_those_past_the_limit(captured):
+    out = captured("scheduler")
+    tel = telemetry(max_step_links=2)
+    for rid in ("a", "b", "c", "d"):
+        tel.request_added(rid, 3, SamplingParams())
+    tel.step_scheduled(new_step(1, new=["a", "b", "c"]), Stats(num_running=3))
+    tel.step_scheduled(new_step(2, new=["d"], cached=["a", "b"], preempted=["c"]),
+                       Stats(num_running=3, num_waiting=1))
+    for step_id in (1, 2):
+        tel.step_finished(step_id, None)
+    spans = {s.attributes["gapserve.step.id"]: s for s in out.spans("scheduler.step")}
+    for rid in ("a", "b", "c", "d"):
+        tel.request_finished(rid, FinishReason.ABORT)
+    req_span = {s.attributes["gen_ai.request.id"]: s.context.span_id
+                for s in out.spans("scheduler.request")}
+    linked = [link.context.span_id for link in spans[2].links]
+    assert linked == [req_span["d"], req_span["c"]]  # the new one and the preempted one
+    assert spans[2].attributes["gapserve.step.num_links_dropped"] == 2
+    assert len(spans[1].links) == 2
