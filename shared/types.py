@@ -91,8 +91,8 @@ class SamplingParams:
             bad(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
         if self.logprobs is not None and not 0 <= self.logprobs <= self.MAX_LOGPROBS:
             bad(f"logprobs must be in [0, {self.MAX_LOGPROBS}], got {self.logprobs}")
-        if self.seed is not None and not -(2**63) <= self.seed < 2**64:
-            bad("seed must fit in 64 bits")
+        if self.seed is not None and not -(2**63) <= self.seed < 2**63:
+            bad("seed must fit in a signed 64-bit integer")  # int64 on the wire
         for tid in self.stop_token_ids:
             if tid < 0 or (vocab_size is not None and tid >= vocab_size):
                 bad(f"stop_token_ids contains {tid}, outside the vocabulary")
