@@ -28,8 +28,9 @@ class Observer:
     def fail(self, tracker: RequestTracker, code: str, message: str) -> None:
         tracker.fail(code, message)
         if code != "CANCELLED":
-            log.warning("request failed", request_id=tracker.req_id, code=code,
-                        message=message)
+            with tracker.activate():  # the line carries the request's trace id
+                log.warning("request failed", request_id=tracker.req_id, code=code,
+                            message=message)
 
 
 def setup(args) -> None:
