@@ -82,3 +82,14 @@ def test_a_failed_request_counts_as_an_error_not_a_success(captured):
                   finished_reason="stop") == 0
     [span] = out.spans()
     assert span.status.status_code is StatusCode.ERROR
+
+
+def test_the_frontends_failure_warning_carries_request_and_trace_ids(captured):
+    from frontend_svc.observe import Observer
+
+    out = captured("frontend")
+    t = RequestTracker.start("r9", "obs", SamplingParams(), 3)
+    Observer("obs").fail(t, "UNAVAILABLE", "scheduler unreachable")
+    [line] = [x for x in out.logs() if x["event"] == "request failed"]
+    assert line["request_id"] == "r9" and line["service"] == "frontend"
+    assert line["trace_id"] == format(t.span.get_span_context().trace_id, "032x")
