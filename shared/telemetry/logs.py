@@ -99,3 +99,12 @@ def get_logger(**bound: Any) -> Any:
     """A logger with these key/values on every line, e.g. get_logger(request_id=rid)."""
     # a lazy proxy: a logger made at import time still follows a later setup
     return structlog.get_logger("gapserve", **bound)
+
+
+def reset_logging() -> None:
+    """Undo setup_logging (tests): structlog's defaults, our handler removed."""
+    if _state.handler is not None:
+        logging.getLogger().removeHandler(_state.handler)
+        _state.handler = None
+    logging.getLogger().setLevel(logging.WARNING)
+    structlog.reset_defaults()

@@ -173,3 +173,14 @@ def test_a_logger_made_before_setup_follows_it(captured):
     log.info("after setup")
     [line] = out.logs()
     assert line["component"] == "engine" and line["service"] == "scheduler"
+
+
+def test_reset_logging_leaves_the_root_logger_as_it_was():
+    import logging
+
+    from shared.telemetry.logs import reset_logging
+
+    handlers = list(logging.getLogger().handlers)
+    setup_telemetry("frontend", log_stream=io.StringIO())
+    reset_logging()
+    assert logging.getLogger().handlers == handlers
