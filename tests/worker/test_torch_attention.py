@@ -1,12 +1,14 @@
-"""The CPU attention backend writes K/V to the right slots and matches the reference."""
+"""The CPU attention backend writes K/V to the right slots and matches the reference,
+with the C decode kernel and with the pure torch path."""
 
 import dataclasses
+import shutil
 
 import pytest
 import torch
 
 from tests.worker.attention_cases import random_case
-from worker_svc.attention import torch_backend
+from worker_svc.attention import cpu_kernel, torch_backend
 from worker_svc.attention.reference import reference_attention
 
 CASES = {
@@ -17,8 +19,22 @@ CASES = {
 }
 
 
+@pytest.fixture(params=["c_kernel", "torch"])
+def decode_path(request, monkeypatch):
+    if request.param == "torch":
+        monkeypatch.setenv("GAPSERVE_CPU_ATTENTION", "torch")
+    elif cpu_kernel.active() is None:
+        pytest.skip("no C compiler here: the torch path serves decodes")
+    return request.param
+
+
+def test_c_decode_kernel_builds_where_a_compiler_exists():
+    if shutil.which("cc") or shutil.which("gcc"):
+        assert cpu_kernel.load() is not None
+
+
 @pytest.mark.parametrize("name", CASES)
-def test_torch_backend_matches_reference_attention(name):
+def test_torch_backend_matches_reference_attention(name, decode_path):
     q_lens, ctx_lens = CASES[name]
     query, key, value, kv_cache, meta = random_case(len(name), q_lens, ctx_lens)
     torch_backend.write_kv(key, value, kv_cache, meta.slot_mapping)

@@ -1,10 +1,12 @@
-"""Attention backend for CPU (and any device without Triton): plain torch ops.
+"""Attention backend for CPU (and any device without Triton).
 
-Decodes (one query token) of all requests run as ONE batched SDPA over their
-block-gathered contexts, padded to the longest and masked. Prefill chunks (several
-query tokens) run one SDPA each: a step holds few of them, and padding a long chunk
-to the batch would cost far more than the loop. The per-step plan (which rows are
-decodes, gather indices, masks) is built once and reused by every layer.
+Decodes (one query token) of all requests run in ONE call: the C paged-decode kernel
+(cpu_kernel.py) on fp32 CPU tensors, which reads K/V in place; otherwise a batched
+SDPA over the block-gathered contexts, padded to the longest and masked. Prefill
+chunks (several query tokens) run one SDPA each: a step holds few of them, and
+padding a long chunk to the batch would cost far more than the loop. The per-step
+plan (which rows are decodes, gather indices, masks) is built once and reused by
+every layer.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from worker_svc.attention import cpu_kernel
 from worker_svc.attention.metadata import AttentionMetadata
 
 
@@ -31,6 +34,8 @@ class _Plan:
     decode_blocks: torch.Tensor | None  # [num_decodes * max_blocks] int64, row-major
     decode_mask: torch.Tensor | None  # [num_decodes, 1, 1, max_blocks * block_size] bool
     decode_len: int  # keys per decode after gathering (the one decode's exact length)
+    decode_table: torch.Tensor | None  # [num_decodes, max_blocks] int64, for the kernel
+    decode_seq_lens: torch.Tensor | None  # [num_decodes] int64, for the kernel
     decode_all_rows: bool  # every query row is a decode, in order: no gather/scatter
     prefills: list[_Prefill]
 
@@ -61,10 +66,15 @@ def attention(query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetada
     if not isinstance(plan, _Plan):
         plan = meta.backend_state = _make_plan(meta, kv_cache.shape[2], query.device)
     gqa = query.shape[1] != kv_cache.shape[3]
-    if plan.decode_all_rows and not plan.prefills:
+    kernel = cpu_kernel.active() if cpu_kernel.supports(query, kv_cache) else None
+    if plan.decode_all_rows and not plan.prefills and kernel is None:
         return _decode(query, kv_cache, plan, scale)
-    out = torch.empty_like(query)
-    if plan.decode_rows is not None:
+    out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+    if plan.decode_rows is not None and kernel is not None:
+        cpu_kernel.paged_decode(kernel, query, kv_cache, plan.decode_table,
+                                plan.decode_seq_lens, plan.decode_rows, plan.decode_len,
+                                scale, out)
+    elif plan.decode_rows is not None:
         out[plan.decode_rows] = _decode(query[plan.decode_rows], kv_cache, plan, scale)
     for p in plan.prefills:
         k = kv_cache[0].index_select(0, p.blocks).flatten(0, 1)[:p.seq_len].transpose(0, 1)
@@ -112,11 +122,12 @@ def _make_plan(meta: AttentionMetadata, block_size: int, device: torch.device) -
                                  blocks=meta.block_table[i, :num_blocks].long(),
                                  seq_len=seq_len, mask=mask))
     if not decodes:
-        return _Plan(None, None, None, 0, False, prefills)
+        return _Plan(None, None, None, 0, None, None, False, prefills)
     idx = torch.tensor(decodes, device=device)
     max_len = max(seq_lens[i] for i in decodes)
     max_blocks = -(-max_len // block_size)
-    blocks = meta.block_table[idx, :max_blocks].long().reshape(-1)
+    table = meta.block_table[idx, :max_blocks].long().contiguous()
+    blocks = table.reshape(-1)
     mask = None  # a lone decode attends to exactly its keys: no mask, no padding
     if len(decodes) > 1:
         key_pos = torch.arange(max_len, device=device)
@@ -124,4 +135,5 @@ def _make_plan(meta: AttentionMetadata, block_size: int, device: torch.device) -
         mask = (key_pos.unsqueeze(0) < lens.unsqueeze(1)).view(len(decodes), 1, 1, -1)
     rows = torch.tensor([starts[i] for i in decodes], device=device)
     all_rows = len(decodes) == starts[-1] and decodes == list(range(len(seq_lens)))
-    return _Plan(rows, blocks, mask, max_len, all_rows, prefills)
+    return _Plan(rows, blocks, mask, max_len, table, meta.seq_lens[idx].long().contiguous(),
+                 all_rows, prefills)

@@ -1,0 +1,93 @@
+"""The C paged-decode kernel for CPU (csrc/paged_decode.c), built once with the
+system C compiler into the cache directory and called through ctypes.
+
+Decode attention is memory-bound: the torch path gathers every request's blocks
+into a padded copy before SDPA, so each K/V byte crosses memory three times; the
+kernel reads each once, in place. Without a compiler (or with
+GAPSERVE_CPU_ATTENTION=torch) `active()` returns None and the torch path is used.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).parent / "csrc" / "paged_decode.c"
+_I64, _F32P, _I64P = ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p
+
+
+def _compile_flags() -> list[str]:
+    flags = ["-O3", "-fopenmp-simd", "-shared", "-fPIC"]
+    try:
+        cpu_flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags"))
+        if " avx2 " in cpu_flags and " fma " in cpu_flags:
+            flags += ["-mavx2", "-mfma"]
+    except (OSError, StopIteration):
+        pass
+    return flags
+
+
+def active() -> ctypes.CDLL | None:
+    """The kernel library, unless GAPSERVE_CPU_ATTENTION=torch asks for the torch path."""
+    if os.environ.get("GAPSERVE_CPU_ATTENTION", "") == "torch":
+        return None
+    return load()
+
+
+@functools.cache
+def load() -> ctypes.CDLL | None:
+    compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    if compiler is None:
+        return None
+    flags = _compile_flags()
+    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(flags).encode()).hexdigest()[:16]
+    from shared.default_model import cache_dir
+    target = cache_dir() / "kernels" / f"paged_decode-{digest}.so"
+    try:
+        if not target.is_file():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+                built = Path(tmp) / target.name
+                subprocess.run([compiler, *flags, "-o", str(built), str(SOURCE), "-lm"],
+                               check=True, capture_output=True)
+                os.replace(built, target)  # atomic: a concurrent builder loses nothing
+        lib = ctypes.CDLL(str(target))
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    fn = lib.paged_decode_f32
+    fn.argtypes = [_F32P, _I64, _I64, _F32P, _I64, _I64, _I64, _I64, _I64P, _I64, _I64P,
+                   _I64P, _I64, ctypes.c_float, _F32P, _I64, _I64, _I64, _I64, _F32P, _F32P]
+    fn.restype = None
+    return lib
+
+
+def supports(query: torch.Tensor, kv_cache: torch.Tensor) -> bool:
+    return (query.device.type == "cpu" and query.dtype == torch.float32
+            and kv_cache.dtype == torch.float32 and kv_cache.is_contiguous()
+            and query.stride(2) == 1)
+
+
+def paged_decode(lib: ctypes.CDLL, query: torch.Tensor, kv_cache: torch.Tensor,
+                 block_table: torch.Tensor, seq_lens: torch.Tensor, q_rows: torch.Tensor,
+                 max_seq_len: int, scale: float, out: torch.Tensor) -> None:
+    """Writes out[q_rows[i]] for each decode i. block_table, seq_lens and q_rows are
+    contiguous int64 CPU tensors; out is [num_tokens, num_heads, head_dim] fp32."""
+    num_heads, head_dim = query.shape[1], query.shape[2]
+    _, num_blocks, block_size, num_kv_heads, _ = kv_cache.shape
+    group = num_heads // num_kv_heads
+    scores = torch.empty(group * max_seq_len)
+    acc = torch.empty(group * head_dim)
+    lib.paged_decode_f32(
+        query.data_ptr(), query.stride(0), query.stride(1), kv_cache.data_ptr(), num_blocks,
+        block_size, num_kv_heads, head_dim, block_table.data_ptr(), block_table.stride(0),
+        seq_lens.data_ptr(), q_rows.data_ptr(), num_heads, scale, out.data_ptr(),
+        out.stride(0), out.stride(1), 0, q_rows.shape[0] * num_kv_heads,
+        scores.data_ptr(), acc.data_ptr())
