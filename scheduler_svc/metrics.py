@@ -34,7 +34,8 @@ from scheduler_svc.diagnosis import CapacityMonitor, CapacityReading, Diagnosis,
 from shared.telemetry import (
     context_carrier, extract_context, finish_reason_name, get_logger, get_tracer,
     tracing_enabled)
-from shared.types import FinishReason, ModelRunnerOutput, RequestOutput, SamplingParams, SchedulerOutput
+from shared.types import (
+    FinishReason, ModelRunnerOutput, RequestOutput, SamplingParams, SchedulerOutput)
 
 _M = ["model_name"]
 REQUEST_TIME_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
@@ -260,7 +261,7 @@ class SchedulerTelemetry:
         for new in output.scheduled_new_reqs:
             self._scheduled(new.req_id, now, resumed=False)
         if num_resumed:
-            for req_id, resumed in zip(cached.req_ids, cached.resumed_from_preemption):
+            for req_id, resumed in zip(cached.req_ids, cached.resumed_from_preemption, strict=True):
                 if resumed:
                     self._scheduled(req_id, now, resumed=True)
         for req_id in output.preempted_req_ids:
@@ -300,8 +301,8 @@ class SchedulerTelemetry:
         span's link limit the rest are counted, not linked (each link costs ~10 us)."""
         cached = output.scheduled_cached_reqs
         changed = [new.req_id for new in output.scheduled_new_reqs]
-        changed += [rid for rid, resumed in zip(cached.req_ids, cached.resumed_from_preemption)
-                    if resumed]
+        changed += [rid for rid, resumed in zip(cached.req_ids, cached.resumed_from_preemption,
+                                                strict=True) if resumed]
         changed += output.preempted_req_ids
         first = set(changed)
         ordered = changed + [rid for rid in output.num_scheduled_tokens if rid not in first]

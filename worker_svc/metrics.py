@@ -126,7 +126,7 @@ class WorkerTelemetry:
                   for new in step.scheduled_new_reqs]
         firsts += [(rid, n, "worker.recompute") for rid, resumed, n in
                    zip(cached.req_ids, cached.resumed_from_preemption,
-                       cached.num_computed_tokens) if resumed]
+                       cached.num_computed_tokens, strict=True) if resumed]
         link = [Link(step_span.get_span_context())]
         for req_id, num_computed, name in firsts:
             ctx = self._contexts.get(req_id)

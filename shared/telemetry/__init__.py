@@ -19,7 +19,8 @@ from shared.telemetry.tracing import build_exporters, install_tracing
 
 __all__ = [
     "LOG_FORMATS", "LOG_LEVELS", "MetricsServer", "context_carrier", "extract_context",
-    "finish_reason_name", "flush_traces", "get_logger", "get_tracer", "inject_context", "metrics_text",
+    "finish_reason_name", "flush_traces", "get_logger", "get_tracer", "inject_context",
+    "metrics_text",
     "otlp_endpoint_from_env", "setup_telemetry", "shutdown_tracing", "start_metrics_server",
     "tracing_enabled",
 ]

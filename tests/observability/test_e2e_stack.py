@@ -6,7 +6,6 @@ so that concurrent requests must preempt."""
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor

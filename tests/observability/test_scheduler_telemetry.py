@@ -8,7 +8,7 @@ from opentelemetry import trace
 from scheduler_svc.core.stats import SchedulerStats
 from scheduler_svc.metrics import SchedulerTelemetry
 from shared.telemetry import extract_context, get_tracer
-from shared.types import (CachedRequestData, FinishReason, ModelRunnerOutput, NewRequestData,
+from shared.types import (FinishReason, ModelRunnerOutput, NewRequestData,
                           RequestOutput, SamplingParams, SchedulerOutput, StepTimings)
 from tests.observability.helpers import sample
 

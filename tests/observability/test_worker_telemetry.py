@@ -4,12 +4,13 @@ step span; each request gets a worker span inside its own trace."""
 from __future__ import annotations
 
 import pytest
+from opentelemetry import trace
 
 from shared.telemetry import context_carrier, get_tracer
-from shared.types import CachedRequestData, NewRequestData, SamplingParams, SchedulerOutput, StepTimings
+from shared.types import (
+    CachedRequestData, NewRequestData, SamplingParams, SchedulerOutput, StepTimings)
 from tests.observability.helpers import sample
 from worker_svc.metrics import WorkerTelemetry
-from opentelemetry import trace
 
 
 def timings(start=100.0, prepare=1.0, forward=8.0, sample_ms=1.0, idle=2.0) -> StepTimings:
