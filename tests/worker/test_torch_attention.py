@@ -16,6 +16,7 @@ CASES = {
     "one_fresh_prefill": ([13], [0]),
     "chunk_after_context": ([6], [9]),
     "mixed_ragged_batch": ([1, 7, 1, 5, 1, 1], [20, 0, 3, 11, 0, 44]),
+    "many_decodes_split_across_threads": ([1] * 16, [3 * i % 40 for i in range(16)]),
 }
 
 
@@ -36,7 +37,17 @@ def test_c_decode_kernel_builds_where_a_compiler_exists():
 @pytest.mark.parametrize("name", CASES)
 def test_torch_backend_matches_reference_attention(name, decode_path):
     q_lens, ctx_lens = CASES[name]
-    query, key, value, kv_cache, meta = random_case(len(name), q_lens, ctx_lens)
+    query, key, value, kv_cache, meta = random_case(len(name), q_lens, ctx_lens,
+                                                    num_blocks=200)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # lets the C kernel split a large batch across two threads
+    try:
+        _check_against_reference(query, key, value, kv_cache, meta)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _check_against_reference(query, key, value, kv_cache, meta):
     torch_backend.write_kv(key, value, kv_cache, meta.slot_mapping)
     want = reference_attention(query, kv_cache, dataclasses.replace(meta), 0.35)
     got = torch_backend.attention(query, kv_cache, meta, 0.35)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from concurrent.futures import ThreadPoolExecutor
 import hashlib
 import os
 import shutil
@@ -22,6 +23,8 @@ import torch
 
 SOURCE = Path(__file__).parent / "csrc" / "paged_decode.c"
 _I64, _F32P, _I64P = ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p
+# below this many (request, kv head) items a second thread costs more than it saves
+MIN_ITEMS_TO_SPLIT = 24
 
 
 def _compile_flags() -> list[str]:
@@ -75,19 +78,37 @@ def supports(query: torch.Tensor, kv_cache: torch.Tensor) -> bool:
             and query.stride(2) == 1)
 
 
+@functools.cache
+def _helper() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="paged-decode")
+
+
 def paged_decode(lib: ctypes.CDLL, query: torch.Tensor, kv_cache: torch.Tensor,
                  block_table: torch.Tensor, seq_lens: torch.Tensor, q_rows: torch.Tensor,
                  max_seq_len: int, scale: float, out: torch.Tensor) -> None:
     """Writes out[q_rows[i]] for each decode i. block_table, seq_lens and q_rows are
-    contiguous int64 CPU tensors; out is [num_tokens, num_heads, head_dim] fp32."""
+    contiguous int64 CPU tensors; out is [num_tokens, num_heads, head_dim] fp32.
+    With two or more torch threads, a helper thread takes half of the items (ctypes
+    releases the GIL during the call)."""
     num_heads, head_dim = query.shape[1], query.shape[2]
     _, num_blocks, block_size, num_kv_heads, _ = kv_cache.shape
     group = num_heads // num_kv_heads
-    scores = torch.empty(group * max_seq_len)
-    acc = torch.empty(group * head_dim)
-    lib.paged_decode_f32(
-        query.data_ptr(), query.stride(0), query.stride(1), kv_cache.data_ptr(), num_blocks,
-        block_size, num_kv_heads, head_dim, block_table.data_ptr(), block_table.stride(0),
-        seq_lens.data_ptr(), q_rows.data_ptr(), num_heads, scale, out.data_ptr(),
-        out.stride(0), out.stride(1), 0, q_rows.shape[0] * num_kv_heads,
-        scores.data_ptr(), acc.data_ptr())
+    num_items = q_rows.shape[0] * num_kv_heads
+
+    def run(begin: int, end: int) -> None:
+        scores = torch.empty(group * max_seq_len)
+        acc = torch.empty(group * head_dim)
+        lib.paged_decode_f32(
+            query.data_ptr(), query.stride(0), query.stride(1), kv_cache.data_ptr(),
+            num_blocks, block_size, num_kv_heads, head_dim, block_table.data_ptr(),
+            block_table.stride(0), seq_lens.data_ptr(), q_rows.data_ptr(), num_heads, scale,
+            out.data_ptr(), out.stride(0), out.stride(1), begin, end, scores.data_ptr(),
+            acc.data_ptr())
+
+    if num_items < MIN_ITEMS_TO_SPLIT or torch.get_num_threads() < 2:
+        run(0, num_items)
+        return
+    mid = num_items // 2
+    other = _helper().submit(run, mid, num_items)
+    run(0, mid)
+    other.result()
