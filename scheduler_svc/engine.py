@@ -6,8 +6,12 @@ takes the inbox between steps, runs schedule(), hands the step to the workers,
 applies the result and routes each output to the session that owns the request.
 It sleeps on a condition while there is nothing to do.
 
-One step is in flight at a time (submit then collect); async scheduling is the
-change of submitting step N+1 before collecting step N.
+With async scheduling (the scheduler core's `async_scheduling`), up to two steps
+are in flight: the loop schedules and submits step N+1, then collects step N, so
+the scheduling decision and the RPC round trip happen while the worker computes.
+Results are applied strictly in submission order, and each step's outputs go to
+the frontends as soon as its result arrives. Without it, one step is in flight
+(submit, then collect) and nothing else changes.
 """
 
 from __future__ import annotations
@@ -35,7 +39,9 @@ class StepExecutor(Protocol):
 
     def submit(self, step: SchedulerOutput) -> None: ...
 
-    def collect(self) -> ModelRunnerOutput: ...
+    def collect(self) -> ModelRunnerOutput:
+        """The result of the oldest submitted step not collected yet (FIFO)."""
+        ...
 
 
 class ErrorCode(enum.Enum):
@@ -97,6 +103,9 @@ class Engine:
         self._stopping = False
         self.failed: BaseException | None = None
         self.counters = EngineCounters()
+        # steps submitted and not collected, oldest first; the core allows two
+        self._in_flight: deque[SchedulerOutput] = deque()
+        self._depth = 2 if getattr(scheduler.config, "async_scheduling", False) else 1
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
 
     # ---------------------------------------------------------------- callers
@@ -231,21 +240,27 @@ class Engine:
         self._cond.notify()
 
     def _run(self) -> None:
-        idle = False  # the last step could schedule nothing: wait for a command
+        idle = False  # the last pass scheduled nothing and collected nothing
         try:
             while True:
                 with self._cond:
-                    while not self._stopping and not self._inbox and (
-                            idle or not self._scheduler.has_unfinished_requests()):
+                    while not self._stopping and not self._inbox and not self._in_flight \
+                            and (idle or not self._scheduler.has_unfinished_requests()):
                         self._cond.wait()
                     if self._stopping:
                         return
                     commands = list(self._inbox)
                     self._inbox.clear()
                 self._apply(commands)
-                idle = False
-                if self._scheduler.has_unfinished_requests():
-                    idle = not self._step()
+                submitted = collected = False
+                if len(self._in_flight) < self._depth \
+                        and self._scheduler.has_unfinished_requests():
+                    submitted = self._submit_next()
+                # Collect when the pipe is full, or when there was nothing more to send.
+                if self._in_flight and (len(self._in_flight) >= self._depth or not submitted):
+                    self._collect_oldest()
+                    collected = True  # a result may free blocks or end a wait: schedule again
+                idle = not submitted and not collected
         except BaseException as e:  # noqa: BLE001 - a lost worker ends the engine
             self._fail(e)
 
@@ -277,8 +292,9 @@ class Engine:
         if failures or ends:
             self._route(ends, failures)
 
-    def _step(self) -> bool:
-        """Run one step; False if it scheduled nothing and told the workers nothing."""
+    def _submit_next(self) -> bool:
+        """Schedule a step and hand it to the workers; False if it had nothing to
+        compute and nothing to tell them (then nothing is sent)."""
         step = self._scheduler.schedule()
         if (not step.total_num_scheduled_tokens and not step.finished_req_ids
                 and not step.preempted_req_ids):
@@ -289,11 +305,20 @@ class Engine:
             for new in step.scheduled_new_reqs:
                 new.trace_context = tel.request_carrier(new.req_id)
         self._executor.submit(step)
+        self._in_flight.append(step)
+        return True
+
+    def _collect_oldest(self) -> None:
+        """Apply the oldest in-flight step's result. Workers answer in submission
+        order, so the result belongs to the head of _in_flight."""
+        step = self._in_flight.popleft()
+        tel = self._tel
         try:
             result = self._executor.collect()
         except BaseException:
             if tel is not None:
-                tel.step_finished(step.step_id, None)
+                for s in (step, *self._in_flight):
+                    tel.step_finished(s.step_id, None)
             raise
         if result.step_id != step.step_id:
             raise EngineFailed(f"worker answered step {result.step_id} to step {step.step_id}")
@@ -305,7 +330,6 @@ class Engine:
             tel.request_outputs(outputs)
             tel.refresh(self._scheduler.stats())  # gauges read idle once all ended
         self._route(outputs, [])
-        return step.total_num_scheduled_tokens > 0
 
     def _route(self, outputs: list[RequestOutput], failures: list[Failure]) -> None:
         by_session: dict[Session, list] = {}

@@ -8,9 +8,11 @@ The servicer is a thin translation between protobuf and worker_svc.runner.ModelR
 
 from __future__ import annotations
 
+import queue
 import signal
 import sys
 import threading
+import time
 from collections.abc import Sequence
 
 import grpc
@@ -24,6 +26,72 @@ from shared.types import InvalidRequestError, ModelRunnerOutput, SchedulerOutput
 from worker_svc.config import WorkerConfig
 
 log = get_logger(service="worker")
+
+_END = object()  # the last item of a pipe's queues
+
+
+class StepFailed:
+    """The runner raised on a step; the stream ends with it, nothing later runs."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+class StepPipe:
+    """Steps of one stream, executed strictly in arrival order on one thread.
+
+    Correctness rests on that order: the scheduler may hand a block freed by one
+    request to another while a step that writes the old owner's KV is still in
+    flight, and it sends step N+1 before it has seen step N's sampled tokens. Both
+    are safe only because step N has finished here, KV writes and sampled tokens
+    (kept on the device for N+1's input) included, before step N+1 starts."""
+
+    def __init__(self, runner) -> None:
+        self.runner = runner
+        self.steps: queue.SimpleQueue = queue.SimpleQueue()  # SchedulerOutput, then _END
+        self.results: queue.SimpleQueue = queue.SimpleQueue()  # (step, result), then _END
+        self._stopping = threading.Event()
+        self._executor = threading.Thread(target=self._execute_all, name="step-executor",
+                                          daemon=True)
+
+    def start(self, request_iterator) -> None:
+        threading.Thread(target=self._read, args=(request_iterator,), name="step-reader",
+                         daemon=True).start()
+        self._executor.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self.steps.put(_END)
+        if self._executor.is_alive():
+            self._executor.join()
+
+    def _read(self, request_iterator) -> None:
+        try:
+            for msg in request_iterator:
+                self.steps.put(pc.scheduler_output_from_proto(msg))
+        except grpc.RpcError:
+            pass  # the scheduler went away; the stream ends below
+        finally:
+            self.steps.put(_END)
+
+    def _execute_all(self) -> None:
+        last_end = None  # perf_counter when the previous step ended
+        while (step := self.steps.get()) is not _END and not self._stopping.is_set():
+            start = time.perf_counter()
+            try:
+                result = self.runner.execute(step)
+            except BaseException as e:  # noqa: BLE001 - handed to the stream handler
+                self.results.put((step, StepFailed(e)))
+                break
+            # idle: from the end of the previous step to the start of this one, so it
+            # counts waiting for the scheduler (or for any work, when the server is quiet)
+            result.timings.idle_ms = 0.0 if last_end is None else (start - last_end) * 1e3
+            last_end = time.perf_counter()
+            self.results.put((step, result))
+        self.results.put(_END)
+
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
@@ -52,21 +120,27 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             tensor_parallel_size=self.tensor_parallel_size)
 
     def Step(self, request_iterator, context):
+        """Three threads per stream: a reader takes steps off the wire as they come
+        (step N+1 usually arrives while step N computes), one thread executes them,
+        and this handler sends each result as soon as its step ends, so neither
+        reading nor sending ever sits between two steps."""
         runner = self._runner(context)
         if not self._stream_lock.acquire(blocking=False):
             context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                           "another scheduler already drives this worker")
+        pipe = StepPipe(runner)
         try:
             log.info("step_stream_opened", peer=context.peer())
-            for msg in request_iterator:
-                step = pc.scheduler_output_from_proto(msg)
-                try:
-                    result = runner.execute(step)
-                except (InvalidRequestError, ValueError, KeyError) as e:
+            pipe.start(request_iterator)
+            while (item := pipe.results.get()) is not _END:
+                step, result = item
+                if isinstance(result, StepFailed):
+                    e = result.error
+                    if not isinstance(e, (InvalidRequestError, ValueError, KeyError)):
+                        raise e
                     # A step that does not fit the worker's state: the two sides disagree.
                     log.error("bad_step", step_id=step.step_id, error=repr(e))
-                    context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                  f"step {step.step_id}: {e!r}")
+                    context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"step {step.step_id}: {e!r}")
                 if self.telemetry is not None:
                     self.telemetry.step(step, result.timings)
                 if self.rank != 0:  # all ranks run the step; rank 0 answers with tokens
@@ -75,6 +149,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             log.info("step_stream_closed")
         finally:
             try:
+                pipe.stop()  # waits for the step being computed, runs no further one
                 self._forget_all(runner)
             finally:
                 self._stream_lock.release()

@@ -1,0 +1,234 @@
+"""Async scheduling across the real Step stream (tiny random-weight model, loopback
+gRPC): two steps in flight, the worker fills in its own sampled tokens, and the
+in-flight edge cases (a stop, max_tokens, an abort, a preemption) come out exactly
+as with one step in flight and as transformers alone."""
+
+from __future__ import annotations
+
+import queue
+import time
+import uuid
+
+import pytest
+import torch
+
+from shared import proto_convert as pc
+from shared.proto import common_pb2, engine_pb2
+from shared.types import NewRequestData, SamplingParams, SchedulerOutput
+from tests.wire.conftest import start_wire_stack
+from tests.wire.session_client import SessionClient, wait_for
+from tests.wire.test_engine_service import hf_greedy
+from worker_svc.config import WorkerConfig
+from worker_svc.server import _END, StepFailed, StepPipe
+
+PROMPTS = [[1, 504, 3209, 28, 253], [7, 7, 7], list(range(100, 140)), [4821, 99, 3, 17, 5, 8, 1000]]
+STOP = common_pb2.FINISH_REASON_STOP
+LENGTH = common_pb2.FINISH_REASON_LENGTH
+ABORT = common_pb2.FINISH_REASON_ABORT
+
+
+def rid() -> str:
+    return uuid.uuid4().hex[:8]
+
+
+@pytest.fixture(scope="module")
+def hf_model(tiny_model_dir):
+    from transformers import LlamaForCausalLM
+    return LlamaForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+
+
+@pytest.fixture
+def async_stack(tiny_runner):
+    stack = start_wire_stack(tiny_runner, async_scheduling=True)
+    yield stack
+    stack.close()
+
+
+@pytest.fixture(scope="module")
+def small_pool_runner(tiny_model_dir):
+    """11 usable blocks of 16 tokens: a few 59-token requests must preempt each other."""
+    from worker_svc.runner import ModelRunner
+    return ModelRunner(WorkerConfig(model=tiny_model_dir, num_gpu_blocks_override=12,
+                                    max_model_len=64, max_num_seqs=16))
+
+
+def record_steps(stack) -> list[SchedulerOutput]:
+    """Every step the engine submits, in order (the real group still runs each)."""
+    seen: list[SchedulerOutput] = []
+    submit = stack.group.submit
+
+    def recording(step: SchedulerOutput) -> None:
+        seen.append(step)
+        submit(step)
+
+    stack.group.submit = recording
+    return seen
+
+
+def steps_of(steps: list[SchedulerOutput], req_id: str) -> int:
+    return sum(req_id in s.num_scheduled_tokens for s in steps)
+
+
+def status(stack) -> engine_pb2.EngineStatus:
+    return stack.engine_stub.GetStatus(engine_pb2.GetStatusRequest(), timeout=10)
+
+
+def run_all(stack, prompts, **sampling) -> tuple[SessionClient, list[str]]:
+    client = SessionClient(stack.engine_stub)
+    ids = [rid() for _ in prompts]
+    for req_id, prompt in zip(ids, prompts):
+        client.add(req_id, prompt, temperature=0.0, **sampling)
+    client.wait_ended(*ids)
+    return client, ids
+
+
+def pool_is_fully_free(stack) -> bool:
+    st = status(stack)
+    return st.num_free_blocks == st.num_kv_blocks - 1
+
+
+# ---------------------------------------------------------------------------
+# the engine with two steps in flight
+
+
+def test_async_greedy_outputs_equal_sync_outputs_and_transformers(tiny_runner, hf_model):
+    outputs = {}
+    for async_scheduling in (True, False):
+        stack = start_wire_stack(tiny_runner, async_scheduling=async_scheduling)
+        try:
+            steps = record_steps(stack)
+            client, ids = run_all(stack, PROMPTS, max_tokens=12, ignore_eos=True)
+            outputs[async_scheduling] = [client.tokens[r] for r in ids]
+            assert all(client.finished[r].finish_reason == LENGTH for r in ids)
+            wait_for(lambda: pool_is_fully_free(stack), what="all blocks free")
+            client.close()
+        finally:
+            stack.close()
+        if async_scheduling:  # the worker filled in tokens the scheduler had not seen
+            assert stack.scheduler_core.config.async_scheduling and len(steps) >= 12
+    assert outputs[True] == outputs[False]
+    for prompt, tokens in zip(PROMPTS, outputs[True]):
+        assert tokens == hf_greedy(hf_model, prompt, 12), prompt
+
+
+def test_token_after_a_stop_token_is_computed_but_never_sent(async_stack, hf_model):
+    prompt = PROMPTS[0]
+    ref = hf_greedy(hf_model, prompt, 12)
+    stop = ref[3]
+    k = ref.index(stop)  # the first time greedy produces it
+    steps = record_steps(async_stack)
+    client, (req_id,) = run_all(async_stack, [prompt], max_tokens=12, stop_token_ids=[stop])
+    out = client.finished[req_id]
+    assert client.tokens[req_id] == ref[:k + 1]
+    assert out.finish_reason == STOP and out.stop_token_id == stop
+    # it was scheduled once more before its stop was known: that token was discarded
+    assert steps_of(steps, req_id) == k + 2
+    wait_for(lambda: pool_is_fully_free(async_stack), what="all blocks free")
+    client.close()
+
+
+def test_request_certain_to_reach_max_tokens_is_not_scheduled_again(async_stack, hf_model):
+    steps = record_steps(async_stack)
+    client, (req_id,) = run_all(async_stack, [PROMPTS[1]], max_tokens=5, ignore_eos=True)
+    assert client.tokens[req_id] == hf_greedy(hf_model, PROMPTS[1], 5)
+    assert client.finished[req_id].finish_reason == LENGTH
+    assert steps_of(steps, req_id) == 5  # one step per output token, none extra
+    client.close()
+
+
+def test_abort_while_steps_are_in_flight_ends_the_stream_and_frees_everything(
+        async_stack, tiny_runner, hf_model):
+    prompt = PROMPTS[2]
+    client = SessionClient(async_stack.engine_stub)
+    req_id = rid()
+    client.add(req_id, prompt, temperature=0.0, max_tokens=200, ignore_eos=True)
+    while len(client.tokens.get(req_id, [])) < 3:
+        client.read()
+    client.abort(req_id)
+    client.wait_ended(req_id)
+    tokens = client.tokens[req_id]
+    assert client.finished[req_id].finish_reason == ABORT
+    assert 3 <= len(tokens) < 200
+    assert tokens == hf_greedy(hf_model, prompt, len(tokens))
+    wait_for(lambda: pool_is_fully_free(async_stack), what="all blocks free")
+    # the engine goes on: the next request is exact, and its first step tells the
+    # worker to drop the aborted one
+    client2, (other,) = run_all(async_stack, [PROMPTS[3]], max_tokens=6, ignore_eos=True)
+    assert client2.tokens[other] == hf_greedy(hf_model, PROMPTS[3], 6)
+    assert req_id not in tiny_runner.requests
+    client.close()
+    client2.close()
+
+
+def test_preemption_while_steps_are_in_flight_keeps_greedy_outputs_exact(
+        small_pool_runner, hf_model):
+    shared = list(range(300, 316))  # one full block in common: prefix-cache hits
+    prompts = [shared + [11 * i + 5, 3, 9 + i] for i in range(5)]
+    outputs = {}
+    for async_scheduling in (True, False):
+        stack = start_wire_stack(small_pool_runner, async_scheduling=async_scheduling)
+        try:
+            client, ids = run_all(stack, prompts, max_tokens=40, ignore_eos=True)
+            outputs[async_scheduling] = [client.tokens[r] for r in ids]
+            st = status(stack)
+            assert st.num_preemptions_total > 0
+            assert st.prefix_cache_hits > 0
+            wait_for(lambda: pool_is_fully_free(stack), what="all blocks free")
+            client.close()
+        finally:
+            stack.close()
+    assert outputs[True] == outputs[False]
+    for prompt, tokens in zip(prompts, outputs[True]):
+        assert tokens == hf_greedy(hf_model, prompt, 40), prompt
+
+
+# ---------------------------------------------------------------------------
+# the worker's step pipe
+
+
+def new_request_step(step_id: int, req_id: str, prompt: list[int], block: int) -> SchedulerOutput:
+    return SchedulerOutput(
+        step_id=step_id,
+        scheduled_new_reqs=[NewRequestData(req_id, prompt, SamplingParams(temperature=0.0),
+                                           [block], 0)],
+        num_scheduled_tokens={req_id: len(prompt)}, total_num_scheduled_tokens=len(prompt))
+
+
+def test_steps_run_in_arrival_order_and_nothing_runs_after_a_failed_step(tiny_runner):
+    bad = SchedulerOutput(step_id=1, num_scheduled_tokens={"nobody": 1},
+                          total_num_scheduled_tokens=1)
+    steps = [new_request_step(0, "first", [1, 2, 3], 1), bad,
+             new_request_step(2, "after-bad", [4, 5], 2)]
+    pipe = StepPipe(tiny_runner)
+    pipe.start(iter([pc.scheduler_output_to_proto(s) for s in steps]))
+    first = pipe.results.get()
+    failed = pipe.results.get()
+    assert pipe.results.get() is _END
+    pipe.stop()
+    try:
+        assert first[0].step_id == 0 and first[1].step_id == 0
+        assert len(first[1].sampled_token_ids[0]) == 1
+        assert failed[0].step_id == 1 and isinstance(failed[1], StepFailed)
+        assert "after-bad" not in tiny_runner.requests
+    finally:
+        tiny_runner.execute(SchedulerOutput(step_id=-1, finished_req_ids={"first"}))
+
+
+def test_idle_time_is_the_gap_between_one_step_ending_and_the_next_starting(tiny_runner):
+    wire: queue.SimpleQueue = queue.SimpleQueue()
+    pipe = StepPipe(tiny_runner)
+    pipe.start(iter(wire.get, None))
+    try:
+        wire.put(pc.scheduler_output_to_proto(new_request_step(0, "a", [1, 2, 3], 1)))
+        _, first = pipe.results.get()
+        time.sleep(0.05)  # not synchronization: a known stretch with no step to run
+        wire.put(pc.scheduler_output_to_proto(new_request_step(1, "b", [4, 5], 2)))
+        _, second = pipe.results.get()
+        assert first.timings.idle_ms == 0.0  # the first step of a stream has no predecessor
+        assert second.timings.idle_ms >= 50.0
+        assert second.timings.idle_ms <= (second.timings.start_unix_s
+                                          - first.timings.end_unix_s) * 1e3 + 1.0
+    finally:
+        wire.put(None)
+        pipe.stop()
+        tiny_runner.execute(SchedulerOutput(step_id=-1, finished_req_ids={"a", "b"}))
