@@ -92,3 +92,24 @@ def test_preempted_request_resumes_with_new_blocks_and_same_tokens(tiny_llama_di
     hf = hf_model_cache(tiny_llama_dir)
     assert victim.output == _hf_greedy(hf, prompt, 16)
     assert driver.requests["other"].output == _hf_greedy(hf, other, 16)
+
+
+def test_prefix_cache_hit_reads_the_shared_blocks_and_computes_only_the_rest(
+        tiny_llama_dir, hf_model_cache):
+    from shared.types import NewRequestData, SchedulerOutput
+    shared_prefix, tail_a, tail_b = _prompts(5, [32, 5, 9])
+    runner = _runner(tiny_llama_dir)
+    greedy = SamplingParams(temperature=0.0)
+
+    def new_step(step_id, req_id, prompt, blocks, computed):
+        return SchedulerOutput(
+            step_id=step_id,
+            scheduled_new_reqs=[NewRequestData(req_id, prompt, greedy, blocks, computed)],
+            num_scheduled_tokens={req_id: len(prompt) - computed},
+            total_num_scheduled_tokens=len(prompt) - computed)
+
+    runner.execute(new_step(0, "a", shared_prefix + tail_a, [3, 4, 5], 0))
+    # b shares a's two full blocks (32 tokens of KV) and computes only its own tail
+    out = runner.execute(new_step(1, "b", shared_prefix + tail_b, [3, 4, 6], 32))
+    want = _hf_greedy(hf_model_cache(tiny_llama_dir), shared_prefix + tail_b, 1)
+    assert out.sampled_token_ids == [want]

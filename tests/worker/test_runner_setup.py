@@ -1,0 +1,48 @@
+"""Start-up: KV capacity from the budgets, model facts reported to the scheduler,
+and clear refusals of settings that cannot work."""
+
+import pytest
+import torch
+
+from worker_svc.config import WorkerConfig
+from worker_svc.kv_capacity import bytes_per_block
+from worker_svc.runner import ModelRunner
+
+
+def _config(path, **kw):
+    base = dict(model=str(path), device="cpu", max_model_len=128, max_num_seqs=4)
+    base.update(kw)
+    return WorkerConfig(**base)
+
+
+def test_cpu_kv_blocks_come_from_the_byte_budget(tiny_llama_dir):
+    runner = ModelRunner(_config(tiny_llama_dir, kv_cache_memory=3 << 20))
+    per_block = bytes_per_block(runner.model_config, 16, torch.float32)
+    assert per_block == 3 * 2 * 16 * 2 * 16 * 4  # layers, k+v, slots, kv heads, head_dim, fp32
+    assert runner.num_kv_blocks == min((3 << 20) // per_block, 4 * (128 // 16) + 1)
+    assert runner.kv_caches[0].shape == (2, runner.num_kv_blocks, 16, 2, 16)
+
+
+def test_num_gpu_blocks_override_wins_over_the_budget(tiny_llama_dir):
+    runner = ModelRunner(_config(tiny_llama_dir, kv_cache_memory=1 << 30,
+                                 num_gpu_blocks_override=20))
+    assert runner.num_kv_blocks == 20
+
+
+def test_model_info_reports_model_facts(tiny_qwen2_dir):
+    info = ModelRunner(_config(tiny_qwen2_dir, num_gpu_blocks_override=20,
+                               block_size=8)).model_info()
+    assert (info.vocab_size, info.num_layers, info.num_kv_heads, info.head_dim) == (256, 3, 2, 16)
+    assert (info.max_model_len, info.num_kv_blocks, info.block_size) == (128, 20, 8)
+    assert info.eos_token_ids == [2] and info.dtype == "float32"
+
+
+@pytest.mark.parametrize("kw, message", [
+    (dict(num_gpu_blocks_override=4), "less than one sequence"),
+    (dict(max_model_len=100_000), "max_model_len must be"),
+    (dict(block_size=12), "power of two"),
+    (dict(dtype="int8"), "dtype"),
+])
+def test_impossible_settings_are_refused_at_start_up(tiny_llama_dir, kw, message):
+    with pytest.raises(ValueError, match=message):
+        ModelRunner(_config(tiny_llama_dir, **kw))
