@@ -46,3 +46,14 @@ def test_model_info_reports_model_facts(tiny_qwen2_dir):
 def test_impossible_settings_are_refused_at_start_up(tiny_llama_dir, kw, message):
     with pytest.raises(ValueError, match=message):
         ModelRunner(_config(tiny_llama_dir, **kw))
+
+
+def test_bfloat16_runs_on_cpu_through_the_torch_attention_path(tiny_llama_dir):
+    from tests.worker.step_driver import StepDriver
+    runner = ModelRunner(_config(tiny_llama_dir, dtype="bfloat16", num_gpu_blocks_override=20))
+    assert runner.kv_caches[0].dtype == torch.bfloat16
+    driver = StepDriver(runner)
+    driver.add("a", list(range(3, 30)), max_new=4)
+    driver.add("b", list(range(40, 45)), max_new=4)
+    driver.run_to_completion()
+    assert all(len(r.output) == 4 for r in driver.requests.values())
