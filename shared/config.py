@@ -163,7 +163,7 @@ def add_scheduler_flags(parser: argparse.ArgumentParser, *, with_ports: bool = T
     g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                    default=True)
     g.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction,
-                   default=False)
+                   default=True)
     g.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction,
                    default=True)
 
