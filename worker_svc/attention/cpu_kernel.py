@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import functools
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 import hashlib
 import os
 import shutil
@@ -83,32 +84,50 @@ def _helper() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=1, thread_name_prefix="paged-decode")
 
 
-def paged_decode(lib: ctypes.CDLL, query: torch.Tensor, kv_cache: torch.Tensor,
-                 block_table: torch.Tensor, seq_lens: torch.Tensor, q_rows: torch.Tensor,
-                 max_seq_len: int, scale: float, out: torch.Tensor) -> None:
-    """Writes out[q_rows[i]] for each decode i. block_table, seq_lens and q_rows are
-    contiguous int64 CPU tensors; out is [num_tokens, num_heads, head_dim] fp32.
-    With two or more torch threads, a helper thread takes half of the items (ctypes
-    releases the GIL during the call)."""
-    num_heads, head_dim = query.shape[1], query.shape[2]
-    _, num_blocks, block_size, num_kv_heads, _ = kv_cache.shape
+@dataclass(slots=True)
+class PagedDecode:
+    """One step's decode attention: built once per step with everything that is the
+    same in every layer (tables, lengths, scratch), then called once per layer, so a
+    layer pays for one ctypes call and nothing else."""
+
+    fn: object
+    keep_alive: tuple  # the int64 tables and scratch buffers the pointers point into
+    step_args: tuple  # block_size .. scale, in the C signature's order
+    ranges: list  # (begin, end, scores_ptr, acc_ptr) per thread
+
+    def __call__(self, query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor) -> None:
+        """Writes out[q_rows[i]] for each decode i."""
+        head = (query.data_ptr(), query.stride(0), query.stride(1), kv_cache.data_ptr(),
+                kv_cache.shape[1])
+        tail = (out.data_ptr(), out.stride(0), out.stride(1))
+        if len(self.ranges) == 1:
+            self.fn(*head, *self.step_args, *tail, *self.ranges[0])
+            return
+        # a helper thread takes the second half; ctypes releases the GIL during the call
+        other = _helper().submit(self.fn, *head, *self.step_args, *tail, *self.ranges[1])
+        self.fn(*head, *self.step_args, *tail, *self.ranges[0])
+        other.result()
+
+
+def paged_decode_for_step(lib: ctypes.CDLL, num_heads: int, kv_cache_shape: torch.Size,
+                          block_table: torch.Tensor, seq_lens: torch.Tensor,
+                          q_rows: torch.Tensor, max_seq_len: int,
+                          scale: float) -> PagedDecode:
+    """block_table [decodes, max_blocks], seq_lens and q_rows [decodes]: int64, CPU."""
+    block_table, seq_lens, q_rows = (t.contiguous().long() for t in (block_table, seq_lens,
+                                                                     q_rows))
+    _, _, block_size, num_kv_heads, head_dim = kv_cache_shape
     group = num_heads // num_kv_heads
     num_items = q_rows.shape[0] * num_kv_heads
-
-    def run(begin: int, end: int) -> None:
-        scores = torch.empty(group * max_seq_len)
-        acc = torch.empty(group * head_dim)
-        lib.paged_decode_f32(
-            query.data_ptr(), query.stride(0), query.stride(1), kv_cache.data_ptr(),
-            num_blocks, block_size, num_kv_heads, head_dim, block_table.data_ptr(),
-            block_table.stride(0), seq_lens.data_ptr(), q_rows.data_ptr(), num_heads, scale,
-            out.data_ptr(), out.stride(0), out.stride(1), begin, end, scores.data_ptr(),
-            acc.data_ptr())
-
-    if num_items < MIN_ITEMS_TO_SPLIT or torch.get_num_threads() < 2:
-        run(0, num_items)
-        return
-    mid = num_items // 2
-    other = _helper().submit(run, mid, num_items)
-    run(0, mid)
-    other.result()
+    split = num_items >= MIN_ITEMS_TO_SPLIT and torch.get_num_threads() >= 2
+    bounds = [(0, num_items // 2), (num_items // 2, num_items)] if split else [(0, num_items)]
+    scratch, ranges = [], []
+    for begin, end in bounds:
+        scores, acc = torch.empty(group * max_seq_len), torch.empty(group * head_dim)
+        scratch += [scores, acc]
+        ranges.append((begin, end, scores.data_ptr(), acc.data_ptr()))
+    step_args = (block_size, num_kv_heads, head_dim, block_table.data_ptr(),
+                 block_table.stride(0), seq_lens.data_ptr(), q_rows.data_ptr(), num_heads,
+                 scale)
+    return PagedDecode(lib.paged_decode_f32, (block_table, seq_lens, q_rows, *scratch),
+                       step_args, ranges)

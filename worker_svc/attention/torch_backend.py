@@ -34,8 +34,7 @@ class _Plan:
     decode_blocks: torch.Tensor | None  # [num_decodes * max_blocks] int64, row-major
     decode_mask: torch.Tensor | None  # [num_decodes, 1, 1, max_blocks * block_size] bool
     decode_len: int  # keys per decode after gathering (the one decode's exact length)
-    decode_table: torch.Tensor | None  # [num_decodes, max_blocks] int64, for the kernel
-    decode_seq_lens: torch.Tensor | None  # [num_decodes] int64, for the kernel
+    decode_kernel: cpu_kernel.PagedDecode | None  # the C kernel's call for this step
     decode_all_rows: bool  # every query row is a decode, in order: no gather/scatter
     prefills: list[_Prefill]
 
@@ -64,16 +63,13 @@ def attention(query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetada
     """query [num_tokens, num_heads, head_dim] -> out of the same shape and dtype."""
     plan = meta.backend_state
     if not isinstance(plan, _Plan):
-        plan = meta.backend_state = _make_plan(meta, kv_cache.shape[2], query.device)
+        plan = meta.backend_state = _make_plan(meta, query, kv_cache, scale)
     gqa = query.shape[1] != kv_cache.shape[3]
-    kernel = cpu_kernel.active() if cpu_kernel.supports(query, kv_cache) else None
-    if plan.decode_all_rows and not plan.prefills and kernel is None:
+    if plan.decode_all_rows and not plan.prefills and plan.decode_kernel is None:
         return _decode(query, kv_cache, plan, scale)
     out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
-    if plan.decode_rows is not None and kernel is not None:
-        cpu_kernel.paged_decode(kernel, query, kv_cache, plan.decode_table,
-                                plan.decode_seq_lens, plan.decode_rows, plan.decode_len,
-                                scale, out)
+    if plan.decode_kernel is not None:
+        plan.decode_kernel(query, kv_cache, out)
     elif plan.decode_rows is not None:
         out[plan.decode_rows] = _decode(query[plan.decode_rows], kv_cache, plan, scale)
     for p in plan.prefills:
@@ -103,7 +99,9 @@ def _decode(query: torch.Tensor, kv_cache: torch.Tensor, plan: _Plan,
     return o.reshape(num_decodes, num_heads, head_dim)
 
 
-def _make_plan(meta: AttentionMetadata, block_size: int, device: torch.device) -> _Plan:
+def _make_plan(meta: AttentionMetadata, query: torch.Tensor, kv_cache: torch.Tensor,
+               scale: float) -> _Plan:
+    block_size, device = kv_cache.shape[2], query.device
     starts = meta.query_start_loc.tolist()
     seq_lens = meta.seq_lens.tolist()
     q_lens = [starts[i + 1] - starts[i] for i in range(len(seq_lens))]
@@ -122,18 +120,21 @@ def _make_plan(meta: AttentionMetadata, block_size: int, device: torch.device) -
                                  blocks=meta.block_table[i, :num_blocks].long(),
                                  seq_len=seq_len, mask=mask))
     if not decodes:
-        return _Plan(None, None, None, 0, None, None, False, prefills)
+        return _Plan(None, None, None, 0, None, False, prefills)
     idx = torch.tensor(decodes, device=device)
     max_len = max(seq_lens[i] for i in decodes)
     max_blocks = -(-max_len // block_size)
     table = meta.block_table[idx, :max_blocks].long().contiguous()
-    blocks = table.reshape(-1)
+    rows = torch.tensor([starts[i] for i in decodes], device=device)
+    all_rows = len(decodes) == starts[-1] and decodes == list(range(len(seq_lens)))
+    lib = cpu_kernel.active() if cpu_kernel.supports(query, kv_cache) else None
+    if lib is not None:  # every layer has the same scale and cache layout: fix them now
+        kernel = cpu_kernel.paged_decode_for_step(lib, query.shape[1], kv_cache.shape, table,
+                                                  meta.seq_lens[idx], rows, max_len, scale)
+        return _Plan(rows, None, None, max_len, kernel, all_rows, prefills)
     mask = None  # a lone decode attends to exactly its keys: no mask, no padding
     if len(decodes) > 1:
         key_pos = torch.arange(max_len, device=device)
         lens = meta.seq_lens[idx].long()
         mask = (key_pos.unsqueeze(0) < lens.unsqueeze(1)).view(len(decodes), 1, 1, -1)
-    rows = torch.tensor([starts[i] for i in decodes], device=device)
-    all_rows = len(decodes) == starts[-1] and decodes == list(range(len(seq_lens)))
-    return _Plan(rows, blocks, mask, max_len, table, meta.seq_lens[idx].long().contiguous(),
-                 all_rows, prefills)
+    return _Plan(rows, table.reshape(-1), mask, max_len, None, all_rows, prefills)
