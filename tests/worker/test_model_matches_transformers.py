@@ -10,7 +10,8 @@ from worker_svc.inputs import prepare_inputs
 from worker_svc.request_state import RequestState
 from worker_svc.runner import ModelRunner
 
-CHECKPOINTS = ["tiny_llama_dir", "tiny_qwen2_dir", "tiny_llama3_rope_dir"]
+CHECKPOINTS = ["tiny_llama_dir", "tiny_qwen2_dir", "tiny_llama3_rope_dir",
+               "tiny_mistral_sharded_dir"]
 
 
 def _runner(path) -> ModelRunner:
