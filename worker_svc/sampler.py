@@ -62,9 +62,10 @@ def _random_sample(logits: torch.Tensor, states: list[RequestState],
     elif any(k > 0 for k in top_k):
         logits = _top_k(logits, top_k)
     probs = logits.softmax(dim=-1)
-    noise = torch.empty_like(probs)
-    for i, s in enumerate(states):
-        noise[i].exponential_(generator=s.generator if s.generator is not None else generator)
+    noise = torch.empty_like(probs).exponential_(generator=generator)
+    for i, s in enumerate(states):  # seeded rows redraw from their own generator only
+        if s.generator is not None:
+            noise[i].exponential_(generator=s.generator)
     return probs.div_(noise).argmax(dim=-1)
 
 
