@@ -232,3 +232,15 @@ def test_idle_time_is_the_gap_between_one_step_ending_and_the_next_starting(tiny
         wire.put(None)
         pipe.stop()
         tiny_runner.execute(SchedulerOutput(step_id=-1, finished_req_ids={"a", "b"}))
+
+
+def test_async_scheduling_is_on_by_default_and_can_be_turned_off():
+    from scheduler_svc.server import scheduler_config
+    from shared import config as flags
+    from shared.types import ModelInfo
+
+    info = ModelInfo("m", 100, 256, [2], 2, 2, 16, "float32", 64, 16)
+    on = flags.parse_args(flags.scheduler_parser(), [], environ={})
+    off = flags.parse_args(flags.scheduler_parser(), ["--no-async-scheduling"], environ={})
+    assert scheduler_config(on, info).async_scheduling is True
+    assert scheduler_config(off, info).async_scheduling is False

@@ -1,0 +1,172 @@
+"""Async scheduling on the real three-process stack and the real default model: a
+concurrent workload with EOS stops, a stop token id, max_tokens, an abort
+mid-stream, prefix-cache hits and preemptions forced by a small KV pool gives the
+same greedy tokens with async scheduling on and off, and the same as transformers
+for each prompt alone; usage is exact and the KV pool ends fully free."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+from dataclasses import dataclass, field
+
+import pytest
+
+from shared import proto_convert as pc
+from shared.proto import common_pb2, engine_pb2, generate_pb2
+from shared.types import SamplingParams
+
+# 13 usable blocks of 16 tokens; each request ends near 60-70 tokens (4-5 blocks), so
+# three at once already overflow the pool and preempt. The chat template's system
+# prompt is a full block every prompt shares: prefix-cache hits.
+STACK_FLAGS = ["--max-model-len", "128", "--num-gpu-blocks-override", "14"]
+ABORT_AFTER = 4  # tokens the aborted request streams before its client aborts it
+
+
+@dataclass(slots=True)
+class Case:
+    name: str
+    question: str
+    max_tokens: int = 24
+    ignore_eos: bool = False
+    stop_at: int | None = None  # stop on the greedy token at this index (a stop token id)
+    abort: bool = False
+    prompt_ids: list[int] = field(default_factory=list)
+    reference: list[int] = field(default_factory=list)  # transformers greedy, alone
+    stop_token_ids: list[int] = field(default_factory=list)
+
+
+CASES = [
+    Case("eos-math", "What is 2+2? Reply with just the number."),
+    Case("eos-capital", "What is the capital of France?"),
+    Case("stop-token", "Say hello.", stop_at=5),
+    Case("length-haiku", "Write a haiku about rain."),
+    Case("length-count", "Count from 1 to 5.", max_tokens=20),
+    Case("length-water", "Is water wet? Answer yes or no."),
+    Case("length-fruit", "Name a fruit. One word only.", max_tokens=16),
+    Case("abort", "What colour is the sky? One word.", max_tokens=64, ignore_eos=True,
+         abort=True),
+]
+
+
+def greedy(model, prompt: list[int], n: int) -> list[int]:
+    """transformers' greedy choice for n steps, a plain argmax loop (EOS included)."""
+    import torch
+    ids, out, cache = torch.tensor([prompt]), [], None
+    with torch.no_grad():
+        for _ in range(n):
+            step = model(ids if cache is None else ids[:, -1:], cache=cache, use_cache=True)
+            cache = step.cache
+            out.append(int(step.logits[0, -1].argmax()))
+            ids = torch.cat([ids, torch.tensor([[out[-1]]])], dim=1)
+    return out
+
+
+@pytest.fixture(scope="module")
+def workload():
+    """Prompt ids and the transformers reference of every case, computed once, before
+    any stack runs (so the reference has the cores to itself)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from shared.default_model import ensure_default_model
+
+    model_dir = ensure_default_model()
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    eos = model.generation_config.eos_token_id
+    eos_ids = set(eos if isinstance(eos, list) else [eos])
+    for case in CASES:
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": case.question}],
+                                            add_generation_prompt=True)
+        case.prompt_ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+        case.reference = greedy(model, case.prompt_ids, case.max_tokens)
+        if case.stop_at is not None:
+            token = case.reference[case.stop_at]
+            case.stop_token_ids = [token]
+    return model_dir, eos_ids
+
+
+def expected_tokens(case: Case, eos_ids: set[int]) -> list[int]:
+    """The greedy tokens up to and including the first EOS or stop token id."""
+    out = []
+    for token in case.reference[:case.max_tokens]:
+        out.append(token)
+        if (token in eos_ids and not case.ignore_eos) or token in case.stop_token_ids:
+            break
+    return out
+
+
+def run_case(stub, case: Case) -> tuple[list[int], generate_pb2.GenerateFinal]:
+    params = SamplingParams(temperature=0.0, max_tokens=case.max_tokens,
+                            ignore_eos=case.ignore_eos, stop_token_ids=case.stop_token_ids)
+    request = generate_pb2.GenerateRequest(
+        request_id=f"{case.name}-{time.monotonic_ns()}",
+        token_ids=generate_pb2.TokenIds(ids=case.prompt_ids),
+        sampling_params=pc.sampling_to_proto(params))
+    tokens: list[int] = []
+    aborted = False
+    for msg in stub.Generate(request, timeout=600):
+        tokens.extend(msg.token_ids)
+        if msg.HasField("final"):
+            return tokens, msg.final
+        if case.abort and not aborted and len(tokens) >= ABORT_AFTER:
+            stub.Abort(generate_pb2.AbortRequest(request_ids=[request.request_id]), timeout=30)
+            aborted = True
+    raise AssertionError(f"{case.name}: the stream ended without a final message")
+
+
+def run_workload(stack, eos_ids: set[int]) -> dict[str, list[int]]:
+    """All cases at once; checks each one's tokens, finish and usage; returns the tokens."""
+    stub = stack.generation_stub()
+    with concurrent.futures.ThreadPoolExecutor(len(CASES)) as pool:
+        results = list(pool.map(lambda c: run_case(stub, c), CASES))
+    outputs = {}
+    for case, (tokens, final) in zip(CASES, results):
+        usage = final.usage
+        assert usage.prompt_tokens == len(case.prompt_ids), case.name
+        assert usage.completion_tokens == len(tokens), case.name
+        assert usage.total_tokens == len(case.prompt_ids) + len(tokens), case.name
+        if case.abort:
+            assert final.finish_reason == common_pb2.FINISH_REASON_ABORT, case.name
+            assert ABORT_AFTER <= len(tokens) < case.max_tokens, case.name
+            assert tokens == case.reference[:len(tokens)], case.name
+            continue
+        expected = expected_tokens(case, eos_ids)
+        assert tokens == expected, case.name
+        stopped = expected[-1] in eos_ids or expected[-1] in case.stop_token_ids
+        assert final.finish_reason == (common_pb2.FINISH_REASON_STOP if stopped
+                                       else common_pb2.FINISH_REASON_LENGTH), case.name
+        if case.stop_token_ids:
+            assert final.stop_token_id == case.stop_token_ids[0], case.name
+        outputs[case.name] = tokens
+    return outputs
+
+
+def wait_pool_free(stack, timeout_s: float = 30.0) -> engine_pb2.EngineStatus:
+    deadline = time.monotonic() + timeout_s
+    while True:  # an abort frees its blocks on the scheduler's loop, just after the reply
+        status = stack.engine_status()
+        if status.num_free_blocks == status.num_kv_blocks - 1 and not status.num_running:
+            return status
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the KV pool is not fully free: {status}")
+        time.sleep(0.05)
+
+
+@pytest.mark.e2e
+def test_async_and_sync_scheduling_give_transformers_greedy_outputs_under_preemption(
+        workload, start_stack_factory):
+    model_dir, eos_ids = workload
+    # the workload really has what it claims: EOS stops, a stop id, lengths
+    kinds = {c.name: expected_tokens(c, eos_ids)[-1] for c in CASES if not c.abort}
+    assert sum(t in eos_ids for t in kinds.values()) >= 2
+    outputs = {}
+    for mode, flags in (("async", ["--async-scheduling"]), ("sync", ["--no-async-scheduling"])):
+        stack = start_stack_factory(model_dir, flags=STACK_FLAGS + flags)
+        outputs[mode] = run_workload(stack, eos_ids)
+        status = wait_pool_free(stack)
+        assert status.num_preemptions_total > 0, mode
+        assert status.prefix_cache_hits > 0, mode
+        stack.stop()
+    assert outputs["async"] == outputs["sync"]
