@@ -5,7 +5,6 @@ Rules: ../shared/docs/SCHEDULING.md (vLLM V1 semantics); deviations: docs/schedu
 
 from __future__ import annotations
 
-import structlog
 
 from scheduler_svc.core.block_hash import BlockHasher
 from scheduler_svc.core.block_pool import KVBlock
@@ -22,17 +21,14 @@ from shared.types import (
     SchedulerOutput,
 )
 
-log = structlog.get_logger("scheduler")
 
-PREEMPTION_LOG_EVERY = 50  # like vLLM: warn on the first preemption, then every 50th
 # A third step would let a preempted request be re-admitted before the output of its
 # last in-flight step is applied, and the worker's token ids would then differ from ours.
 MAX_STEPS_IN_FLIGHT = 2
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, num_blocks: int, *, logger=None) -> None:
-        """`logger`: a structlog logger for the preemption warning (default: "scheduler")."""
+    def __init__(self, config: SchedulerConfig, num_blocks: int) -> None:
         config.validate()
         if num_blocks < 2:
             raise ConfigError(f"the KV pool needs at least 2 blocks (block 0 is reserved), "
@@ -60,7 +56,6 @@ class Scheduler:
         # step id -> {req_id: (request, whether the step samples a token for it)}
         self.in_flight: dict[int, dict[str, tuple[Request, bool]]] = {}
         self.next_step_id = 0
-        self.log = logger if logger is not None else log
         self._stats = SchedulerStats(num_total_blocks=num_blocks)
 
     # ------------------------------------------------------------------ requests
@@ -310,12 +305,7 @@ class Scheduler:
         stats.num_preemptions_total += 1
         stats.num_waiting_preempted += 1
         self.waiting.prepend(request)
-        total = stats.num_preemptions_total
-        if total == 1 or total % PREEMPTION_LOG_EVERY == 0:
-            self.log.warning("request preempted: the KV cache is full; it will be recomputed. "
-                        "Frequent preemption means the load is past capacity",
-                        req_id=request.req_id, num_preemptions=request.num_preemptions,
-                        total_num_cumulative_preemption=total)
+        # the warning an operator reads is logged at the edge (scheduler_svc/metrics.py)
 
     # ------------------------------------------------------------------ results
 

@@ -6,10 +6,8 @@ arrive during a step join at the next one.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass, field
 
-import structlog
 
 from scheduler_svc.core import Scheduler, SchedulerConfig
 from scheduler_svc.sim.step_model import StepModel
@@ -45,9 +43,7 @@ def simulated_worker_output(sched: Scheduler, so: SchedulerOutput) -> ModelRunne
 
 def simulate(config: SchedulerConfig, num_blocks: int, requests: list[SimRequest],
              model: StepModel) -> SimResult:
-    # Preemption warnings go to stderr, so a --json report on stdout stays parseable.
-    sched = Scheduler(config, num_blocks,
-                      logger=structlog.wrap_logger(structlog.PrintLogger(sys.stderr)))
+    sched = Scheduler(config, num_blocks)  # preemptions are counted in the report
     groups = {r.group: GroupTimes() for r in requests}
     group_of = {r.request.req_id: r.group for r in requests}
     arrival = {r.request.req_id: r.arrival_ms for r in requests}
