@@ -244,3 +244,28 @@ def test_async_scheduling_is_on_by_default_and_can_be_turned_off():
     off = flags.parse_args(flags.scheduler_parser(), ["--no-async-scheduling"], environ={})
     assert scheduler_config(on, info).async_scheduling is True
     assert scheduler_config(off, info).async_scheduling is False
+
+
+def test_the_worker_feeds_each_sampled_token_from_the_device_not_its_host_copy(tiny_runner):
+    from shared.types import CachedRequestData
+    prompt, WRONG = [1, 504, 3209, 28, 253], 4242
+
+    def two_steps(req_id: str, corrupt_host_copy: bool) -> tuple[int, int]:
+        first = tiny_runner.execute(new_request_step(0, req_id, prompt, 1)).sampled_token_ids[0][0]
+        if corrupt_host_copy:  # what the host believes; the device copy is untouched
+            tiny_runner.requests[req_id].token_ids[-1] = WRONG
+        cached = CachedRequestData()
+        cached.append(req_id, False, [], len(prompt))
+        step = SchedulerOutput(step_id=1, scheduled_cached_reqs=cached,
+                               num_scheduled_tokens={req_id: 1}, total_num_scheduled_tokens=1)
+        second = tiny_runner.execute(step).sampled_token_ids[0][0]
+        tiny_runner.execute(SchedulerOutput(step_id=-1, finished_req_ids={req_id}))
+        return first, second
+
+    clean = two_steps("clean", False)
+    assert clean[0] != WRONG
+    assert two_steps("host-copy-corrupted", True) == clean
+    # and the token fed really decides the next one: WRONG in its place gives another
+    fed_wrong = tiny_runner.execute(new_request_step(0, "fed-wrong", prompt + [WRONG], 1))
+    tiny_runner.execute(SchedulerOutput(step_id=-1, finished_req_ids={"fed-wrong"}))
+    assert fed_wrong.sampled_token_ids[0][0] != clean[1]
