@@ -31,11 +31,12 @@ _END = object()  # the last item of a pipe's queues
 
 
 class StepFailed:
-    """The runner raised on a step; the stream ends with it, nothing later runs."""
+    """A step could not be read or run; the stream ends with it, nothing later runs."""
 
-    __slots__ = ("error",)
+    __slots__ = ("step_id", "error")
 
-    def __init__(self, error: BaseException) -> None:
+    def __init__(self, step_id: int, error: BaseException) -> None:
+        self.step_id = step_id
         self.error = error
 
 
@@ -50,8 +51,10 @@ class StepPipe:
 
     def __init__(self, runner) -> None:
         self.runner = runner
-        self.steps: queue.SimpleQueue = queue.SimpleQueue()  # SchedulerOutput, then _END
-        self.results: queue.SimpleQueue = queue.SimpleQueue()  # (step, result), then _END
+        # SchedulerOutput (or StepFailed if one could not be read), then _END
+        self.steps: queue.SimpleQueue = queue.SimpleQueue()
+        # (step, ModelRunnerOutput) or (step or None, StepFailed), then _END
+        self.results: queue.SimpleQueue = queue.SimpleQueue()
         self._stopping = threading.Event()
         self._executor = threading.Thread(target=self._execute_all, name="step-executor",
                                           daemon=True)
@@ -70,7 +73,12 @@ class StepPipe:
     def _read(self, request_iterator) -> None:
         try:
             for msg in request_iterator:
-                self.steps.put(pc.scheduler_output_from_proto(msg))
+                try:
+                    step = pc.scheduler_output_from_proto(msg)
+                except Exception as e:  # noqa: BLE001 - a malformed step fails the stream
+                    self.steps.put(StepFailed(msg.step_id, e))
+                    return
+                self.steps.put(step)
         except grpc.RpcError:
             pass  # the scheduler went away; the stream ends below
         finally:
@@ -79,11 +87,14 @@ class StepPipe:
     def _execute_all(self) -> None:
         last_end = None  # perf_counter when the previous step ended
         while (step := self.steps.get()) is not _END and not self._stopping.is_set():
+            if isinstance(step, StepFailed):
+                self.results.put((None, step))
+                break
             start = time.perf_counter()
             try:
                 result = self.runner.execute(step)
             except BaseException as e:  # noqa: BLE001 - handed to the stream handler
-                self.results.put((step, StepFailed(e)))
+                self.results.put((step, StepFailed(step.step_id, e)))
                 break
             # idle: from the end of the previous step to the start of this one, so it
             # counts waiting for the scheduler (or for any work, when the server is quiet)
@@ -91,7 +102,6 @@ class StepPipe:
             last_end = time.perf_counter()
             self.results.put((step, result))
         self.results.put(_END)
-
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
@@ -139,8 +149,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                     if not isinstance(e, (InvalidRequestError, ValueError, KeyError)):
                         raise e
                     # A step that does not fit the worker's state: the two sides disagree.
-                    log.error("bad_step", step_id=step.step_id, error=repr(e))
-                    context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"step {step.step_id}: {e!r}")
+                    log.error("bad_step", step_id=result.step_id, error=repr(e))
+                    context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                  f"step {result.step_id}: {e!r}")
                 if self.telemetry is not None:
                     self.telemetry.step(step, result.timings)
                 if self.rank != 0:  # all ranks run the step; rank 0 answers with tokens

@@ -208,7 +208,7 @@ def test_steps_run_in_arrival_order_and_nothing_runs_after_a_failed_step(tiny_ru
     try:
         assert first[0].step_id == 0 and first[1].step_id == 0
         assert len(first[1].sampled_token_ids[0]) == 1
-        assert failed[0].step_id == 1 and isinstance(failed[1], StepFailed)
+        assert isinstance(failed[1], StepFailed) and failed[1].step_id == 1
         assert "after-bad" not in tiny_runner.requests
     finally:
         tiny_runner.execute(SchedulerOutput(step_id=-1, finished_req_ids={"first"}))
