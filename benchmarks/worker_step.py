@@ -117,11 +117,15 @@ def _row(kind, num_seqs, prefill_tokens, samples):
 
 
 def fit(rows, key="step_ms"):
-    """Least squares for step_ms = d + s * num_seqs + p * prefill_tokens."""
+    """step_ms = d + s * num_seqs + p * prefill_tokens, least squares on relative
+    error: plain least squares lets the multi-second prefill points drown the
+    decode points (and can drive d negative)."""
     a = np.array([[1.0, r["num_seqs"], r["prefill_tokens"]] for r in rows])
     y = np.array([r[key] for r in rows])
-    (d, s, p), *_ = np.linalg.lstsq(a, y, rcond=None)
-    return {"fixed_ms": float(d), "per_seq_ms": float(s), "per_prefill_token_ms": float(p)}
+    (d, s, p), *_ = np.linalg.lstsq(a / y[:, None], np.ones_like(y), rcond=None)
+    worst = float(np.max(np.abs(a @ np.array([d, s, p]) / y - 1.0)))
+    return {"fixed_ms": float(d), "per_seq_ms": float(s), "per_prefill_token_ms": float(p),
+            "worst_relative_error": worst}
 
 
 def main() -> None:
@@ -153,7 +157,8 @@ def main() -> None:
               f"{toks / r['step_ms'] * 1e3:8.1f} {toks / r['forward_ms'] * 1e3:9.1f}")
     model = fit(rows)
     print("fitted step time: step_ms = {fixed_ms:.2f} + {per_seq_ms:.3f} * num_seqs "
-          "+ {per_prefill_token_ms:.4f} * prefill_tokens".format(**model))
+          "+ {per_prefill_token_ms:.4f} * prefill_tokens "
+          "(worst point off by {worst_relative_error:.0%})".format(**model))
     by_seqs = {r["num_seqs"]: r for r in rows if r["kind"] == "decode"}
     for b in (1, 64):
         if b in by_seqs:
