@@ -1,0 +1,252 @@
+"""gapserve and vLLM's CPU build on the issue's workload, one server at a time, in one run:
+
+    python benchmarks/side_by_side.py [--servers gapserve,vllm] [--json out.json]
+
+For each server: start it (its own process group, log under --log-dir), wait until a
+one-token chat request succeeds, run serve_bench.py at --concurrency (64 essay
+requests, 128 tokens, greedy, EOS ignored) and one at a time (--single-requests),
+sampling the server's process tree's memory, then stop it. Prints a markdown table
+with gapserve/peer ratios from this run. Both KV caches get --kv-cache-gib.
+
+How busy the machine was matters on a shared box, so each run also reports the load
+average and the cores used by processes that are neither the server nor the client.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+GIB = 2**30
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def server_commands(args: argparse.Namespace) -> dict[str, dict]:
+    """name -> argv, env, port, and how to learn its KV cache's size."""
+    kv_bytes = int(args.kv_cache_gib * GIB)
+    return {
+        "gapserve": {
+            "argv": [sys.executable, "-m", "gapserve", "serve", "--model", args.model,
+                     "--dtype", "float32", "--kv-cache-memory", str(kv_bytes),
+                     "--http-port", str(args.port), "--grpc-port", str(args.port + 51),
+                     "--scheduler-port", str(args.port + 52), "--worker-port",
+                     str(args.port + 53), "--scheduler-metrics-port", "0",
+                     "--worker-metrics-port", "0", "--log-level", "warning"],
+            "env": {}, "port": args.port, "kv_from": f"127.0.0.1:{args.port + 51}"},
+        "vllm": {
+            "argv": [args.vllm_python, "-m", "vllm.entrypoints.openai.api_server",
+                     "--model", args.model, "--dtype", "float32", "--port",
+                     str(args.port + 100), "--max-model-len", "2048"],
+            # vLLM's CPU KV cache is sized in whole or fractional GiB by this variable
+            "env": {"VLLM_CPU_KVCACHE_SPACE": f"{args.kv_cache_gib:g}"},
+            "port": args.port + 100, "kv_bytes": kv_bytes},
+    }
+
+
+def busy_ticks() -> int:
+    """CPU ticks the whole machine spent busy (user, nice, system, irq, softirq)."""
+    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    return sum(int(fields[i]) for i in (0, 1, 2, 5, 6))
+
+
+def tree_ticks(root: int) -> int:
+    """CPU ticks of a process and its live descendants (children's exits are lost)."""
+    sys.path.insert(0, str(HERE))
+    import stack_memory
+
+    total = 0
+    for pid in stack_memory.find_pids(roots=[root]):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(stat[11]) + int(stat[12])  # utime, stime
+        except (OSError, IndexError):
+            pass
+    return total
+
+
+def wait_ready(base_url: str, proc: subprocess.Popen, timeout_s: float) -> None:
+    """Until one short chat request succeeds (a 503 while loading does not count)."""
+    deadline = time.monotonic() + timeout_s
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited with code {proc.returncode}")
+        try:
+            model = httpx.get(base_url + "/models", timeout=5).json()["data"][0]["id"]
+            reply = httpx.post(base_url + "/chat/completions", json={"model": model, **body},
+                               timeout=60)
+            if reply.status_code == 200:
+                return
+        except (httpx.HTTPError, ValueError, KeyError, IndexError):
+            pass
+        time.sleep(2)
+    raise RuntimeError(f"not ready after {timeout_s:.0f} s")
+
+
+def bench(base_url: str, pid: int, concurrency: int, num_requests: int, warmup: int,
+          args: argparse.Namespace, kv_from: str | None) -> dict:
+    """One serve_bench run as a child process; its JSON report plus machine load."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "report.json"
+        argv = [sys.executable, str(HERE / "serve_bench.py"), "--base-url", base_url,
+                "--workload", "essay", "--num-requests", str(num_requests),
+                "--concurrency", str(concurrency), "--max-tokens", str(args.max_tokens),
+                "--ignore-eos", "--temperature", "0", "--warmup", str(warmup),
+                "--memory-pid", str(pid), "--json", str(out), "--quiet"]
+        if kv_from:
+            argv += ["--kv-from-gapserve", kv_from]
+        start = (time.monotonic(), busy_ticks(), tree_ticks(pid))
+        client = subprocess.run(argv, env=dict(os.environ, OMP_NUM_THREADS="1"),
+                                capture_output=True, text=True)
+        end = (time.monotonic(), busy_ticks(), tree_ticks(pid))
+        if client.returncode != 0 or not out.exists():
+            raise RuntimeError(f"serve_bench failed: {client.stderr.strip()[-2000:]}")
+        report = json.loads(out.read_text())
+    wall = end[0] - start[0]
+    server_cores = (end[2] - start[2]) / TICKS / wall
+    report["machine"] = {
+        "load_avg_1m_after": os.getloadavg()[0],
+        "busy_cores": (end[1] - start[1]) / TICKS / wall,
+        "server_cores": server_cores,
+        # the client counts here too; it needs a few percent of a core
+        "other_cores": (end[1] - start[1]) / TICKS / wall - server_cores,
+    }
+    return report
+
+
+def run_server(name: str, spec: dict, args: argparse.Namespace) -> dict:
+    base_url = f"http://127.0.0.1:{spec['port']}/v1"
+    log_path = Path(args.log_dir) / f"side_by_side-{name}.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(spec["argv"], env={**os.environ, **spec["env"]}, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT)
+    try:
+        started = time.monotonic()
+        wait_ready(base_url, proc, args.startup_timeout)
+        print(f"{name}: ready after {time.monotonic() - started:.0f} s", file=sys.stderr)
+        result = {"command": " ".join(spec["argv"]), "env": spec["env"]}
+        for key, conc, num, warm in (("concurrent", args.concurrency, args.concurrency, 2),
+                                     ("single", 1, args.single_requests, 1)):
+            report = bench(base_url, proc.pid, conc, num, warm, args, spec.get("kv_from"))
+            if "kv_bytes" in spec and report.get("memory"):
+                sys.path.insert(0, str(HERE))
+                import stack_memory
+                stack_memory.add_kv_share(report["memory"], spec["kv_bytes"])
+            result[key] = report
+            print(f"{name} {key}: {report['output_throughput']:.1f} tok/s, mean TTFT "
+                  f"{report['ttft_ms']['mean']:.0f} ms, other load "
+                  f"{report['machine']['other_cores']:.2f} cores", file=sys.stderr)
+        return result
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def markdown(results: dict) -> str:
+    """One row per server, then gapserve/peer ratios of throughput (higher is better)."""
+    if not results["servers"]:
+        return "(no server was measured)"
+    concurrency = next(iter(results["servers"].values()))["concurrent"]["concurrency"]
+    head = (f"| server | {concurrency} concurrent: tok/s | mean TTFT s | p99 TTFT s | mean ITL ms | "
+            "single tok/s | single ITL ms | peak RSS GB | KV cache GB (share) | "
+            "other load, cores |")
+    lines = [head, "|" + " --- |" * 10]
+    for name, r in results["servers"].items():
+        c, s = r["concurrent"], r["single"]
+        mem = c.get("memory") or {}
+        peak = max(c.get("memory", {}).get("peak_sum_rss_bytes", 0),
+                   s.get("memory", {}).get("peak_sum_rss_bytes", 0))
+        kv = mem.get("kv_cache_bytes")
+        kv_cell = "-" if kv is None else f"{kv / 1e9:.2f} ({100 * kv / peak:.0f}%)"
+        lines.append(
+            f"| {name} | {c['output_throughput']:.1f} | {c['ttft_ms']['mean'] / 1e3:.2f} | "
+            f"{c['ttft_ms']['p99'] / 1e3:.2f} | {_fmt(c['itl_ms']['mean'], '.0f')} | "
+            f"{s['output_throughput']:.1f} | {_fmt(s['itl_ms']['mean'], '.1f')} | "
+            f"{peak / 1e9:.2f} | {kv_cell} | "
+            f"{c['machine']['other_cores']:.2f} / {s['machine']['other_cores']:.2f} |")
+    ours = results["servers"].get("gapserve")
+    for name, r in results["servers"].items():
+        if ours is None or name == "gapserve":
+            continue
+        ratio_c = ours["concurrent"]["output_throughput"] / r["concurrent"]["output_throughput"]
+        ratio_s = ours["single"]["output_throughput"] / r["single"]["output_throughput"]
+        lines.append(f"\ngapserve / {name}, same run: {ratio_c:.2f}x at "
+                     f"{ours['concurrent']['concurrency']} concurrent, {ratio_s:.2f}x single "
+                     "stream (output tokens/s)")
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--servers", default="gapserve,vllm",
+                   help="comma-separated, run in this order: gapserve, vllm")
+    p.add_argument("--model", default=str(Path.home() / ".cache/gapserve/SmolLM2-135M-Instruct"),
+                   help="the float32 checkpoint directory every server loads")
+    p.add_argument("--vllm-python", default="/opt/peers/vllm-venv/bin/python")
+    p.add_argument("--port", type=int, default=18000,
+                   help="gapserve's HTTP port (its inner services +51..+53); vLLM's +100")
+    p.add_argument("--kv-cache-gib", type=float, default=1.0)
+    p.add_argument("--concurrency", type=int, default=64)
+    p.add_argument("--single-requests", type=int, default=6)
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--startup-timeout", type=float, default=600.0)
+    p.add_argument("--log-dir", default=tempfile.gettempdir())
+    p.add_argument("--json", default=None, metavar="PATH", help="also write all reports here")
+    args = p.parse_args(argv)
+    names = args.servers.split(",")
+    unknown = [n for n in names if n not in ("gapserve", "vllm")]
+    if unknown or not names:
+        p.error(f"--servers takes gapserve and/or vllm, got {args.servers!r}")
+    if args.concurrency < 1 or args.single_requests < 1 or args.max_tokens < 1:
+        p.error("--concurrency, --single-requests and --max-tokens must be at least 1")
+    if not args.kv_cache_gib > 0:
+        p.error("--kv-cache-gib must be positive")
+    args.server_names = names
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    specs = server_commands(args)
+    cpu = next((line.split(":", 1)[1].strip() for line in
+                Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    results = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="minutes"),
+               "machine": f"{os.cpu_count()} cores, {cpu}", "model": args.model,
+               "kv_cache_gib": args.kv_cache_gib, "servers": {}}
+    for name in args.server_names:
+        try:
+            results["servers"][name] = run_server(name, specs[name], args)
+        except RuntimeError as exc:
+            print(f"side_by_side: {name}: {exc}", file=sys.stderr)
+            return 2
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+    print(f"{results['date']}, {results['machine']}\n")
+    print(markdown(results))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

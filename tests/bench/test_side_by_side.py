@@ -1,0 +1,72 @@
+"""side_by_side: the comparison table, its ratios, and how it refuses bad input and a
+server that dies while starting. The measuring itself is serve_bench's (tested there)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from .test_serve_bench import _load
+
+sbs = _load("side_by_side")
+
+
+def _report(tok_s: float, ttft_ms: float, rss: int, kv: int | None = None,
+            concurrency: int = 64) -> dict:
+    memory = {"peak_sum_rss_bytes": rss}
+    if kv is not None:
+        memory["kv_cache_bytes"] = kv
+    return {"output_throughput": tok_s, "concurrency": concurrency,
+            "ttft_ms": {"mean": ttft_ms, "p50": ttft_ms, "p99": ttft_ms},
+            "itl_ms": {"mean": 300.0, "p50": 300.0, "p99": 300.0}, "memory": memory,
+            "machine": {"other_cores": 0.05}}
+
+
+def _results() -> dict:
+    return {"servers": {
+        "gapserve": {"concurrent": _report(250.0, 2000.0, 2_000_000_000, 1_000_000_000),
+                     "single": _report(25.0, 100.0, 1_900_000_000, 1_000_000_000, 1)},
+        "vllm": {"concurrent": _report(200.0, 5000.0, 5_000_000_000, 1_000_000_000),
+                 "single": _report(12.5, 150.0, 5_000_000_000, 1_000_000_000, 1)},
+    }}
+
+
+def test_ratios_are_gapserve_over_the_peer_from_the_same_run():
+    table = sbs.markdown(_results())
+    assert "gapserve / vllm, same run: 1.25x at 64 concurrent, 2.00x single stream" in table
+
+
+def test_each_server_row_has_its_throughput_ttft_and_kv_share_of_its_own_peak():
+    rows = {line.split("|")[1].strip(): line for line in sbs.markdown(_results()).splitlines()
+            if line.startswith("| gapserve") or line.startswith("| vllm")}
+    assert "| 250.0 | 2.00 |" in rows["gapserve"] and "1.00 (50%)" in rows["gapserve"]
+    assert "| 200.0 | 5.00 |" in rows["vllm"] and "1.00 (20%)" in rows["vllm"]
+
+
+def test_a_table_without_servers_says_so():
+    assert sbs.markdown({"servers": {}}) == "(no server was measured)"
+
+
+@pytest.mark.parametrize("argv", [["--servers", "gapserve,tgi"], ["--concurrency", "0"],
+                                  ["--single-requests", "0"], ["--kv-cache-gib", "0"]])
+def test_bad_arguments_exit_with_a_usage_error(argv):
+    with pytest.raises(SystemExit) as exc:
+        sbs.parse_args(argv)
+    assert exc.value.code == 2
+
+
+def test_a_server_that_exits_while_starting_fails_at_once_with_its_exit_code():
+    proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    proc.wait(timeout=30)
+    with pytest.raises(RuntimeError, match="exited with code 3"):
+        sbs.wait_ready("http://127.0.0.1:9/v1", proc, timeout_s=600)
+
+
+def test_both_servers_get_the_same_kv_cache_size():
+    specs = sbs.server_commands(sbs.parse_args(["--kv-cache-gib", "0.5"]))
+    gapserve_argv = specs["gapserve"]["argv"]
+    assert gapserve_argv[gapserve_argv.index("--kv-cache-memory") + 1] == str(2**29)
+    assert specs["vllm"]["env"]["VLLM_CPU_KVCACHE_SPACE"] == "0.5"
+    assert specs["vllm"]["kv_bytes"] == 2**29
