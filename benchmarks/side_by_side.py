@@ -168,8 +168,8 @@ def markdown(results: dict) -> str:
     if not results["servers"]:
         return "(no server was measured)"
     concurrency = next(iter(results["servers"].values()))["concurrent"]["concurrency"]
-    head = (f"| server | {concurrency} concurrent: tok/s | mean TTFT s | p99 TTFT s | mean ITL ms | "
-            "single tok/s | single ITL ms | peak RSS GB | KV cache GB (share) | "
+    head = (f"| server | {concurrency} concurrent: tok/s | mean TTFT s | p99 TTFT s | "
+            "mean ITL ms | single tok/s | single ITL ms | peak RSS GB | KV cache GB (share) | "
             "other load, cores |")
     lines = [head, "|" + " --- |" * 10]
     for name, r in results["servers"].items():
