@@ -10,10 +10,11 @@ from dataclasses import dataclass
 
 from shared.types import SchedulerOutput
 
-# Placeholders until the "Worker core" benchmark measures the real ones.
-DEFAULT_FIXED_MS = 25.0
-DEFAULT_PER_SEQ_MS = 0.6
-DEFAULT_PER_PREFILL_TOKEN_MS = 0.35
+# Fitted by benchmarks/worker_step.py on the default model, float32, 2 CPU threads
+# (docs/worker.md, 2026-11-29): the machine this project is developed and tested on.
+DEFAULT_FIXED_MS = 35.5
+DEFAULT_PER_SEQ_MS = 3.04
+DEFAULT_PER_PREFILL_TOKEN_MS = 1.42
 
 
 @dataclass(slots=True)

@@ -109,6 +109,7 @@ def test_table_and_target_itl_budget_are_printed(tmp_path, capsys):
     path = workload_file(tmp_path, [
         {"name": "g", "count": 2, "arrival_ms": 0, "prompt_tokens": 30, "output_tokens": 4}])
     assert main(["--workload", path, "--max-model-len", "64", "--max-num-seqs", "4",
+                 "--step-fixed-ms", "25", "--step-per-prefill-token-ms", "0.35",
                  "--target-itl-ms", "200"]) == 0
     out = capsys.readouterr().out
     assert "ttft p99" in out and "--max-num-batched-tokens <= 500" in out
