@@ -19,6 +19,7 @@ import datetime as dt
 import json
 import os
 import platform
+import resource
 import signal
 import subprocess
 import sys
@@ -62,19 +63,31 @@ def busy_ticks() -> int:
     return sum(int(fields[i]) for i in (0, 1, 2, 5, 6))
 
 
-def tree_ticks(root: int) -> int:
-    """CPU ticks of a process and its live descendants (children's exits are lost)."""
+def tree_ticks(root: int) -> dict[int, tuple[str, int]]:
+    """pid -> (command line, CPU ticks) of a process and its live descendants."""
     sys.path.insert(0, str(HERE))
     import stack_memory
 
-    total = 0
+    ticks = {}
     for pid in stack_memory.find_pids(roots=[root]):
         try:
             stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            total += int(stat[11]) + int(stat[12])  # utime, stime
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+            ticks[pid] = (cmd.strip(), int(stat[11]) + int(stat[12]))  # utime, stime
         except (OSError, IndexError):
             pass
-    return total
+    return ticks
+
+
+def cpu_by_process(before: dict, after: dict, wall_s: float) -> dict[str, float]:
+    """Cores each server process used between two tree_ticks readings."""
+    return {f"{pid} {cmd[:90]}": (ticks - before.get(pid, (cmd, 0))[1]) / TICKS / wall_s
+            for pid, (cmd, ticks) in after.items()}
+
+
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def wait_ready(base_url: str, proc: subprocess.Popen, timeout_s: float) -> None:
@@ -108,21 +121,25 @@ def bench(base_url: str, pid: int, concurrency: int, num_requests: int, warmup: 
                 "--memory-pid", str(pid), "--json", str(out), "--quiet"]
         if kv_from:
             argv += ["--kv-from-gapserve", kv_from]
-        start = (time.monotonic(), busy_ticks(), tree_ticks(pid))
+        start = (time.monotonic(), busy_ticks(), tree_ticks(pid), _children_cpu_s())
         client = subprocess.run(argv, env=dict(os.environ, OMP_NUM_THREADS="1"),
                                 capture_output=True, text=True)
-        end = (time.monotonic(), busy_ticks(), tree_ticks(pid))
+        end = (time.monotonic(), busy_ticks(), tree_ticks(pid), _children_cpu_s())
         if client.returncode != 0 or not out.exists():
             raise RuntimeError(f"serve_bench failed: {client.stderr.strip()[-2000:]}")
         report = json.loads(out.read_text())
     wall = end[0] - start[0]
-    server_cores = (end[2] - start[2]) / TICKS / wall
+    by_process = cpu_by_process(start[2], end[2], wall)
+    server_cores = sum(by_process.values())
+    client_cores = (end[3] - start[3]) / wall
     report["machine"] = {
         "load_avg_1m_after": os.getloadavg()[0],
         "busy_cores": (end[1] - start[1]) / TICKS / wall,
         "server_cores": server_cores,
-        # the client counts here too; it needs a few percent of a core
-        "other_cores": (end[1] - start[1]) / TICKS / wall - server_cores,
+        "client_cores": client_cores,
+        # other engineers' work on a shared machine; near 0 on a quiet one
+        "other_cores": (end[1] - start[1]) / TICKS / wall - server_cores - client_cores,
+        "server_cores_by_process": by_process,
     }
     return report
 

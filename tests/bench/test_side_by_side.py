@@ -70,3 +70,11 @@ def test_both_servers_get_the_same_kv_cache_size():
     assert gapserve_argv[gapserve_argv.index("--kv-cache-memory") + 1] == str(2**29)
     assert specs["vllm"]["env"]["VLLM_CPU_KVCACHE_SPACE"] == "0.5"
     assert specs["vllm"]["kv_bytes"] == 2**29
+
+
+def test_cpu_by_process_counts_each_process_from_its_first_reading():
+    ticks = sbs.TICKS
+    before = {10: ("gapserve worker", 5 * ticks)}
+    after = {10: ("gapserve worker", 15 * ticks), 11: ("gapserve frontend", 2 * ticks)}
+    cores = sbs.cpu_by_process(before, after, wall_s=10.0)
+    assert cores == {"10 gapserve worker": 1.0, "11 gapserve frontend": 0.2}
