@@ -5,7 +5,7 @@
 For each server: start it (its own process group, log under --log-dir), wait until a
 one-token chat request succeeds, run serve_bench.py at --concurrency (64 essay
 requests, 128 tokens, greedy, EOS ignored) and one at a time (--single-requests),
-sampling the server's process tree's memory, then stop it. Prints a markdown table
+read its process tree's peak memory (VmHWM) after each, then stop it. Prints a markdown table
 with gapserve/peer ratios from this run. Both KV caches get --kv-cache-gib.
 
 How busy the machine was matters on a shared box, so each run also reports the load
@@ -109,8 +109,27 @@ def wait_ready(base_url: str, proc: subprocess.Popen, timeout_s: float) -> None:
     raise RuntimeError(f"not ready after {timeout_s:.0f} s")
 
 
+def stack_memory_now(pid: int, kv_from: str | None, kv_bytes: int | None) -> dict:
+    """Peak resident memory of the server's processes, read once after a run: each
+    process's own peak (VmHWM) summed, so nothing samples /proc while it is measured
+    (sampling every 0.25 s took ~0.17 of a core on this 2-core machine)."""
+    sys.path.insert(0, str(HERE))
+    import stack_memory
+
+    stack = stack_memory.measure(stack_memory.find_pids(roots=[pid]))
+    report = {"sum_peak_rss_bytes": stack.sum_peak_rss_bytes, "rss_bytes": stack.rss_bytes,
+              "pss_bytes": stack.pss_bytes,
+              "processes": {f"{p.pid} {p.cmd[:90]}": p.peak_rss_bytes
+                            for p in stack.processes}}
+    if kv_from:
+        kv_bytes = stack_memory.gapserve_kv_cache_bytes(kv_from)
+    if kv_bytes is not None:
+        report["kv_cache_bytes"] = kv_bytes
+    return report
+
+
 def bench(base_url: str, pid: int, concurrency: int, num_requests: int, warmup: int,
-          args: argparse.Namespace, kv_from: str | None) -> dict:
+          args: argparse.Namespace) -> dict:
     """One serve_bench run as a child process; its JSON report plus machine load."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "report.json"
@@ -118,9 +137,7 @@ def bench(base_url: str, pid: int, concurrency: int, num_requests: int, warmup: 
                 "--workload", "essay", "--num-requests", str(num_requests),
                 "--concurrency", str(concurrency), "--max-tokens", str(args.max_tokens),
                 "--ignore-eos", "--temperature", "0", "--warmup", str(warmup),
-                "--memory-pid", str(pid), "--json", str(out), "--quiet"]
-        if kv_from:
-            argv += ["--kv-from-gapserve", kv_from]
+                "--json", str(out), "--quiet"]
         start = (time.monotonic(), busy_ticks(), tree_ticks(pid), _children_cpu_s())
         client = subprocess.run(argv, env=dict(os.environ, OMP_NUM_THREADS="1"),
                                 capture_output=True, text=True)
@@ -157,11 +174,9 @@ def run_server(name: str, spec: dict, args: argparse.Namespace) -> dict:
         result = {"command": " ".join(spec["argv"]), "env": spec["env"]}
         for key, conc, num, warm in (("concurrent", args.concurrency, args.concurrency, 2),
                                      ("single", 1, args.single_requests, 1)):
-            report = bench(base_url, proc.pid, conc, num, warm, args, spec.get("kv_from"))
-            if "kv_bytes" in spec and report.get("memory"):
-                sys.path.insert(0, str(HERE))
-                import stack_memory
-                stack_memory.add_kv_share(report["memory"], spec["kv_bytes"])
+            report = bench(base_url, proc.pid, conc, num, warm, args)
+            report["memory"] = stack_memory_now(proc.pid, spec.get("kv_from"),
+                                                spec.get("kv_bytes"))
             result[key] = report
             print(f"{name} {key}: {report['output_throughput']:.1f} tok/s, mean TTFT "
                   f"{report['ttft_ms']['mean']:.0f} ms, other load "
@@ -191,9 +206,8 @@ def markdown(results: dict) -> str:
     lines = [head, "|" + " --- |" * 10]
     for name, r in results["servers"].items():
         c, s = r["concurrent"], r["single"]
-        mem = c.get("memory") or {}
-        peak = max(c.get("memory", {}).get("peak_sum_rss_bytes", 0),
-                   s.get("memory", {}).get("peak_sum_rss_bytes", 0))
+        mem = s.get("memory") or {}  # read after both runs: the peaks of the whole session
+        peak = mem.get("sum_peak_rss_bytes", 0)
         kv = mem.get("kv_cache_bytes")
         kv_cell = "-" if kv is None else f"{kv / 1e9:.2f} ({100 * kv / peak:.0f}%)"
         lines.append(
