@@ -15,6 +15,7 @@ import pytest
 from shared import proto_convert as pc
 from shared.proto import common_pb2, engine_pb2, generate_pb2
 from shared.types import SamplingParams
+from tests.integration.hf_reference import hf_greedy as greedy
 
 # 13 usable blocks of 16 tokens; each request ends near 60-70 tokens (4-5 blocks), so
 # three at once already overflow the pool and preempt. The chat template's system
@@ -48,18 +49,6 @@ CASES = [
          abort=True),
 ]
 
-
-def greedy(model, prompt: list[int], n: int) -> list[int]:
-    """transformers' greedy choice for n steps, a plain argmax loop (EOS included)."""
-    import torch
-    ids, out, cache = torch.tensor([prompt]), [], None
-    with torch.no_grad():
-        for _ in range(n):
-            step = model(ids if cache is None else ids[:, -1:], cache=cache, use_cache=True)
-            cache = step.cache
-            out.append(int(step.logits[0, -1].argmax()))
-            ids = torch.cat([ids, torch.tensor([[out[-1]]])], dim=1)
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from shared.proto import common_pb2, generate_pb2
 from tests.integration.conftest import TINY_FLAGS, free_ports
 from tests.wire.session_client import wait_for
+from tests.integration.hf_reference import hf_greedy
 
 GREEDY = {"temperature": 0.0}
 PROMPT_IDS = [1, 504, 3209, 28, 253, 4821, 99]
@@ -30,18 +31,6 @@ def hf_tiny(tiny_model_dir):
     from transformers import LlamaForCausalLM
     return LlamaForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
 
-
-def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
-    """transformers' greedy choice for n steps, EOS included (as with ignore_eos):
-    a plain argmax loop, since generate() would suppress EOS under min_new_tokens."""
-    ids, out, cache = torch.tensor([prompt]), [], None
-    with torch.no_grad():
-        for _ in range(n):
-            step = model(ids if cache is None else ids[:, -1:], cache=cache, use_cache=True)
-            cache = step.cache
-            out.append(int(step.logits[0, -1].argmax()))
-            ids = torch.cat([ids, torch.tensor([[out[-1]]])], dim=1)
-    return out
 
 
 def pool_is_free(stack) -> bool:
