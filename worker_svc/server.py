@@ -23,6 +23,7 @@ from shared.grpc_server import ServiceServer
 from shared.proto import worker_pb2, worker_pb2_grpc
 from shared.telemetry import get_logger, setup_telemetry, start_metrics_server
 from shared.types import InvalidRequestError, ModelRunnerOutput, SchedulerOutput
+from worker_svc import compute
 from worker_svc.config import WorkerConfig
 
 log = get_logger(service="worker")
@@ -41,7 +42,8 @@ class StepFailed:
 
 
 class StepPipe:
-    """Steps of one stream, executed strictly in arrival order on one thread.
+    """Steps of one stream, executed strictly in arrival order on the process's
+    compute thread (worker_svc.compute).
 
     Correctness rests on that order: the scheduler may hand a block freed by one
     request to another while a step that writes the old owner's KV is still in
@@ -56,19 +58,18 @@ class StepPipe:
         # (step, ModelRunnerOutput) or (step or None, StepFailed), then _END
         self.results: queue.SimpleQueue = queue.SimpleQueue()
         self._stopping = threading.Event()
-        self._executor = threading.Thread(target=self._execute_all, name="step-executor",
-                                          daemon=True)
+        self._executing = None  # the Future of _execute_all on the compute thread
 
     def start(self, request_iterator) -> None:
         threading.Thread(target=self._read, args=(request_iterator,), name="step-reader",
                          daemon=True).start()
-        self._executor.start()
+        self._executing = compute.submit(self._execute_all)
 
     def stop(self) -> None:
         self._stopping.set()
         self.steps.put(_END)
-        if self._executor.is_alive():
-            self._executor.join()
+        if self._executing is not None:
+            self._executing.result()  # the step being computed ends; none after it starts
 
     def _read(self, request_iterator) -> None:
         try:
@@ -171,7 +172,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         so drop every request through the ordinary increment: a finishing step."""
         held = set(runner.requests)
         if held:
-            runner.execute(SchedulerOutput(step_id=-1, finished_req_ids=held))
+            compute.run(runner.execute, SchedulerOutput(step_id=-1, finished_req_ids=held))
             log.info("requests_dropped", count=len(held))
 
 
@@ -218,7 +219,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from worker_svc.metrics import WorkerTelemetry
         from worker_svc.runner import ModelRunner
 
-        runner = ModelRunner(cfg)  # loads the weights and sizes the KV pool
+        # loads the weights and sizes the KV pool, on the thread that will run the steps
+        runner = compute.run(ModelRunner, cfg)
         info = runner.model_info()
         servicer.telemetry = WorkerTelemetry(info.model_name, args.rank)
         servicer.runner = runner

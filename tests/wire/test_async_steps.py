@@ -6,6 +6,7 @@ as with one step in flight and as transformers alone."""
 from __future__ import annotations
 
 import queue
+import threading
 import time
 import uuid
 
@@ -18,6 +19,7 @@ from shared.types import NewRequestData, SamplingParams, SchedulerOutput
 from tests.wire.conftest import start_wire_stack
 from tests.wire.session_client import SessionClient, wait_for
 from tests.wire.test_engine_service import hf_greedy
+from worker_svc import compute
 from worker_svc.config import WorkerConfig
 from worker_svc.server import _END, StepFailed, StepPipe
 
@@ -212,6 +214,28 @@ def test_steps_run_in_arrival_order_and_nothing_runs_after_a_failed_step(tiny_ru
         assert "after-bad" not in tiny_runner.requests
     finally:
         tiny_runner.execute(SchedulerOutput(step_id=-1, finished_req_ids={"first"}))
+
+
+def test_every_step_runs_on_the_one_compute_thread(tiny_runner, monkeypatch):
+    """Steps of successive streams all run on worker_svc.compute's thread: a second
+    thread starting OpenMP teams would throttle the first's (see compute.py)."""
+    threads = []
+    real_execute = tiny_runner.execute
+
+    def execute(step):
+        threads.append(threading.get_ident())
+        return real_execute(step)
+
+    monkeypatch.setattr(tiny_runner, "execute", execute)
+    for n, req_id in enumerate(("one", "two")):  # one stream each: one pipe per stream
+        pipe = StepPipe(tiny_runner)
+        pipe.start(iter([pc.scheduler_output_to_proto(new_request_step(n, req_id, [1, 2], n + 1))]))
+        assert pipe.results.get()[0].step_id == n
+        assert pipe.results.get() is _END
+        pipe.stop()
+    compute.run(real_execute, SchedulerOutput(step_id=-1, finished_req_ids={"one", "two"}))
+    assert len(threads) == 2 and threads[0] == threads[1] != threading.get_ident()
+    assert compute.run(threading.get_ident) == threads[0]
 
 
 def test_idle_time_is_the_gap_between_one_step_ending_and_the_next_starting(tiny_runner):
