@@ -1,12 +1,15 @@
-"""gapserve and vLLM's CPU build on the issue's workload, one server at a time, in one run:
+"""gapserve, vLLM's CPU build and llama.cpp's llama-server on the issue's workload, one
+server at a time, in one run:
 
-    python benchmarks/side_by_side.py [--servers gapserve,vllm] [--json out.json]
+    python benchmarks/side_by_side.py [--servers gapserve,vllm,llamacpp] [--json out.json]
 
 For each server: start it (its own process group, log under --log-dir), wait until a
 one-token chat request succeeds, run serve_bench.py at --concurrency (64 essay
 requests, 128 tokens, greedy, EOS ignored) and one at a time (--single-requests),
 read its process tree's peak memory (VmHWM) after each, then stop it. Prints a markdown table
-with gapserve/peer ratios from this run. Both KV caches get --kv-cache-gib.
+with gapserve/peer ratios from this run. gapserve's and vLLM's KV caches get
+--kv-cache-gib; llama-server gets --concurrency slots of a fixed context each (-np, -c),
+since it sizes its cache in tokens, not bytes.
 
 How busy the machine was matters on a shared box, so each run also reports the load
 average and the cores used by processes that are neither the server nor the client.
@@ -17,6 +20,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import math
 import os
 import platform
 import resource
@@ -54,7 +58,36 @@ def server_commands(args: argparse.Namespace) -> dict[str, dict]:
             # vLLM's CPU KV cache is sized in whole or fractional GiB by this variable
             "env": {"VLLM_CPU_KVCACHE_SPACE": f"{args.kv_cache_gib:g}"},
             "port": args.port + 100, "kv_bytes": kv_bytes},
+        "llamacpp": llama_server_spec(args),
     }
+
+
+def llama_server_spec(args: argparse.Namespace) -> dict:
+    """llama-server on the fp32 GGUF: one slot per concurrent request, continuous
+    batching, every core (-t, -tb), CPU only (--device none)."""
+    slots = args.concurrency
+    # per-slot context: the essay prompt (~41 tokens) plus the output, in steps of 256
+    slot_ctx = 256 * math.ceil((args.max_tokens + 128) / 256)
+    threads = str(os.cpu_count() or 1)
+    return {
+        "argv": [args.llama_server, "-m", args.llama_gguf, "--host", "127.0.0.1",
+                 "--port", str(args.port + 200), "-a", Path(args.model).name,
+                 "-np", str(slots), "-c", str(slots * slot_ctx), "-cb",
+                 "-t", threads, "-tb", threads, "--device", "none", "--no-webui"],
+        "env": {}, "port": args.port + 200,
+        "kv_bytes": llama_kv_bytes(args.model, slots * slot_ctx)}
+
+
+def llama_kv_bytes(model_dir: str, ctx_tokens: int) -> int | None:
+    """Size of llama-server's KV cache: K and V for every layer and token, f16 (its
+    default cache type); None when the checkpoint's config cannot be read."""
+    try:
+        cfg = json.loads((Path(model_dir) / "config.json").read_text())
+        head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+        kv_heads = cfg.get("num_key_value_heads") or cfg["num_attention_heads"]
+        return ctx_tokens * cfg["num_hidden_layers"] * 2 * kv_heads * head_dim * 2
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def busy_ticks() -> int:
@@ -231,12 +264,18 @@ def markdown(results: dict) -> str:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--servers", default="gapserve,vllm",
-                   help="comma-separated, run in this order: gapserve, vllm")
+                   help="comma-separated, run in this order: gapserve, vllm, llamacpp")
     p.add_argument("--model", default=str(Path.home() / ".cache/gapserve/SmolLM2-135M-Instruct"),
                    help="the float32 checkpoint directory every server loads")
     p.add_argument("--vllm-python", default="/opt/peers/vllm-venv/bin/python")
+    p.add_argument("--llama-server", default="/opt/peers/llama/bin/llama-server",
+                   help="llama.cpp's llama-server binary (docs/benchmarks.md: how to get it)")
+    p.add_argument("--llama-gguf",
+                   default="/opt/peers/llama/models/SmolLM2-135M-Instruct-f32.gguf",
+                   help="fp32 GGUF of the same checkpoint as --model, for llama-server")
     p.add_argument("--port", type=int, default=18000,
-                   help="gapserve's HTTP port (its inner services +51..+53); vLLM's +100")
+                   help="gapserve's HTTP port (its inner services +51..+53); vLLM's +100, "
+                        "llama-server's +200")
     p.add_argument("--kv-cache-gib", type=float, default=1.0)
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--single-requests", type=int, default=6)
@@ -246,9 +285,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--json", default=None, metavar="PATH", help="also write all reports here")
     args = p.parse_args(argv)
     names = args.servers.split(",")
-    unknown = [n for n in names if n not in ("gapserve", "vllm")]
+    unknown = [n for n in names if n not in ("gapserve", "vllm", "llamacpp")]
     if unknown or not names:
-        p.error(f"--servers takes gapserve and/or vllm, got {args.servers!r}")
+        p.error(f"--servers takes gapserve, vllm and/or llamacpp, got {args.servers!r}")
     if args.concurrency < 1 or args.single_requests < 1 or args.max_tokens < 1:
         p.error("--concurrency, --single-requests and --max-tokens must be at least 1")
     if not args.kv_cache_gib > 0:

@@ -50,7 +50,7 @@ def test_a_table_without_servers_says_so():
     assert sbs.markdown({"servers": {}}) == "(no server was measured)"
 
 
-@pytest.mark.parametrize("argv", [["--servers", "gapserve,tgi"], ["--concurrency", "0"],
+@pytest.mark.parametrize("argv", [["--servers", "gapserve,tgi"], ["--servers", "llama.cpp"], ["--concurrency", "0"],
                                   ["--single-requests", "0"], ["--kv-cache-gib", "0"]])
 def test_bad_arguments_exit_with_a_usage_error(argv):
     with pytest.raises(SystemExit) as exc:
@@ -79,3 +79,30 @@ def test_cpu_by_process_counts_each_process_from_its_first_reading():
     after = {10: ("gapserve worker", 15 * ticks), 11: ("gapserve frontend", 2 * ticks)}
     cores = sbs.cpu_by_process(before, after, wall_s=10.0)
     assert cores == {"10 gapserve worker": 1.0, "11 gapserve frontend": 0.2}
+
+
+def test_llama_server_gets_the_gguf_one_slot_per_request_and_every_core():
+    args = sbs.parse_args(["--servers", "llamacpp", "--llama-gguf", "/m/smol-f32.gguf",
+                           "--llama-server", "/bin/llama-server", "--concurrency", "64"])
+    argv = sbs.server_commands(args)["llamacpp"]["argv"]
+    flag = {name: argv[argv.index(name) + 1] for name in ("-m", "-np", "-c", "-t", "-tb")}
+    assert argv[0] == "/bin/llama-server" and flag["-m"] == "/m/smol-f32.gguf"
+    # 64 slots of 256 tokens: a ~41-token essay prompt plus 128 output tokens fits each
+    assert flag["-np"] == "64" and flag["-c"] == str(64 * 256)
+    assert flag["-t"] == flag["-tb"] == str(sbs.os.cpu_count())
+    assert "-cb" in argv
+
+
+def test_llama_server_slots_grow_with_the_output_length():
+    args = sbs.parse_args(["--servers", "llamacpp", "--concurrency", "8",
+                           "--max-tokens", "300"])
+    argv = sbs.server_commands(args)["llamacpp"]["argv"]
+    assert argv[argv.index("-c") + 1] == str(8 * 512)
+
+
+def test_llama_server_kv_cache_is_f16_k_and_v_for_every_layer_and_token(tmp_path):
+    (tmp_path / "config.json").write_text(
+        '{"num_hidden_layers": 30, "hidden_size": 576, "num_attention_heads": 9,'
+        ' "num_key_value_heads": 3}')
+    assert sbs.llama_kv_bytes(str(tmp_path), 16384) == 16384 * 30 * 2 * 3 * 64 * 2
+    assert sbs.llama_kv_bytes(str(tmp_path / "missing"), 16384) is None
