@@ -1,4 +1,5 @@
-"""Read a checkpoint's safetensors (one file or sharded) into fused per-layer weights."""
+"""Read a checkpoint's safetensors (one file or sharded) into fused per-layer weights,
+each weight allocated once and read straight into place (no mmap, no copies)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 
 from worker_svc.model.config import ModelConfig
+from worker_svc.model.safetensors_io import (CheckpointError, TensorEntry, TensorReader,
+                                             read_header)
 
 
 @dataclass(slots=True)
@@ -45,51 +47,83 @@ def checkpoint_files(model_dir: Path) -> list[Path]:
     return files
 
 
+def checkpoint_entries(model_dir: Path) -> dict[str, TensorEntry]:
+    """Where every tensor of the checkpoint lies, from the headers of all its files."""
+    entries: dict[str, TensorEntry] = {}
+    for path in checkpoint_files(model_dir):
+        for name, entry in read_header(path).items():
+            if name in entries:
+                raise CheckpointError(f"tensor {name} is in both {entries[name].path} "
+                                      f"and {path}")
+            entries[name] = entry
+    return entries
+
+
 def load_weights(model_dir: Path, cfg: ModelConfig, dtype: torch.dtype,
                  device: torch.device) -> ModelWeights:
-    raw: dict[str, torch.Tensor] = {}
-    for path in checkpoint_files(model_dir):
-        with safe_open(str(path), framework="pt") as f:
-            for name in f.keys():
-                raw[name] = f.get_tensor(name)
+    """Each weight is allocated once in its final (fused) place and read straight into
+    it: no file mapping, no intermediate copies (see safetensors_io)."""
+    entries = checkpoint_entries(model_dir)
 
-    def take(name: str) -> torch.Tensor:
-        if name not in raw:
+    def entry(name: str) -> TensorEntry:
+        if name not in entries:
             raise KeyError(f"checkpoint in {model_dir} lacks tensor {name}")
-        return raw.pop(name).to(device=device, dtype=dtype).contiguous()
+        return entries[name]
 
-    def maybe(name: str) -> torch.Tensor | None:
-        return take(name) if name in raw else None
+    with TensorReader() as reader:
+        def take(name: str) -> torch.Tensor:
+            e = entry(name)
+            out = torch.empty(e.shape, dtype=dtype, device=device)
+            reader.read_into(e, out)
+            return out
 
-    def cat(parts: list[torch.Tensor | None]) -> torch.Tensor | None:
-        if all(p is None for p in parts):
-            return None
-        if any(p is None for p in parts):
-            raise ValueError("a fused projection has a bias on some parts only")
-        return torch.cat(parts).contiguous()
+        def fused(names: list[str]) -> torch.Tensor:
+            parts = [entry(n) for n in names]
+            if any(len(p.shape) == 0 or p.shape[1:] != parts[0].shape[1:] for p in parts):
+                raise CheckpointError(f"checkpoint in {model_dir}: cannot stack {names} "
+                                      f"with shapes {[list(p.shape) for p in parts]}")
+            rows = sum(p.shape[0] for p in parts)
+            out = torch.empty((rows, *parts[0].shape[1:]), dtype=dtype, device=device)
+            start = 0
+            for p in parts:  # each part read into its rows of the fused tensor
+                reader.read_into(p, out[start:start + p.shape[0]])
+                start += p.shape[0]
+            return out
 
-    layers = []
-    for i in range(cfg.num_layers):
-        p = f"model.layers.{i}."
-        a, m = p + "self_attn.", p + "mlp."
-        layers.append(LayerWeights(
-            input_norm=take(p + "input_layernorm.weight"),
-            qkv=cat([take(a + "q_proj.weight"), take(a + "k_proj.weight"),
-                     take(a + "v_proj.weight")]),
-            qkv_bias=cat([maybe(a + "q_proj.bias"), maybe(a + "k_proj.bias"),
-                          maybe(a + "v_proj.bias")]),
-            o_proj=take(a + "o_proj.weight"),
-            o_bias=maybe(a + "o_proj.bias"),
-            post_norm=take(p + "post_attention_layernorm.weight"),
-            gate_up=cat([take(m + "gate_proj.weight"), take(m + "up_proj.weight")]),
-            gate_up_bias=cat([maybe(m + "gate_proj.bias"), maybe(m + "up_proj.bias")]),
-            down=take(m + "down_proj.weight"),
-            down_bias=maybe(m + "down_proj.bias"),
-        ))
-    embed = take("model.embed_tokens.weight")
-    lm_head = embed if cfg.tie_word_embeddings or "lm_head.weight" not in raw \
-        else take("lm_head.weight")
-    if not cfg.tie_word_embeddings and lm_head is embed:
-        raise KeyError(f"checkpoint in {model_dir} lacks lm_head.weight (untied)")
-    return ModelWeights(embed=embed, layers=layers,
-                        final_norm=take("model.norm.weight"), lm_head=lm_head)
+        def fused_bias(names: list[str]) -> torch.Tensor | None:
+            present = [n in entries for n in names]
+            if not any(present):
+                return None
+            if not all(present):
+                raise ValueError("a fused projection has a bias on some parts only")
+            return fused(names)
+
+        def maybe(name: str) -> torch.Tensor | None:
+            return take(name) if name in entries else None
+
+        layers = []
+        for i in range(cfg.num_layers):
+            p = f"model.layers.{i}."
+            a, m = p + "self_attn.", p + "mlp."
+            layers.append(LayerWeights(
+                input_norm=take(p + "input_layernorm.weight"),
+                qkv=fused([a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"]),
+                qkv_bias=fused_bias([a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias"]),
+                o_proj=take(a + "o_proj.weight"),
+                o_bias=maybe(a + "o_proj.bias"),
+                post_norm=take(p + "post_attention_layernorm.weight"),
+                gate_up=fused([m + "gate_proj.weight", m + "up_proj.weight"]),
+                gate_up_bias=fused_bias([m + "gate_proj.bias", m + "up_proj.bias"]),
+                down=take(m + "down_proj.weight"),
+                down_bias=maybe(m + "down_proj.bias"),
+            ))
+        embed = take("model.embed_tokens.weight")
+        if cfg.tie_word_embeddings or "lm_head.weight" not in entries:
+            lm_head = embed  # one tensor for both; a stored tied copy is never read
+        else:
+            lm_head = take("lm_head.weight")
+        if not cfg.tie_word_embeddings and lm_head is embed:
+            raise KeyError(f"checkpoint in {model_dir} lacks lm_head.weight (untied)")
+        final_norm = take("model.norm.weight")
+    return ModelWeights(embed=embed, layers=layers, final_norm=final_norm, lm_head=lm_head)
+
