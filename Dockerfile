@@ -33,10 +33,12 @@ ENV GAPSERVE_CACHE_DIR=/opt/gapserve/cache
 # Run outside /src so the installed package is the one converting.
 WORKDIR /tmp
 RUN python -m shared.default_model
-# Build the CPU paged-decode kernel into the cache for this machine's CPU flags; the
-# runtime image has no compiler and falls back to the torch path on other CPUs.
+# Build the CPU C kernels (paged decode, fused layer ops) into the cache for this
+# machine's CPU flags; the runtime image has no compiler and falls back to the torch
+# path on other CPUs.
 RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
- && python -c "from worker_svc.attention import cpu_kernel; assert cpu_kernel.load()"
+ && python -c "from worker_svc.attention import cpu_kernel; from worker_svc.model import \
+fused_ops; assert cpu_kernel.load() and fused_ops._load()"
 
 FROM ${PYTHON_IMAGE} AS runtime
 RUN useradd --create-home --uid 10001 gapserve

@@ -7,6 +7,7 @@ import torch
 from shared.types import SamplingParams
 from worker_svc.config import WorkerConfig
 from worker_svc.inputs import prepare_inputs
+from worker_svc.model import fused_ops
 from worker_svc.request_state import RequestState
 from worker_svc.runner import ModelRunner
 
@@ -43,18 +44,31 @@ def _relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
     return float((got - want).abs().max() / want.abs().max())
 
 
+@pytest.fixture(params=["fused_c_ops", "torch_ops"])
+def layer_ops(request, monkeypatch):
+    """fp32 on CPU runs the C element-wise ops; the torch ops serve every other
+    dtype and device. Both must match the reference."""
+    if request.param == "torch_ops":
+        monkeypatch.setenv("GAPSERVE_CPU_FUSED_OPS", "off")
+    elif fused_ops.active(torch.float32, torch.device("cpu"), 64) is None:
+        pytest.skip("no C compiler here: the torch ops serve fp32 too")
+    return request.param
+
+
 @pytest.mark.parametrize("checkpoint", CHECKPOINTS)
-def test_full_prompt_logits_match_transformers(checkpoint, request, hf_model_cache):
+def test_full_prompt_logits_match_transformers(checkpoint, request, hf_model_cache, layer_ops):
     path = request.getfixturevalue(checkpoint)
     prompt = _prompt(0, 83)
-    got = _chunk_logits(_runner(path), _state(prompt), len(prompt))
+    runner = _runner(path)
+    assert (runner.model.fused is not None) == (layer_ops == "fused_c_ops")
+    got = _chunk_logits(runner, _state(prompt), len(prompt))
     with torch.no_grad():
         want = hf_model_cache(path)(torch.tensor([prompt])).logits[0]
     assert _relative_error(got, want) < 1e-4
 
 
 @pytest.mark.parametrize("checkpoint", ["tiny_llama_dir", "tiny_qwen2_dir"])
-def test_prompt_prefilled_in_chunks_gives_one_shot_logits(checkpoint, request):
+def test_prompt_prefilled_in_chunks_gives_one_shot_logits(checkpoint, request, layer_ops):
     path = request.getfixturevalue(checkpoint)
     prompt = _prompt(1, 70)
     one_shot = _chunk_logits(_runner(path), _state(prompt), len(prompt))

@@ -11,32 +11,19 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-import hashlib
-import os
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
 import torch
+
+from worker_svc import native
 
 SOURCE = Path(__file__).parent / "csrc" / "paged_decode.c"
 _I64, _F32P, _I64P = ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p
 # below this many (request, kv head) items a second thread costs more than it saves
 MIN_ITEMS_TO_SPLIT = 24
-
-
-def _compile_flags() -> list[str]:
-    flags = ["-O3", "-fopenmp-simd", "-shared", "-fPIC"]
-    try:
-        cpu_flags = next(line for line in open("/proc/cpuinfo") if line.startswith("flags"))
-        if " avx2 " in cpu_flags and " fma " in cpu_flags:
-            flags += ["-mavx2", "-mfma"]
-    except (OSError, StopIteration):
-        pass
-    return flags
 
 
 def active() -> ctypes.CDLL | None:
@@ -48,24 +35,12 @@ def active() -> ctypes.CDLL | None:
 
 @functools.cache
 def load() -> ctypes.CDLL | None:
-    flags = _compile_flags()
-    digest = hashlib.sha256(SOURCE.read_bytes() + " ".join(flags).encode()).hexdigest()[:16]
-    from shared.default_model import cache_dir
-    target = cache_dir() / "kernels" / f"paged_decode-{digest}.so"
-    # a library built earlier for these CPU flags (e.g. at image build time) needs no compiler
-    compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
-    if compiler is None and not target.is_file():
+    path = native.build(SOURCE)
+    if path is None:
         return None
     try:
-        if not target.is_file():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-                built = Path(tmp) / target.name
-                subprocess.run([compiler, *flags, "-o", str(built), str(SOURCE), "-lm"],
-                               check=True, capture_output=True)
-                os.replace(built, target)  # atomic: a concurrent builder loses nothing
-        lib = ctypes.CDLL(str(target))
-    except (OSError, subprocess.CalledProcessError):
+        lib = ctypes.CDLL(str(path))
+    except OSError:
         return None
     fn = lib.paged_decode_f32
     fn.argtypes = [_F32P, _I64, _I64, _F32P, _I64, _I64, _I64, _I64, _I64P, _I64, _I64P,

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from worker_svc.attention.metadata import AttentionMetadata
+from worker_svc.model import fused_ops
 from worker_svc.model.config import ModelConfig
 from worker_svc.model.weights import ModelWeights
 
@@ -32,6 +33,7 @@ class DecoderModel:
         half = cfg.head_dim // 2
         sign = torch.cat((-torch.ones(half), torch.ones(half)))
         self.sin = (emb.sin() * cfg.rope_scaling * sign).to(device=device, dtype=dtype)
+        self.fused = fused_ops.active(dtype, device, cfg.head_dim)  # fp32 on CPU: C ops
 
     def allocate_kv_caches(self, num_blocks: int, block_size: int) -> list[torch.Tensor]:
         c, e = self.cfg, self.w.embed
@@ -42,6 +44,8 @@ class DecoderModel:
                 kv_caches: list[torch.Tensor], meta: AttentionMetadata,
                 logits_indices: torch.Tensor) -> torch.Tensor:
         """Logits [len(logits_indices), vocab] of the rows that sample."""
+        if self.fused is not None:
+            return self._forward_fused(input_ids, positions, kv_caches, meta, logits_indices)
         c, w = self.cfg, self.w
         n = input_ids.shape[0]
         nq, nkv, hd = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.head_dim
@@ -72,6 +76,37 @@ class DecoderModel:
             residual = x
         # only the rows that sample need the norm and the (large) vocabulary projection
         x = _rms_norm(x[logits_indices], w.final_norm, eps)
+        return F.linear(x, w.lm_head).float()
+
+
+    def _forward_fused(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                       kv_caches: list[torch.Tensor], meta: AttentionMetadata,
+                       logits_indices: torch.Tensor) -> torch.Tensor:
+        """forward() with the norms, RoPE, KV write and residual adds in C (fused_ops):
+        the same math, rounded the same way, in four torch matmuls and three C calls
+        a layer instead of about twenty torch ops."""
+        c, w, ops = self.cfg, self.w, self.fused
+        n = input_ids.shape[0]
+        nq, hd, eps = c.num_heads * c.head_dim, c.head_dim, c.rms_norm_eps
+        attention = self.backend.attention
+        residual = F.embedding(input_ids, w.embed)  # a fresh tensor: updated in place
+        delta = None  # what the last sublayer adds to the residual stream
+        for i, lw in enumerate(w.layers):
+            h = ops.rms_norm(residual, lw.input_norm, eps) if delta is None \
+                else ops.add_rms_norm(residual, delta, lw.input_norm, eps)
+            qkv = F.linear(h, lw.qkv, lw.qkv_bias)
+            ops.rope_write_kv(qkv, c.num_heads, c.num_kv_heads, hd, self.cos, self.sin,
+                              positions, kv_caches[i], meta.slot_mapping)
+            attn = attention(qkv[:, :nq].view(n, c.num_heads, hd), kv_caches[i], meta,
+                             self.scale)
+            o = F.linear(attn.reshape(n, nq), lw.o_proj, lw.o_bias)
+            h = ops.add_rms_norm(residual, o, lw.post_norm, eps)
+            gate_up = F.linear(h, lw.gate_up, lw.gate_up_bias)
+            delta = F.linear(F.silu(gate_up[:, :c.intermediate_size])
+                             * gate_up[:, c.intermediate_size:], lw.down, lw.down_bias)
+        residual += delta
+        # only the rows that sample need the norm and the (large) vocabulary projection
+        x = ops.rms_norm(residual[logits_indices], w.final_norm, eps)
         return F.linear(x, w.lm_head).float()
 
 

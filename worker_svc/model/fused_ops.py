@@ -1,0 +1,92 @@
+"""The C element-wise ops of a decoder layer (csrc/decoder_ops.c) for fp32 on CPU.
+
+At batch 1 a layer's matrix multiplies take ~0.8 ms and its ~20 small torch ops
+(norms, RoPE, KV write, residual adds) another ~0.3 ms of dispatch and allocation;
+these calls do the small ones in three C calls per layer. Loaded with ctypes.PyDLL:
+the calls are microseconds long, so they keep the GIL rather than hand it to the
+gRPC threads and wait to get it back. Without a compiler, for other dtypes or
+devices, or with GAPSERVE_CPU_FUSED_OPS=off, `active()` is None and the model keeps
+its torch ops.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+from pathlib import Path
+
+import torch
+
+from worker_svc import native
+
+SOURCE = Path(__file__).parent / "csrc" / "decoder_ops.c"
+# -ffp-contract=off: no fused multiply-adds, so each op rounds as the reference does
+FLAGS = ("-ffp-contract=off",)
+MAX_HEAD_DIM = 512  # the kernel's scratch for one rotated head
+_P, _I64, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
+
+
+class FusedOps:
+    def __init__(self, lib: ctypes.PyDLL) -> None:
+        self._rms_norm = lib.rms_norm_f32
+        self._rms_norm.argtypes = [_P, _I64, _P, _P, _I64, _I64, _F32]
+        self._add_rms_norm = lib.add_rms_norm_f32
+        self._add_rms_norm.argtypes = [_P, _P, _P, _P, _I64, _I64, _F32]
+        self._rope_write_kv = lib.rope_write_kv_f32
+        self._rope_write_kv.argtypes = [_P, _I64, _I64, _I64, _I64, _I64, _P, _P, _P, _I64,
+                                        _P, _I64, _P]
+        self._rope_write_kv.restype = ctypes.c_int
+        for fn in (self._rms_norm, self._add_rms_norm):
+            fn.restype = None
+
+    def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """weight * x / rms(x) of each row of x [rows, dim] (rows may be strided)."""
+        out = torch.empty(x.shape, dtype=x.dtype)
+        self._rms_norm(x.data_ptr(), x.stride(0), weight.data_ptr(), out.data_ptr(),
+                       x.shape[0], x.shape[1], eps)
+        return out
+
+    def add_rms_norm(self, residual: torch.Tensor, delta: torch.Tensor,
+                     weight: torch.Tensor, eps: float) -> torch.Tensor:
+        """residual += delta in place; returns rms_norm(residual). Both contiguous."""
+        out = torch.empty(residual.shape, dtype=residual.dtype)
+        self._add_rms_norm(residual.data_ptr(), delta.data_ptr(), weight.data_ptr(),
+                           out.data_ptr(), residual.shape[0], residual.shape[1], eps)
+        return out
+
+    def rope_write_kv(self, qkv: torch.Tensor, num_heads: int, num_kv_heads: int,
+                      head_dim: int, cos: torch.Tensor, sin: torch.Tensor,
+                      positions: torch.Tensor, kv_cache: torch.Tensor,
+                      slot_mapping: torch.Tensor) -> None:
+        """RoPE on qkv's q and k heads in place, then k and v into their cache slots.
+        qkv [rows, (heads + 2 * kv_heads) * head_dim] contiguous; cos/sin the model's
+        [max_positions, head_dim] tables; positions and slot_mapping int64 [rows].
+        A position or slot out of range raises ValueError and writes nothing."""
+        if self._rope_write_kv(qkv.data_ptr(), qkv.stride(0), qkv.shape[0], num_heads,
+                               num_kv_heads, head_dim, cos.data_ptr(), sin.data_ptr(),
+                               positions.data_ptr(), cos.shape[0], kv_cache.data_ptr(),
+                               kv_cache.shape[1] * kv_cache.shape[2],
+                               slot_mapping.data_ptr()):
+            raise ValueError(f"a position beyond {cos.shape[0]} or a KV slot beyond "
+                             f"{kv_cache.shape[1] * kv_cache.shape[2]}")
+
+
+@functools.cache
+def _load() -> FusedOps | None:
+    path = native.build(SOURCE, FLAGS)
+    if path is None:
+        return None
+    try:
+        return FusedOps(ctypes.PyDLL(str(path)))
+    except OSError:
+        return None
+
+
+def active(dtype: torch.dtype, device: torch.device, head_dim: int) -> FusedOps | None:
+    """The ops for a model of this dtype/device, or None where the torch path runs."""
+    if os.environ.get("GAPSERVE_CPU_FUSED_OPS", "") == "off":
+        return None
+    if dtype != torch.float32 or device.type != "cpu" or head_dim > MAX_HEAD_DIM:
+        return None
+    return _load()
