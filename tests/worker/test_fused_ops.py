@@ -1,6 +1,7 @@
 """The C element-wise decoder ops compute what transformers' layers compute: RoPE
 and the residual adds bit for bit, RMSNorm to within an ulp (its mean of squares is
-summed in another order), and the KV write lands in the right slots."""
+summed in another order), SiLU * up within a few ulp (its own exp), and the KV write
+lands in the right slots."""
 
 import pytest
 import torch
@@ -53,6 +54,18 @@ def test_add_rms_norm_updates_the_residual_exactly_and_normalizes_it(ops):
     assert torch.equal(residual, want_residual)
     torch.testing.assert_close(got, hf_rms_norm(want_residual, weight, 1e-6),
                                rtol=3e-7, atol=1e-7)
+
+
+def test_silu_mul_matches_torch_within_a_few_ulp_across_the_float_range(ops):
+    g = torch.Generator().manual_seed(3)
+    gate = torch.cat([torch.randn(3, 1536, generator=g) * s for s in (0.01, 1.0, 8.0, 60.0)])
+    gate[0, :4] = torch.tensor([-200.0, 200.0, 0.0, -0.0])  # saturated exp, and zeros
+    up = torch.randn(gate.shape, generator=g)
+    got = ops.silu_mul(torch.cat([gate, up], dim=1))
+    want = torch.nn.functional.silu(gate) * up
+    ulps = (got.view(torch.int32).long() - want.view(torch.int32).long()).abs()
+    assert ulps.max() <= 8 and (got == want).float().mean() > 0.98
+    assert torch.isfinite(got).all()
 
 
 def test_rope_is_bit_identical_to_the_reference_and_kv_lands_in_its_slots(ops):

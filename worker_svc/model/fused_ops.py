@@ -2,7 +2,7 @@
 
 At batch 1 a layer's matrix multiplies take ~0.8 ms and its ~20 small torch ops
 (norms, RoPE, KV write, residual adds) another ~0.3 ms of dispatch and allocation;
-these calls do the small ones in three C calls per layer. Loaded with ctypes.PyDLL:
+these calls do the small ones in four C calls per layer. Loaded with ctypes.PyDLL:
 the calls are microseconds long, so they keep the GIL rather than hand it to the
 gRPC threads and wait to get it back. Without a compiler, for other dtypes or
 devices, or with GAPSERVE_CPU_FUSED_OPS=off, `active()` is None and the model keeps
@@ -21,8 +21,9 @@ import torch
 from worker_svc import native
 
 SOURCE = Path(__file__).parent / "csrc" / "decoder_ops.c"
-# -ffp-contract=off: no fused multiply-adds, so each op rounds as the reference does
-FLAGS = ("-ffp-contract=off",)
+# -ffp-contract=off: no fused multiply-adds, so each op rounds as the reference does;
+# no trapping math / errno: lets the compiler vectorize the clamps in exp_f32
+FLAGS = ("-ffp-contract=off", "-fno-trapping-math", "-fno-math-errno")
 MAX_HEAD_DIM = 512  # the kernel's scratch for one rotated head
 _P, _I64, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 
@@ -37,12 +38,14 @@ class FusedOps:
         self._rope_write_kv.argtypes = [_P, _I64, _I64, _I64, _I64, _I64, _P, _P, _P, _I64,
                                         _P, _I64, _P]
         self._rope_write_kv.restype = ctypes.c_int
-        for fn in (self._rms_norm, self._add_rms_norm):
+        self._silu_mul = lib.silu_mul_f32
+        self._silu_mul.argtypes = [_P, _P, _I64, _I64]
+        for fn in (self._rms_norm, self._add_rms_norm, self._silu_mul):
             fn.restype = None
 
     def rms_norm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
         """weight * x / rms(x) of each row of x [rows, dim] (rows may be strided)."""
-        out = torch.empty(x.shape, dtype=x.dtype)
+        out = torch.empty(x.shape[0], x.shape[1], dtype=torch.float32)
         self._rms_norm(x.data_ptr(), x.stride(0), weight.data_ptr(), out.data_ptr(),
                        x.shape[0], x.shape[1], eps)
         return out
@@ -50,9 +53,16 @@ class FusedOps:
     def add_rms_norm(self, residual: torch.Tensor, delta: torch.Tensor,
                      weight: torch.Tensor, eps: float) -> torch.Tensor:
         """residual += delta in place; returns rms_norm(residual). Both contiguous."""
-        out = torch.empty(residual.shape, dtype=residual.dtype)
+        out = torch.empty_like(residual)
         self._add_rms_norm(residual.data_ptr(), delta.data_ptr(), weight.data_ptr(),
                            out.data_ptr(), residual.shape[0], residual.shape[1], eps)
+        return out
+
+    def silu_mul(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """silu(gate) * up of gate_up [rows, 2 * inter] (contiguous) -> [rows, inter]."""
+        rows, inter = gate_up.shape[0], gate_up.shape[1] // 2
+        out = torch.empty(rows, inter, dtype=torch.float32)
+        self._silu_mul(gate_up.data_ptr(), out.data_ptr(), rows, inter)
         return out
 
     def rope_write_kv(self, qkv: torch.Tensor, num_heads: int, num_kv_heads: int,
