@@ -11,7 +11,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from worker_svc.model.config import load_model_config
-from worker_svc.model.safetensors_io import CheckpointError
+from worker_svc.model.safetensors_io import (CheckpointError, TensorReader, new_tensor,
+                                             read_header)
 from worker_svc.model.weights import checkpoint_files, load_weights
 
 
@@ -68,6 +69,18 @@ def test_sharded_checkpoint_reads_every_shard_named_by_its_index(tiny_mistral_sh
     index = json.loads((tiny_mistral_sharded_dir / "model.safetensors.index.json").read_text())
     assert len(set(index["weight_map"].values())) > 1  # the fixture really is sharded
     assert len(checkpoint_files(tiny_mistral_sharded_dir)) == len(set(index["weight_map"].values()))
+
+
+@pytest.mark.parametrize("file_dtype", [torch.float32, torch.bfloat16])
+def test_tensor_over_a_mebibyte_in_its_own_mapping_reads_bit_equal(tmp_path, file_dtype):
+    big = torch.randn(700, 1024, generator=torch.Generator().manual_seed(0)).to(file_dtype)
+    path = tmp_path / "big.safetensors"
+    save_file({"small": torch.arange(5.0), "big": big}, str(path))
+    entry = read_header(path)["big"]
+    out = new_tensor(entry.shape, torch.float32, torch.device("cpu"))
+    with TensorReader() as reader:
+        reader.read_into(entry, out)
+    assert torch.equal(out, big.float())
 
 
 def _copy_checkpoint(src, dst, convert=None, extra=None):

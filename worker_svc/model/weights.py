@@ -11,7 +11,7 @@ import torch
 
 from worker_svc.model.config import ModelConfig
 from worker_svc.model.safetensors_io import (CheckpointError, TensorEntry, TensorReader,
-                                             read_header)
+                                             new_tensor, read_header)
 
 
 @dataclass(slots=True)
@@ -73,7 +73,7 @@ def load_weights(model_dir: Path, cfg: ModelConfig, dtype: torch.dtype,
     with TensorReader() as reader:
         def take(name: str) -> torch.Tensor:
             e = entry(name)
-            out = torch.empty(e.shape, dtype=dtype, device=device)
+            out = new_tensor(e.shape, dtype, device)
             reader.read_into(e, out)
             return out
 
@@ -83,7 +83,7 @@ def load_weights(model_dir: Path, cfg: ModelConfig, dtype: torch.dtype,
                 raise CheckpointError(f"checkpoint in {model_dir}: cannot stack {names} "
                                       f"with shapes {[list(p.shape) for p in parts]}")
             rows = sum(p.shape[0] for p in parts)
-            out = torch.empty((rows, *parts[0].shape[1:]), dtype=dtype, device=device)
+            out = new_tensor((rows, *parts[0].shape[1:]), dtype, device)
             start = 0
             for p in parts:  # each part read into its rows of the fused tensor
                 reader.read_into(p, out[start:start + p.shape[0]])
