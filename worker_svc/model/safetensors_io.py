@@ -1,4 +1,4 @@
-"""Read safetensors files without mmap: tensor bytes go straight into their final tensor.
+"""Read safetensors files without mapping them: tensor bytes go straight into their final tensor.
 
 A safetensors file is an 8-byte little-endian header length, a JSON header
 ({name: {dtype, shape, data_offsets: [begin, end]}}, offsets relative to the data
