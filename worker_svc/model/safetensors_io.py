@@ -1,4 +1,4 @@
-"""Read safetensors files without mapping them: tensor bytes go straight into their final tensor.
+"""Read safetensors files without mapping them: each tensor's bytes go straight into place.
 
 A safetensors file is an 8-byte little-endian header length, a JSON header
 ({name: {dtype, shape, data_offsets: [begin, end]}}, offsets relative to the data
@@ -93,11 +93,13 @@ def _entry(path: Path, name: str, meta, data_start: int, data_len: int) -> Tenso
                               "(truncated or corrupt file?)")
     if dtype in _ITEMSIZE and end - begin != math.prod(shape) * _ITEMSIZE[dtype]:
         raise CheckpointError(f"{path}: tensor {name} has {end - begin} bytes but shape "
-                              f"{shape} of {dtype} needs {math.prod(shape) * _ITEMSIZE[dtype]}")
+                              f"{shape} of {dtype} needs "
+                              f"{math.prod(shape) * _ITEMSIZE[dtype]}")
     return TensorEntry(path, name, dtype, tuple(shape), data_start + begin, end - begin)
 
 
-def new_tensor(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def new_tensor(shape: tuple[int, ...], dtype: torch.dtype,
+               device: torch.device) -> torch.Tensor:
     """An uninitialized tensor to read weights into. Large CPU ones get their own
     anonymous mapping, faulted in by the kernel in one call (MAP_POPULATE): on this
     VM that loads the default model ~0.1 s faster than faulting page by page."""
