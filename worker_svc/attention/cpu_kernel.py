@@ -1,4 +1,4 @@
-"""The C paged-decode kernel for CPU (csrc/paged_decode.c), built once with the
+"""The C paged-decode kernel for CPU (worker_svc/csrc/paged_decode.c), built once with the
 system C compiler into the cache directory and called through ctypes.
 
 Decode attention is memory-bound: the torch path gathers every request's blocks
@@ -14,16 +14,14 @@ import functools
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from worker_svc import native
 
-SOURCE = Path(__file__).parent / "csrc" / "paged_decode.c"
 _I64, _F32P, _I64P = ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p
-# below this many (request, kv head) items a second thread costs more than it saves
-MIN_ITEMS_TO_SPLIT = 24
+# below this many decodes a second thread costs more than it saves
+MIN_REQUESTS_TO_SPLIT = 8
 
 
 def active() -> ctypes.CDLL | None:
@@ -35,7 +33,7 @@ def active() -> ctypes.CDLL | None:
 
 @functools.cache
 def load() -> ctypes.CDLL | None:
-    path = native.build(SOURCE)
+    path = native.build("paged_decode")
     if path is None:
         return None
     try:
@@ -93,13 +91,12 @@ def paged_decode_for_step(lib: ctypes.CDLL, num_heads: int, kv_cache_shape: torc
     block_table, seq_lens, q_rows = (t.contiguous().long() for t in (block_table, seq_lens,
                                                                      q_rows))
     _, _, block_size, num_kv_heads, head_dim = kv_cache_shape
-    group = num_heads // num_kv_heads
-    num_items = q_rows.shape[0] * num_kv_heads
-    split = num_items >= MIN_ITEMS_TO_SPLIT and torch.get_num_threads() >= 2
-    bounds = [(0, num_items // 2), (num_items // 2, num_items)] if split else [(0, num_items)]
+    num_reqs = q_rows.shape[0]
+    split = num_reqs >= MIN_REQUESTS_TO_SPLIT and torch.get_num_threads() >= 2
+    bounds = [(0, num_reqs // 2), (num_reqs // 2, num_reqs)] if split else [(0, num_reqs)]
     scratch, ranges = [], []
     for begin, end in bounds:
-        scores, acc = torch.empty(group * max_seq_len), torch.empty(group * head_dim)
+        scores, acc = torch.empty(num_heads * max_seq_len), torch.empty(num_heads * head_dim)
         scratch += [scores, acc]
         ranges.append((begin, end, scores.data_ptr(), acc.data_ptr()))
     step_args = (block_size, num_kv_heads, head_dim, block_table.data_ptr(),

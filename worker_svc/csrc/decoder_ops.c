@@ -5,10 +5,12 @@
  * Built with -ffp-contract=off: every product and sum is rounded exactly where the
  * transformers reference rounds it (no fused multiply-adds), so RoPE and the residual
  * adds are bit-identical to it; the RMSNorm mean of squares is summed in double, and
- * SiLU's exponential is a vectorizable polynomial within a few ulp of torch's. */
+ * SiLU's exponential (exp_f32.h) is within a few ulp of torch's. */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+
+#include "exp_f32.h"
 
 static float inv_rms(const float *x, int64_t dim, float eps)
 {
@@ -96,30 +98,6 @@ int rope_write_kv_f32(float *qkv, int64_t qkv_stride, int64_t rows, int64_t num_
     return 0;
 }
 
-/* e^x as SiLU needs it: Cephes' expf (range reduction by ln 2 in two parts, degree-6
- * polynomial), branch-free so that the loops around it vectorize. Above 88.7 it
- * overflows to inf as torch's does (silu(-200) is -0); below -86.6 it returns
- * e^-86.6 (2.4e-38), which vanishes when added to 1 anyway. */
-static inline float exp_for_silu(float x)
-{
-    x = x > 88.8f ? 88.8f : x;
-    x = x < -86.6f ? -86.6f : x;
-    const float n = floorf(x * 1.44269504088896341f + 0.5f);  /* -125 .. 128 */
-    float r = x - n * 0.693359375f;
-    r = r - n * -2.12194440e-4f;
-    float p = 1.9875691500E-4f;
-    p = p * r + 1.3981999507E-3f;
-    p = p * r + 8.3334519073E-3f;
-    p = p * r + 4.1665795894E-2f;
-    p = p * r + 1.6666665459E-1f;
-    p = p * r + 5.0000001201E-1f;
-    p = p * r * r + r + 1.0f;
-    const int32_t bits = ((int32_t)n + 126) << 23;  /* 2^(n-1): a normal float for every n */
-    float half_scale;
-    __builtin_memcpy(&half_scale, &bits, sizeof half_scale);
-    return p * half_scale * 2.0f;  /* exact, or inf when e^x is beyond the float range */
-}
-
 /* out = silu(gate) * up for gate_up rows [gate (inter) | up (inter)]. */
 void silu_mul_f32(const float *restrict gate_up, float *restrict out, int64_t rows,
                   int64_t inter)
@@ -130,6 +108,6 @@ void silu_mul_f32(const float *restrict gate_up, float *restrict out, int64_t ro
         float *restrict o = out + r * inter;
 #pragma omp simd
         for (int64_t i = 0; i < inter; i++)
-            o[i] = g[i] / (1.0f + exp_for_silu(-g[i])) * u[i];
+            o[i] = g[i] / (1.0f + exp_f32(-g[i])) * u[i];
     }
 }
