@@ -308,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.server_names:
         try:
             results["servers"][name] = run_server(name, specs[name], args)
-        except RuntimeError as exc:
+        except (RuntimeError, OSError) as exc:  # OSError: its binary is missing
             print(f"side_by_side: {name}: {exc}", file=sys.stderr)
             return 2
     if args.json:

@@ -106,3 +106,10 @@ def test_llama_server_kv_cache_is_f16_k_and_v_for_every_layer_and_token(tmp_path
         ' "num_key_value_heads": 3}')
     assert sbs.llama_kv_bytes(str(tmp_path), 16384) == 16384 * 30 * 2 * 3 * 64 * 2
     assert sbs.llama_kv_bytes(str(tmp_path / "missing"), 16384) is None
+
+
+def test_a_missing_server_binary_fails_with_a_message_not_a_traceback(tmp_path, capsys):
+    code = sbs.main(["--servers", "llamacpp", "--llama-server", str(tmp_path / "none"),
+                     "--log-dir", str(tmp_path)])
+    assert code == 2
+    assert "side_by_side: llamacpp:" in capsys.readouterr().err
