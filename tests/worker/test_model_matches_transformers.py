@@ -75,3 +75,20 @@ def test_prompt_prefilled_in_chunks_gives_one_shot_logits(checkpoint, request, l
     runner, state = _runner(path), _state(prompt)
     chunks = [_chunk_logits(runner, state, n) for n in (7, 16, 30, 1, 16)]
     assert _relative_error(torch.cat(chunks), one_shot) < 1e-5
+
+
+def test_steps_above_the_c_ops_token_limit_take_torch_ops_and_agree(tiny_llama_dir, monkeypatch):
+    """A long prefill chunk runs the torch ops, the decode-sized ones the C ops: a
+    request whose steps mix both still gets its one-shot logits."""
+    if fused_ops.active(torch.float32, torch.device("cpu"), 64) is None:
+        pytest.skip("no C compiler here: every step takes the torch ops")
+    prompt = _prompt(2, 70)
+    one_shot = _chunk_logits(_runner(tiny_llama_dir), _state(prompt), len(prompt))
+    monkeypatch.setattr(fused_ops, "MAX_TOKENS", 16)
+    runner, state = _runner(tiny_llama_dir), _state(prompt)
+    calls = []
+    fused = runner.model._forward_fused
+    monkeypatch.setattr(runner.model, "_forward_fused", lambda *a: calls.append(1) or fused(*a))
+    chunks = [_chunk_logits(runner, state, n) for n in (40, 16, 1, 13)]
+    assert len(calls) == 3  # the 40-token chunk took the torch ops
+    assert _relative_error(torch.cat(chunks), one_shot) < 1e-5
