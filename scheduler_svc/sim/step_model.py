@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from shared.types import SchedulerOutput
 
 # Fitted by benchmarks/worker_step.py on the default model, float32, 2 CPU threads
-# (docs/worker.md, 2026-11-29): the machine this project is developed and tested on.
-DEFAULT_FIXED_MS = 35.5
-DEFAULT_PER_SEQ_MS = 3.04
-DEFAULT_PER_PREFILL_TOKEN_MS = 1.42
+# (docs/worker.md, 2026-11-29 16:39 UTC): the machine this project is developed on.
+DEFAULT_FIXED_MS = 25.3
+DEFAULT_PER_SEQ_MS = 3.09
+DEFAULT_PER_PREFILL_TOKEN_MS = 1.18
 
 
 @dataclass(slots=True)
