@@ -28,9 +28,16 @@ def _executor() -> ThreadPoolExecutor:
         return _pool
 
 
+class ComputeThreadStopped(RuntimeError):
+    """The interpreter is exiting and the compute thread takes no more work."""
+
+
 def submit(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Future:
     """Run fn on the compute thread, after everything submitted before it."""
-    return _executor().submit(fn, *args, **kwargs)
+    try:
+        return _executor().submit(fn, *args, **kwargs)
+    except RuntimeError as e:  # concurrent.futures refuses work once exit has begun
+        raise ComputeThreadStopped(str(e)) from e
 
 
 def run(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

@@ -171,9 +171,14 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         """The scheduler that owned these requests is gone; a new one starts afresh,
         so drop every request through the ordinary increment: a finishing step."""
         held = set(runner.requests)
-        if held:
+        if not held:
+            return
+        try:
             compute.run(runner.execute, SchedulerOutput(step_id=-1, finished_req_ids=held))
-            log.info("requests_dropped", count=len(held))
+        except compute.ComputeThreadStopped:  # the process is exiting: they go with it
+            log.info("requests_not_dropped_at_exit", count=len(held))
+            return
+        log.info("requests_dropped", count=len(held))
 
 
 def worker_config(args) -> WorkerConfig:
