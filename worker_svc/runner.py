@@ -68,6 +68,18 @@ class ModelRunner:
             dtype=str(self.dtype).removeprefix("torch."),
             num_kv_blocks=self.num_kv_blocks, block_size=self.block_size)
 
+    def compute_paths(self) -> dict[str, str]:
+        """Which kernels this worker runs, for its start-up log line: a CPU worker
+        without a C compiler (or with the GAPSERVE_CPU_* switches) is much slower."""
+        from worker_svc.attention import cpu_kernel
+        cpu_fp32 = self.device.type == "cpu" and self.dtype == torch.float32
+        attention = self.model.backend.__name__.rsplit(".", 1)[-1]
+        if attention == "torch_backend" and cpu_fp32:
+            attention = "c_decode_kernel" if cpu_kernel.active() else "torch_sdpa"
+        return {"attention": attention,
+                "layer_ops": "c_fused" if self.model.fused is not None else "torch",
+                "threads": str(torch.get_num_threads())}
+
     # ------------------------------------------------------------------ a step
 
     @torch.inference_mode()

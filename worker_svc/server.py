@@ -231,7 +231,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         servicer.runner = runner
         server.set_serving()
         log.info("worker_ready", model=info.model_name, num_kv_blocks=info.num_kv_blocks,
-                 block_size=info.block_size, max_model_len=info.max_model_len, dtype=info.dtype)
+                 block_size=info.block_size, max_model_len=info.max_model_len, dtype=info.dtype,
+                 **runner.compute_paths())
         stop.wait()
     except (ValueError, FileNotFoundError) as e:
         log.error("worker_failed_to_start", error=str(e))

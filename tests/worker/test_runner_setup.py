@@ -57,3 +57,19 @@ def test_bfloat16_runs_on_cpu_through_the_torch_attention_path(tiny_llama_dir):
     driver.add("b", list(range(40, 45)), max_new=4)
     driver.run_to_completion()
     assert all(len(r.output) == 4 for r in driver.requests.values())
+
+
+def test_the_start_up_log_names_the_kernels_the_worker_runs(tiny_llama_dir, monkeypatch):
+    from worker_svc.attention import cpu_kernel
+    from worker_svc.model import fused_ops
+    if cpu_kernel.active() is None or fused_ops.active(torch.float32, torch.device("cpu"),
+                                                       16) is None:
+        pytest.skip("no C compiler here: only the torch paths exist")
+    paths = ModelRunner(_config(tiny_llama_dir, num_gpu_blocks_override=20)).compute_paths()
+    assert paths["attention"] == "c_decode_kernel" and paths["layer_ops"] == "c_fused"
+    monkeypatch.setenv("GAPSERVE_CPU_ATTENTION", "torch")
+    monkeypatch.setenv("GAPSERVE_CPU_FUSED_OPS", "off")
+    paths = ModelRunner(_config(tiny_llama_dir, num_gpu_blocks_override=20)).compute_paths()
+    assert paths["attention"] == "torch_sdpa" and paths["layer_ops"] == "torch"
+    bf16 = ModelRunner(_config(tiny_llama_dir, num_gpu_blocks_override=20, dtype="bfloat16"))
+    assert bf16.compute_paths()["layer_ops"] == "torch"
