@@ -116,3 +116,12 @@ def test_the_ops_are_off_where_the_torch_path_must_run(monkeypatch):
     assert fused_ops.active(torch.float32, cpu, fused_ops.MAX_HEAD_DIM + 2) is None
     monkeypatch.setenv("GAPSERVE_CPU_FUSED_OPS", "off")
     assert fused_ops.active(torch.float32, cpu, 64) is None
+
+
+def test_only_int64_contiguous_positions_and_slots_within_the_token_limit_take_the_c_ops():
+    ids, pos = torch.zeros(4, dtype=torch.long), torch.arange(4)
+    assert fused_ops.takes(ids, pos, pos + 16)
+    assert not fused_ops.takes(ids, pos.int(), pos + 16)
+    assert not fused_ops.takes(ids, pos, torch.arange(8)[::2])
+    many = torch.zeros(fused_ops.MAX_TOKENS + 1, dtype=torch.long)
+    assert not fused_ops.takes(many, torch.arange(many.shape[0]), torch.arange(many.shape[0]))

@@ -1,7 +1,7 @@
 """The C element-wise ops of a decoder layer (worker_svc/csrc/decoder_ops.c), fp32 CPU.
 
 At batch 1 a layer's matrix multiplies take ~0.8 ms and its ~20 small torch ops
-(norms, RoPE, KV write, residual adds) another ~0.3 ms of dispatch and allocation;
+(norms, RoPE, KV write, residual adds, SiLU·up) another ~0.3 ms of dispatch and allocation;
 these calls do the small ones in four C calls per layer. Loaded with ctypes.PyDLL:
 the calls are microseconds long, so they keep the GIL rather than hand it to the
 gRPC threads and wait to get it back. Without a compiler, for other dtypes or
@@ -80,6 +80,15 @@ class FusedOps:
                                slot_mapping.data_ptr()):
             raise ValueError(f"a position beyond {cos.shape[0]} or a KV slot beyond "
                              f"{kv_cache.shape[1] * kv_cache.shape[2]}")
+
+
+def takes(input_ids: torch.Tensor, positions: torch.Tensor,
+          slot_mapping: torch.Tensor) -> bool:
+    """Whether a step can run the C ops: not too many tokens, and the int64 contiguous
+    positions and slots the C side indexes with (the runner builds them so)."""
+    return (input_ids.shape[0] <= MAX_TOKENS
+            and all(t.dtype == torch.int64 and t.is_contiguous()
+                    for t in (positions, slot_mapping)))
 
 
 @functools.cache

@@ -44,7 +44,7 @@ class DecoderModel:
                 kv_caches: list[torch.Tensor], meta: AttentionMetadata,
                 logits_indices: torch.Tensor) -> torch.Tensor:
         """Logits [len(logits_indices), vocab] of the rows that sample."""
-        if self.fused is not None and input_ids.shape[0] <= fused_ops.MAX_TOKENS:
+        if self.fused is not None and fused_ops.takes(input_ids, positions, meta.slot_mapping):
             return self._forward_fused(input_ids, positions, kv_caches, meta, logits_indices)
         c, w = self.cfg, self.w
         n = input_ids.shape[0]
