@@ -197,6 +197,7 @@ def bench(base_url: str, pid: int, concurrency: int, num_requests: int, warmup: 
 def run_server(name: str, spec: dict, args: argparse.Namespace) -> dict:
     base_url = f"http://127.0.0.1:{spec['port']}/v1"
     log_path = Path(args.log_dir) / f"side_by_side-{name}.log"
+    log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(spec["argv"], env={**os.environ, **spec["env"]}, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT)
