@@ -38,7 +38,7 @@ RUN python -m shared.default_model
 # path on other CPUs.
 RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
  && python -c "from worker_svc.attention import cpu_kernel; from worker_svc.model import \
-fused_ops; assert cpu_kernel.load() and fused_ops._load()"
+fused_ops; assert cpu_kernel.load() and fused_ops.load()"
 
 FROM ${PYTHON_IMAGE} AS runtime
 RUN useradd --create-home --uid 10001 gapserve

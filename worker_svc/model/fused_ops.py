@@ -92,7 +92,7 @@ def takes(input_ids: torch.Tensor, positions: torch.Tensor,
 
 
 @functools.cache
-def _load() -> FusedOps | None:
+def load() -> FusedOps | None:
     path = native.build("decoder_ops", FLAGS)
     if path is None:
         return None
@@ -108,4 +108,4 @@ def active(dtype: torch.dtype, device: torch.device, head_dim: int) -> FusedOps 
         return None
     if dtype != torch.float32 or device.type != "cpu" or head_dim > MAX_HEAD_DIM:
         return None
-    return _load()
+    return load()
