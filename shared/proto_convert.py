@@ -85,7 +85,7 @@ def scheduler_output_to_proto(out: t.SchedulerOutput) -> worker_pb2.SchedulerOut
                 req_id=r.req_id, prompt_token_ids=r.prompt_token_ids,
                 sampling_params=sampling_to_proto(r.sampling_params),
                 block_ids=r.block_ids, num_computed_tokens=r.num_computed_tokens,
-                trace_context=r.trace_context)
+                trace_context=r.trace_context, output_token_ids=r.output_token_ids)
             for r in out.scheduled_new_reqs],
         scheduled_cached_reqs=worker_pb2.CachedRequestData(
             req_ids=cached.req_ids,
@@ -109,7 +109,8 @@ def scheduler_output_from_proto(msg: worker_pb2.SchedulerOutput) -> t.SchedulerO
                 req_id=r.req_id, prompt_token_ids=list(r.prompt_token_ids),
                 sampling_params=sampling_from_proto(r.sampling_params),
                 block_ids=list(r.block_ids), num_computed_tokens=r.num_computed_tokens,
-                trace_context=dict(r.trace_context))
+                trace_context=dict(r.trace_context),
+                output_token_ids=list(r.output_token_ids))
             for r in msg.scheduled_new_reqs],
         scheduled_cached_reqs=t.CachedRequestData(
             req_ids=list(cached.req_ids),

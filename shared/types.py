@@ -113,6 +113,9 @@ class NewRequestData:
     num_computed_tokens: int  # prefix-cache hit: KV already in these blocks
     # W3C trace context of the request's scheduler span, so worker spans join its trace
     trace_context: dict[str, str] = field(default_factory=dict)
+    # tokens generated before these workers saw it (resent after a worker was lost):
+    # the worker's token ids are prompt + these, and it samples after them
+    output_token_ids: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True)

@@ -149,16 +149,23 @@ class ModelRunner:
         generator = None
         if params.seed is not None:
             generator = torch.Generator(self.device).manual_seed(params.seed)
-        state = RequestState(req_id=new.req_id, token_ids=list(new.prompt_token_ids),
+        output = new.output_token_ids  # non-empty: resent after a worker was lost
+        state = RequestState(req_id=new.req_id, token_ids=[*new.prompt_token_ids, *output],
                              num_prompt_tokens=len(new.prompt_token_ids),
                              block_ids=list(new.block_ids),
                              num_computed_tokens=new.num_computed_tokens, params=params,
                              row=self.free_rows.pop(), generator=generator)
+        if output:  # inputs read a request's last sampled token from this row
+            self.last_sampled[state.row] = output[-1]
         if state.has_penalties:
             vocab = self.model_config.vocab_size
             state.prompt_mask = torch.zeros(vocab, dtype=torch.bool, device=self.device)
             state.prompt_mask[torch.tensor(new.prompt_token_ids, device=self.device)] = True
             state.output_counts = torch.zeros(vocab, dtype=torch.long, device=self.device)
+            if output:
+                state.output_counts.index_add_(
+                    0, torch.tensor(output, device=self.device),
+                    torch.ones(len(output), dtype=torch.long, device=self.device))
         return state
 
     def _grow_rows(self) -> None:

@@ -20,7 +20,8 @@ def check_step(step: SchedulerOutput, requests: dict[str, RequestState], *, voca
     for new in step.scheduled_new_reqs:
         _check_new(new, requests, finished, after, vocab_size, max_model_len)
         _check_blocks(new.req_id, new.block_ids, num_blocks)
-        after[new.req_id] = (len(new.prompt_token_ids), len(new.block_ids),
+        after[new.req_id] = (len(new.prompt_token_ids) + len(new.output_token_ids),
+                             len(new.block_ids),
                              new.num_computed_tokens)
     cached = step.scheduled_cached_reqs
     columns = (cached.resumed_from_preemption, cached.new_block_ids, cached.num_computed_tokens)
@@ -70,9 +71,16 @@ def _check_new(new, requests, finished, after, vocab_size: int, max_model_len: i
     if min(prompt) < 0 or max(prompt) >= vocab_size:
         raise InvalidRequestError(f"request {new.req_id!r}: prompt token ids must be in "
                                   f"[0, {vocab_size})")
-    if not 0 <= new.num_computed_tokens < len(prompt):
+    num_tokens = len(prompt) + len(new.output_token_ids)
+    if num_tokens > max_model_len:
+        raise InvalidRequestError(f"request {new.req_id!r}: {num_tokens} tokens exceed "
+                                  f"max_model_len {max_model_len}")
+    if new.output_token_ids and not all(0 <= t < vocab_size for t in new.output_token_ids):
+        raise InvalidRequestError(f"request {new.req_id!r}: output token ids must be in "
+                                  f"[0, {vocab_size})")
+    if not 0 <= new.num_computed_tokens < num_tokens:
         raise StepError(f"request {new.req_id!r}: num_computed_tokens "
-                        f"{new.num_computed_tokens} outside [0, {len(prompt)})")
+                        f"{new.num_computed_tokens} outside [0, {num_tokens})")
 
 
 def _check_blocks(req_id: str, block_ids: list[int], num_blocks: int) -> None:

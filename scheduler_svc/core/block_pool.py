@@ -139,3 +139,10 @@ class BlockPool:
                     self.free_queue.appendleft(block)
                 else:
                     self.free_queue.append(block)
+
+    def forget_cached(self) -> None:
+        """Drop every prefix-cache entry: the workers' KV contents are gone (a worker
+        was replaced). Held blocks stay held; only their hashes go."""
+        for block in self.blocks:
+            block.block_hash = None
+        self.cached.clear()

@@ -240,6 +240,9 @@ class Scheduler:
                 num_computed_tokens=request.num_computed_tokens))
         cached = out.scheduled_cached_reqs
         for request in resumed:  # the worker replaces its block table
+            if request.worker_forgot:
+                out.scheduled_new_reqs.append(self._resend(request))
+                continue
             cached.append(request.req_id, True, kv.get_block_ids(request.req_id),
                           request.num_computed_tokens)
         # Column-wise appends inlined: this loop runs once per running request per step.
@@ -306,6 +309,36 @@ class Scheduler:
         stats.num_waiting_preempted += 1
         self.waiting.prepend(request)
         # the warning an operator reads is logged at the edge (scheduler_svc/metrics.py)
+
+    # ------------------------------------------------------------------ worker loss
+
+    def requeue_all_for_recompute(self) -> list[str]:
+        """The workers lost every request's state and KV (one died or was replaced):
+        preempt everything RUNNING to the front of WAITING in admission order, drop
+        in-flight steps with their placeholders and the prefix cache (its blocks'
+        contents are gone), and mark every request the workers had seen to be resent
+        whole. Generated tokens are kept, so greedy output continues unchanged.
+        Returns the ids that were running, in admission order."""
+        running, self.running = self.running, []
+        for request in reversed(running):  # each goes to the front: the first ends first
+            self._preempt(request)
+        for request in self.requests.values():
+            if request.status is RequestStatus.PREEMPTED:  # now, or by an earlier preemption
+                request.worker_forgot = True
+        self.in_flight.clear()  # their results will never come
+        self.finished_req_ids = set()  # a fresh worker holds none of them
+        self.kv.pool.forget_cached()
+        return [r.req_id for r in running]
+
+    def _resend(self, request: Request) -> NewRequestData:
+        """A re-admitted request the workers do not hold: all of its data as new."""
+        request.worker_forgot = False
+        return NewRequestData(
+            req_id=request.req_id, prompt_token_ids=request.prompt_token_ids,
+            sampling_params=request.sampling_params,
+            block_ids=self.kv.get_block_ids(request.req_id),
+            num_computed_tokens=request.num_computed_tokens,
+            output_token_ids=list(request.output_token_ids))
 
     # ------------------------------------------------------------------ results
 

@@ -43,7 +43,7 @@ class FakeWorker:
             self.tokens.pop(req_id, None)
         computed = {}
         for new in so.scheduled_new_reqs:
-            self.tokens[new.req_id] = list(new.prompt_token_ids)
+            self.tokens[new.req_id] = [*new.prompt_token_ids, *new.output_token_ids]
             computed[new.req_id] = new.num_computed_tokens
         cached = so.scheduled_cached_reqs
         for req_id, num in zip(cached.req_ids, cached.num_computed_tokens):
