@@ -79,6 +79,14 @@ REQUEST_DECODE_TIME = Histogram("gapserve:request_decode_time_seconds",
 REQUEST_INFERENCE_TIME = Histogram("gapserve:request_inference_time_seconds",
                                    "From first scheduled to finished.", _M,
                                    buckets=REQUEST_TIME_BUCKETS)
+WORKER_RECONNECTS = Counter("gapserve:worker_reconnects",
+                            "Times the scheduler reconnected to its workers after losing "
+                            "them (docs/resilience.md).", _M)
+REQUESTS_RECOVERED = Counter("gapserve:requests_recovered",
+                             "Running requests requeued by recompute when a worker was lost.",
+                             _M)
+WORKERS_CONNECTED = Gauge("gapserve:workers_connected",
+                          "1 while the scheduler holds a Step stream to its workers.", _M)
 CAPACITY_DIAGNOSIS = Gauge("gapserve:capacity_diagnosis",
                            "1 for the current capacity diagnosis, 0 for the others.",
                            _M + ["diagnosis"])
@@ -177,6 +185,10 @@ class SchedulerTelemetry:
         self._monitor = CapacityMonitor(self.max_num_seqs, self.diagnosis_window_s)
         self._log = get_logger()
         self._series = _Series.of(self.model_name)
+        # made at start, so dashboards see 0 rather than no series
+        WORKER_RECONNECTS.labels(self.model_name)
+        REQUESTS_RECOVERED.labels(self.model_name)
+        WORKERS_CONNECTED.labels(self.model_name).set(1)
 
     # -- requests ------------------------------------------------------------
 
@@ -392,6 +404,19 @@ class SchedulerTelemetry:
         self._diagnosis = d
 
     # -- status --------------------------------------------------------------
+
+    # -- worker loss (docs/resilience.md) -------------------------------------------
+
+    def worker_lost(self, num_recovered: int) -> None:
+        m = self.model_name
+        WORKERS_CONNECTED.labels(m).set(0)
+        REQUESTS_RECOVERED.labels(m).inc(num_recovered)
+        for step_id in list(self._steps):  # their results will never come
+            self.step_finished(step_id, None)
+
+    def worker_reconnected(self) -> None:
+        WORKER_RECONNECTS.labels(self.model_name).inc()
+        WORKERS_CONNECTED.labels(self.model_name).set(1)
 
     def refresh(self, stats: Any) -> None:
         """Set the gauges and the diagnosis from current stats: after a step's result

@@ -22,7 +22,8 @@ from scheduler_svc.core.config import ConfigError, SchedulerConfig
 from scheduler_svc.core.request import Request
 from scheduler_svc.core.scheduler import Scheduler
 from scheduler_svc.metrics import SchedulerTelemetry
-from scheduler_svc.engine import CLOSED, Engine, EngineFailed, ErrorCode, Failure, Session
+from scheduler_svc.engine import (CLOSED, Engine, EngineFailed, ErrorCode, Failure, Session,
+                                  WorkerLost)
 from shared import config as flags
 from shared import proto_convert as pc
 from shared.grpc_server import CHANNEL_OPTIONS, ServiceServer
@@ -43,14 +44,19 @@ _CODES = {ErrorCode.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
 
 
 class WorkerGroup:
-    def __init__(self, addresses: Sequence[str]) -> None:
+    def __init__(self, addresses: Sequence[str], step_timeout_s: float | None = None) -> None:
         self.addresses = list(addresses)
+        self.step_timeout_s = step_timeout_s  # None: wait for a step's answer forever
         self._channels = [grpc.insecure_channel(a, options=CHANNEL_OPTIONS)
                           for a in self.addresses]
         self._stubs = [worker_pb2_grpc.WorkerStub(c) for c in self._channels]
         self._outboxes: list[queue.SimpleQueue] = []
         self._closing = False
         self._replies: list = []
+        self._answers: list[queue.SimpleQueue] = []  # per rank: replies, then a WorkerLost
+        self.generation = 0  # one per set of open streams; a lost signal names its own
+        self.model_info: ModelInfo | None = None
+        self._on_lost = None
 
     def handshake(self, timeout_s: float) -> ModelInfo:
         """Wait for every rank (they may still be loading the model) and check that
@@ -69,21 +75,64 @@ class WorkerGroup:
             if (info.num_kv_blocks, info.block_size, info.model_name) != (
                     infos[0].num_kv_blocks, infos[0].block_size, infos[0].model_name):
                 raise ConfigError(f"worker {address} reports {info}, rank 0 {infos[0]}")
+        self.model_info = infos[0]
         return infos[0]
 
     def open_streams(self, on_lost=None) -> None:
-        """Open one Step stream per rank; on_lost(error) is called if one ends
-        while the group is open (a worker died), even when no step is in flight."""
+        """Open one Step stream per rank; on_lost(generation, error) is called if one
+        ends while the group is open (a worker died), even when no step is in flight."""
+        self._on_lost = on_lost if on_lost is not None else self._on_lost
+        self.generation += 1
+        self._outboxes, self._replies, self._answers = [], [], []
         for address, stub in zip(self.addresses, self._stubs):
             outbox: queue.SimpleQueue = queue.SimpleQueue()
+            answers: queue.SimpleQueue = queue.SimpleQueue()
             self._outboxes.append(outbox)
+            self._answers.append(answers)
             replies = stub.Step(iter(outbox.get, None))
-            if on_lost is not None:
-                replies.add_done_callback(
-                    lambda call, a=address: None if self._closing else on_lost(
-                        EngineFailed(f"the Step stream to worker {a} ended: "
-                                     f"{call.code().name} {call.details()}")))
             self._replies.append(replies)
+            threading.Thread(target=self._read, args=(address, replies, answers, self.generation),
+                             name=f"step-replies-{address}", daemon=True).start()
+
+    def _read(self, address: str, replies, answers: queue.SimpleQueue, generation: int) -> None:
+        # A reader per rank, so collect() can give up after --step-timeout-s.
+        try:
+            for reply in replies:
+                answers.put(reply)
+            error = WorkerLost(f"worker {address} closed its Step stream")
+        except grpc.RpcError as e:
+            error = WorkerLost(f"the Step stream to worker {address} ended: "
+                               f"{e.code().name}: {e.details()}")
+        answers.put(error)
+        if not self._closing and generation == self.generation and self._on_lost is not None:
+            self._on_lost(generation, error)
+
+    def reconnect(self, timeout_s: float) -> ModelInfo:
+        """Drop the current streams and connect afresh (the same addresses: a restarted
+        worker comes back on its port). Raises WorkerLost if the workers do not answer
+        or are not the group we had (another model or KV pool would break the core)."""
+        self._end_streams()
+        old = self.model_info
+        try:
+            info = self.handshake(timeout_s)
+        except grpc.RpcError as e:
+            raise WorkerLost(f"worker handshake: {e.code().name}: {e.details()}") from None
+        except ConfigError as e:
+            raise WorkerLost(str(e)) from None
+        if old is not None and (info.model_name, info.num_kv_blocks, info.block_size,
+                                info.vocab_size) != (old.model_name, old.num_kv_blocks,
+                                                     old.block_size, old.vocab_size):
+            self.model_info = old
+            raise WorkerLost(f"the worker that answered is not the one that was lost: it "
+                             f"reports {info}, the scheduler was built for {old}")
+        self.open_streams()
+        return info
+
+    def _end_streams(self) -> None:
+        for outbox in self._outboxes:
+            outbox.put(None)
+        for replies in self._replies:
+            replies.cancel()
 
     def submit(self, step: SchedulerOutput) -> None:
         msg = pc.scheduler_output_to_proto(step)
@@ -92,7 +141,21 @@ class WorkerGroup:
             outbox.put(msg)
 
     def collect(self) -> ModelRunnerOutput:
-        answers = [next(replies) for replies in self._replies]  # RpcError if a rank is gone
+        """The oldest step's answer from every rank; WorkerLost if a stream ended or
+        an answer did not come within the step timeout (a hung or stopped worker)."""
+        deadline = None if self.step_timeout_s is None else time.monotonic() + self.step_timeout_s
+        answers = []
+        for address, box in zip(self.addresses, self._answers):
+            try:
+                item = box.get(timeout=None if deadline is None
+                               else max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise WorkerLost(f"worker {address} did not answer a step within "
+                                 f"--step-timeout-s {self.step_timeout_s:g} s") from None
+            if isinstance(item, WorkerLost):
+                box.put(item)  # every later collect of this generation fails too
+                raise item
+            answers.append(item)
         if len({a.step_id for a in answers}) != 1:
             raise EngineFailed(f"ranks answered different steps: {[a.step_id for a in answers]}")
         return pc.runner_output_from_proto(answers[0])
@@ -260,7 +323,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.metrics_port:
         start_metrics_server(args.metrics_port, args.host)
     log.info("scheduler_listening", port=port, workers=args.worker_addresses)
-    group = WorkerGroup(args.worker_addresses)
+    group = WorkerGroup(args.worker_addresses, step_timeout_s=args.step_timeout_s or None)
     engine = None
     failed = threading.Event()
     try:
@@ -272,8 +335,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         telemetry = SchedulerTelemetry(info.model_name, cfg.max_num_seqs,
                                        cfg.max_num_batched_tokens)
         engine = Engine(scheduler, group, info, cfg.max_model_len, telemetry=telemetry,
-                        on_failure=lambda e: (failed.set(), stop.set()))
-        group.open_streams(on_lost=engine.post_failure)
+                        on_failure=lambda e: (failed.set(), stop.set()),
+                        on_serving=server.set_serving)
+        group.open_streams(on_lost=engine.post_worker_lost)
         engine.start()
         servicer.ready(engine, lambda: engine_status(engine, scheduler, telemetry))
         server.set_serving()

@@ -74,6 +74,13 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+def non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0.0 or value == float("inf"):  # also rejects nan
+        raise argparse.ArgumentTypeError(f"must be a non-negative number, got {text}")
+    return value
+
+
 def port(text: str) -> int:
     value = int(text)
     if not 0 <= value <= 65535:
@@ -166,6 +173,11 @@ def add_scheduler_flags(parser: argparse.ArgumentParser, *, with_ports: bool = T
                    default=True)
     g.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction,
                    default=True)
+    # resilience (docs/resilience.md)
+    g.add_argument("--step-timeout-s", type=non_negative_float, default=120.0,
+                   help="a step not answered within this many seconds means the worker is "
+                        "lost (hung or stopped): requests are recomputed on a reconnected "
+                        "one; 0 waits forever")
 
 
 def add_frontend_flags(parser: argparse.ArgumentParser, *, with_model: bool = True,

@@ -25,6 +25,7 @@ from shared.telemetry import get_logger, setup_telemetry, start_metrics_server
 from shared.types import InvalidRequestError, ModelRunnerOutput, SchedulerOutput
 from worker_svc import compute
 from worker_svc.config import WorkerConfig
+from worker_svc import fault_injection
 
 log = get_logger(service="worker")
 
@@ -102,6 +103,7 @@ class StepPipe:
             result.timings.idle_ms = 0.0 if last_end is None else (start - last_end) * 1e3
             last_end = time.perf_counter()
             self.results.put((step, result))
+            fault_injection.step_done()
         self.results.put(_END)
 
 

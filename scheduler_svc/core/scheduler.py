@@ -322,6 +322,8 @@ class Scheduler:
         running, self.running = self.running, []
         for request in reversed(running):  # each goes to the front: the first ends first
             self._preempt(request)
+        # not KV pressure: the preemption counters (and their advice) stay for that
+        self._stats.num_preemptions_total -= len(running)
         for request in self.requests.values():
             if request.status is RequestStatus.PREEMPTED:  # now, or by an earlier preemption
                 request.worker_forgot = True
