@@ -4,7 +4,9 @@ stops itself after a fixed number of steps (GAPSERVE_FAULT_STOP_AFTER_STEPS, so 
 fault lands mid-stream on any machine speed), then is killed and replaced on the
 same port, or resumed after the step watchdog gave it up. Every stream completes
 with finish_reason length and exactly the text of the no-fault run from the same
-stack, and the KV pool is whole again."""
+stack, and the KV pool is whole again. The same holds when the scheduler is killed
+and restarted mid-stream: the frontend re-submits each open request as its
+continuation."""
 
 from __future__ import annotations
 
@@ -146,6 +148,23 @@ def test_worker_sigkill_mid_stream_loses_no_request(fault_stack):
     run = start_faulty_run(stack)
     replace_worker(stack)
     assert_recovered(stack, metrics_port, run)
+
+
+def test_scheduler_restart_mid_stream_loses_no_request(fault_stack):
+    stack, metrics_port = fault_stack
+    run = start_faulty_run(stack)  # the worker froze: the streams are mid-way
+    sup = stack.supervisor
+    scheduler = next(c for c in sup.children if c.name == "scheduler")
+    scheduler.process.kill()
+    scheduler.process.wait()
+    os.kill(stack.process("worker").pid, signal.SIGCONT)  # its Step stream is gone
+    sup.launch(scheduler)  # the frontend re-submits every open request to it
+    run.join()
+    assert run.finish == ["length"] * NUM_STREAMS
+    wait_until(lambda: idle(stack), "the KV pool to be whole again", 10.0)
+    reference = Streams(stack)
+    reference.join()
+    assert run.text == reference.text  # greedy: identical to the no-fault run
 
 
 def test_worker_sigstop_is_caught_by_the_step_watchdog(fault_stack):
