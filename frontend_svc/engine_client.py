@@ -24,6 +24,7 @@ from shared.types import FinishReason, ModelInfo, RequestOutput, SamplingParams
 
 from frontend_svc.continuation import OpenRequest
 from frontend_svc.errors import EngineError
+from frontend_svc.readiness import SchedulerHealth
 
 log = get_logger(component="engine_client")
 RECONNECT_DELAY_S = 0.5  # between attempts while the scheduler is away
@@ -49,6 +50,9 @@ class EngineClient:
         self._session_task: asyncio.Task | None = None
         self._closed = False
         self.connected = asyncio.Event()
+        self.health = SchedulerHealth(self._channel, self._notify)
+        self._health_task: asyncio.Task | None = None
+        self.ever_ready = False  # liveness: /health fails until the stack was ready once
         self.model_info: ModelInfo | None = None
 
     # ---- lifecycle
@@ -56,7 +60,19 @@ class EngineClient:
     async def start(self) -> None:
         """Open the session (waiting for the scheduler); returns once connected."""
         self._session_task = asyncio.create_task(self._run_sessions())
+        self._health_task = asyncio.create_task(self.health.run())
         await self.connected.wait()
+
+    @property
+    def ready(self) -> bool:
+        """Readiness: a session is open and the scheduler holds its workers."""
+        return self.model_info is not None and self.connected.is_set() and self.health.serving
+
+    async def _notify(self) -> None:
+        ready = self.ready
+        self.ever_ready |= ready
+        if self._on_connection is not None:
+            await self._on_connection(ready)
 
     async def _fetch_model_info(self) -> ModelInfo:
         while True:
@@ -76,6 +92,8 @@ class EngineClient:
             self._resume_deadline.cancel()
         if self._outbox is not None:
             self._outbox.put_nowait(None)
+        if self._health_task is not None:
+            self._health_task.cancel()
         if self._session_task is not None:
             self._session_task.cancel()
             try:
@@ -96,8 +114,7 @@ class EngineClient:
                 self._resume_all(outbox)
                 self.connected.set()
                 log.info("scheduler session open", address=self.address)
-                if self._on_connection is not None:
-                    await self._on_connection(True)
+                await self._notify()
                 async for response in call:
                     self._route(response)
             except grpc.aio.AioRpcError as exc:
@@ -109,8 +126,7 @@ class EngineClient:
                 outbox.put_nowait(None)
                 call.cancel()
                 self._suspend_all()
-                if self._on_connection is not None:
-                    await self._on_connection(False)
+                await self._notify()
             if not self._closed:
                 await asyncio.sleep(RECONNECT_DELAY_S)
 

@@ -137,6 +137,7 @@ def assert_recovered(stack, metrics_port: int, run: Streams) -> None:
     assert scheduler_metric(metrics_port, "gapserve:worker_reconnects_total") >= 1
     assert scheduler_metric(metrics_port, "gapserve:requests_recovered_total") >= 1
     assert check_health(stack.scheduler_address)  # SERVING again
+    wait_until(lambda: httpx.get(stack.http_url + "/ready").status_code == 200, "ready")
     reference = Streams(stack)  # no fault now
     reference.join()
     assert reference.finish == ["length"] * NUM_STREAMS
@@ -174,5 +175,9 @@ def test_worker_sigstop_is_caught_by_the_step_watchdog(fault_stack):
     wait_until(lambda: not check_health(stack.scheduler_address), "NOT_SERVING",
                STEP_TIMEOUT_S + 10)
     assert run.finish.count(None) == NUM_STREAMS  # paused, not failed
+    # readiness tells the truth at the frontend too; liveness stays up (it holds requests)
+    wait_until(lambda: httpx.get(stack.http_url + "/ready").status_code == 503, "not ready")
+    assert httpx.get(stack.http_url + "/v1/models").status_code == 503
+    assert httpx.get(stack.http_url + "/health").status_code == 200
     os.kill(stack.process("worker").pid, signal.SIGCONT)  # the same process comes back
     assert_recovered(stack, metrics_port, run)
