@@ -62,6 +62,18 @@ class Failure:
 CLOSED = object()  # the last item of a session's outbox
 
 
+def describe(error: BaseException) -> str:
+    """One clean line for a client or a log: never the repr of a gRPC call object."""
+    code, details = getattr(error, "code", None), getattr(error, "details", None)
+    if callable(code) and callable(details):  # a grpc.RpcError
+        try:
+            return f"{code().name}: {details()}"
+        except Exception:  # noqa: BLE001 - not a finished call after all
+            pass
+    text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    return text if text and not text.startswith("<") else type(error).__name__
+
+
 @dataclass(slots=True, eq=False)
 class Session:
     """One frontend's stream. The outbox holds lists of RequestOutput and Failure
@@ -136,7 +148,7 @@ class Engine:
     def open_session(self) -> Session:
         with self._cond:
             if self.failed is not None:
-                raise EngineFailed(str(self.failed))
+                raise EngineFailed(describe(self.failed))
             session = Session(next(self._session_ids))
             self._sessions.add(session)
             return session
@@ -164,7 +176,7 @@ class Engine:
         self.check(request)
         with self._cond:
             if self.failed is not None:
-                raise EngineFailed(str(self.failed))
+                raise EngineFailed(describe(self.failed))
             if session.closed:
                 raise InvalidRequestError("the session is closed")
             if request.req_id in self._owners:
@@ -381,10 +393,10 @@ class Engine:
                 session.outbox.put(items)
 
     def _fail(self, error: BaseException) -> None:
-        log.error("engine_failed", error=repr(error))
+        log.error("engine_failed", error=describe(error), error_type=type(error).__name__)
         with self._cond:
             self.failed = error
-            failures = [Failure(r, ErrorCode.UNAVAILABLE, f"the engine failed: {error}")
+            failures = [Failure(r, ErrorCode.UNAVAILABLE, f"the engine failed: {describe(error)}")
                         for r in self._owners]
         self._route([], failures)
         # answer callers waiting on run_on_loop so they do not hang

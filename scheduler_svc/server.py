@@ -23,7 +23,7 @@ from scheduler_svc.core.request import Request
 from scheduler_svc.core.scheduler import Scheduler
 from scheduler_svc.metrics import SchedulerTelemetry
 from scheduler_svc.engine import (CLOSED, Engine, EngineFailed, ErrorCode, Failure, Session,
-                                  WorkerLost)
+                                  WorkerLost, describe)
 from shared import config as flags
 from shared import proto_convert as pc
 from shared.grpc_server import CHANNEL_OPTIONS, ServiceServer
@@ -216,7 +216,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         if engine is None:
             context.abort(grpc.StatusCode.UNAVAILABLE, "the scheduler is shutting down")
         if engine.failed is not None:
-            context.abort(grpc.StatusCode.UNAVAILABLE, f"the engine failed: {engine.failed}")
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"the engine failed: {describe(engine.failed)}")
         return engine
 
     def GetModelInfo(self, request, context):
