@@ -65,7 +65,7 @@ def _argv(args: argparse.Namespace, names: Sequence[str]) -> list[str]:
     return out
 
 
-COMMON = ("host", "otlp_traces_endpoint", "log_format", "log_level")
+COMMON = ("host", "otlp_traces_endpoint", "log_format", "log_level", "drain_timeout_s")
 LIMITS = ("max_model_len", "max_num_batched_tokens", "max_num_seqs")
 WORKER = ("model", "tensor_parallel_size", "device", "dtype", "kv_cache_memory",
           "gpu_memory_utilization", "num_gpu_blocks_override", "block_size", "seed")

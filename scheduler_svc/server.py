@@ -346,6 +346,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                  max_num_seqs=cfg.max_num_seqs,
                  max_num_batched_tokens=cfg.max_num_batched_tokens)
         stop.wait()
+        if not failed.is_set():
+            _drain(engine, scheduler, server, args.drain_timeout_s)
     except ConfigError as e:
         log.error("bad_configuration", error=str(e))
         print(f"gapserve scheduler: {e}", file=sys.stderr)
@@ -357,6 +359,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             engine.stop()
         group.close()
     return 1 if failed.is_set() else 0
+
+
+def _drain(engine: Engine, scheduler: Scheduler, server: ServiceServer,
+           timeout_s: float) -> None:
+    """SIGTERM: report NOT_SERVING (frontends see it and stop routing new work) and let
+    what is running finish, for at most timeout_s. Requests still open then are
+    handed back: their frontends re-submit them to the next scheduler."""
+    server.set_serving(False)
+    deadline = time.monotonic() + timeout_s
+    left = engine.run_on_loop(scheduler.get_num_unfinished_requests)
+    log.info("draining", unfinished=left, drain_timeout_s=timeout_s)
+    pause = threading.Event()
+    while left and time.monotonic() < deadline and engine.failed is None:
+        pause.wait(0.05)  # shutdown only: a short poll of the loop is enough
+        left = engine.run_on_loop(scheduler.get_num_unfinished_requests)
+    log.info("drained", unfinished=left, handed_back=left)
 
 
 def _handshake(group: WorkerGroup, stop: threading.Event) -> ModelInfo | None:

@@ -119,6 +119,11 @@ def add_common_flags(parser: argparse.ArgumentParser) -> None:
                    help="auto: console on a TTY, JSON lines otherwise")
     g.add_argument("--log-level", default="info",
                    choices=("debug", "info", "warning", "error"))
+    # resilience (docs/resilience.md)
+    g.add_argument("--drain-timeout-s", type=non_negative_float, default=10.0,
+                   help="on SIGTERM: stop admitting and let running requests finish for at "
+                        "most this long; what is left is handed back (the frontend "
+                        "re-submits it to the next scheduler)")
 
 
 def add_model_flag(parser: argparse.ArgumentParser) -> None:

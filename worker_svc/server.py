@@ -168,6 +168,16 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             finally:
                 self._stream_lock.release()
 
+    def drain(self, server, timeout_s: float) -> None:
+        """SIGTERM: NOT_SERVING, then keep executing steps while a scheduler still
+        streams them (it is draining its running requests), for at most timeout_s."""
+        server.set_serving(False)
+        if self._stream_lock.acquire(timeout=timeout_s):
+            self._stream_lock.release()
+            log.info("drained")
+        else:
+            log.info("drain_timeout", drain_timeout_s=timeout_s)
+
     @staticmethod
     def _forget_all(runner) -> None:
         """The scheduler that owned these requests is gone; a new one starts afresh,
@@ -236,6 +246,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                  block_size=info.block_size, max_model_len=info.max_model_len, dtype=info.dtype,
                  **runner.compute_paths())
         stop.wait()
+        servicer.drain(server, args.drain_timeout_s)
     except (ValueError, FileNotFoundError) as e:
         log.error("worker_failed_to_start", error=str(e))
         print(f"gapserve worker: {e}", file=sys.stderr)

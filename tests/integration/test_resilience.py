@@ -181,3 +181,24 @@ def test_worker_sigstop_is_caught_by_the_step_watchdog(fault_stack):
     assert httpx.get(stack.http_url + "/health").status_code == 200
     os.kill(stack.process("worker").pid, signal.SIGCONT)  # the same process comes back
     assert_recovered(stack, metrics_port, run)
+
+
+def test_sigterm_drains_the_scheduler_running_requests_finish_there(fault_stack):
+    stack, _ = fault_stack
+    run = start_faulty_run(stack)
+    sup = stack.supervisor
+    scheduler = next(c for c in sup.children if c.name == "scheduler")
+    log = stack.log_dir / "scheduler.log"
+    scheduler.process.send_signal(signal.SIGTERM)
+    wait_until(lambda: b'"draining"' in log.read_bytes(), "the scheduler to start draining")
+    os.kill(stack.process("worker").pid, signal.SIGCONT)
+    run.join()  # finished on the draining scheduler, not re-submitted
+    assert run.finish == ["length"] * NUM_STREAMS
+    assert scheduler.process.wait(30) == 0
+    drained = [line for line in log.read_text().splitlines() if '"drained"' in line]
+    assert drained and '"unfinished": 0' in drained[-1]
+    sup.launch(scheduler)
+    wait_until(lambda: httpx.get(stack.http_url + "/ready").status_code == 200, "ready")
+    reference = Streams(stack)
+    reference.join()
+    assert run.text == reference.text
