@@ -66,8 +66,9 @@ class StepDriver:
             new_blocks = [self.free.pop() for _ in range(max(need, 0))]
             req.blocks.extend(new_blocks)
             if not req.sent:
-                out.scheduled_new_reqs.append(NewRequestData(
-                    req_id, list(req.prompt), req.params, list(req.blocks), req.computed))
+                out.scheduled_new_reqs.append(NewRequestData(  # output: resent after a loss
+                    req_id, list(req.prompt), req.params, list(req.blocks), req.computed,
+                    output_token_ids=list(req.output)))
                 req.sent = True
             else:
                 cached.append(req_id, req.resumed, new_blocks, req.computed)
