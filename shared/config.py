@@ -125,7 +125,8 @@ def add_limit_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-model-len", type=positive_int, default=None,
                    help="longest prompt + output (default: the model's)")
     g.add_argument("--max-num-batched-tokens", type=positive_int, default=None,
-                   help="token budget of one step (default 2048; 8192 on big GPUs)")
+                   help="token budget of one step (default: 8192 on GPUs with 70 GiB or "
+                        "more, else 2048); the scheduler and the workers must agree")
     g.add_argument("--max-num-seqs", type=positive_int, default=None,
                    help="most requests running at once (default 256)")
 

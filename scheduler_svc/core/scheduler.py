@@ -14,6 +14,7 @@ from scheduler_svc.core.kv_cache_manager import KVCacheManager
 from scheduler_svc.core.queues import make_queue
 from scheduler_svc.core.request import Request, RequestStatus
 from scheduler_svc.core.stats import SchedulerStats
+from shared.token_checksum import token_checksum
 from shared.types import (
     InvalidRequestError,
     ModelRunnerOutput,
@@ -249,9 +250,10 @@ class Scheduler:
                 block_ids=kv.get_block_ids(request.req_id),
                 num_computed_tokens=request.num_computed_tokens))
         cached = out.scheduled_cached_reqs
-        for request in resumed:  # the worker replaces its block table
+        for request in resumed:  # the worker replaces its block table, checks its tokens
+            tokens = request.all_token_ids  # all committed: placeholders went at preemption
             cached.append(request.req_id, True, kv.get_block_ids(request.req_id),
-                          request.num_computed_tokens)
+                          request.num_computed_tokens, (len(tokens), token_checksum(tokens)))
         # Column-wise appends inlined: this loop runs once per running request per step.
         ids, flags, block_ids, computed = (cached.req_ids, cached.resumed_from_preemption,
                                            cached.new_block_ids, cached.num_computed_tokens)

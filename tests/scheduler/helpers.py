@@ -8,6 +8,7 @@ from collections import Counter
 from collections.abc import Callable
 
 from scheduler_svc.core import Request, Scheduler, SchedulerConfig
+from shared.token_checksum import token_checksum
 from shared.types import ModelRunnerOutput, SamplingParams, SchedulerOutput
 
 EOS = 2
@@ -46,8 +47,13 @@ class FakeWorker:
             self.tokens[new.req_id] = list(new.prompt_token_ids)
             computed[new.req_id] = new.num_computed_tokens
         cached = so.scheduled_cached_reqs
-        for req_id, num in zip(cached.req_ids, cached.num_computed_tokens):
+        for req_id, resumed, num in zip(cached.req_ids, cached.resumed_from_preemption,
+                                        cached.num_computed_tokens):
             computed[req_id] = num
+            if resumed:  # as a real worker checks: the scheduler's tokens are ours
+                tokens = self.tokens[req_id]
+                assert cached.resumed_token_checks[req_id] == (len(tokens),
+                                                               token_checksum(tokens))
         out = ModelRunnerOutput(step_id=so.step_id)
         for req_id, n in so.num_scheduled_tokens.items():
             tokens = self.tokens[req_id]
