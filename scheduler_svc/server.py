@@ -222,7 +222,8 @@ def engine_status(engine: Engine, scheduler: Scheduler,
         prefix_cache_queries=stats.prefix_cache_queries,
         prefix_cache_hits=stats.prefix_cache_hits, num_steps_total=engine.counters.num_steps,
         num_sessions=engine.num_sessions(), diagnosis=diag["diagnosis"],
-        summary=diag["summary"], lever=diag["lever"])
+        summary=diag["summary"], lever=diag["lever"],
+        admission_blocked_by=diag["admission_blocked_by"] or "")
 
 
 # ---------------------------------------------------------------------------
@@ -238,6 +239,7 @@ def scheduler_config(args, info: ModelInfo) -> SchedulerConfig:
         block_size=info.block_size,
         max_model_len=args.max_model_len or info.max_model_len,
         long_prefill_token_threshold=args.long_prefill_token_threshold,
+        long_prefill_exempt_lone_request=args.long_prefill_exempt_lone_request,
         policy=args.scheduling_policy,
         enable_chunked_prefill=args.enable_chunked_prefill,
         enable_prefix_caching=args.enable_prefix_caching,

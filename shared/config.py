@@ -160,6 +160,10 @@ def add_scheduler_flags(parser: argparse.ArgumentParser, *, with_ports: bool = T
                        default=["127.0.0.1:50053"],
                        help="comma list of host:port, one per tensor-parallel rank")
     g.add_argument("--long-prefill-token-threshold", type=non_negative_int, default=0)
+    g.add_argument("--long-prefill-exempt-lone-request", action=argparse.BooleanOptionalAction,
+                   default=True,
+                   help="the threshold does not cap a request that is alone (running + "
+                        "waiting); --no-... applies it always, as vLLM does")
     g.add_argument("--scheduling-policy", choices=("fcfs", "priority"), default="fcfs")
     g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                    default=True)

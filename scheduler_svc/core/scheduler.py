@@ -134,8 +134,10 @@ class Scheduler:
         budget = cfg.max_num_batched_tokens
         max_len = cfg.max_model_len
         threshold = cfg.long_prefill_token_threshold
-        # The per-request cap does not apply when only one request is eligible.
-        cap = threshold if threshold and len(running) + len(waiting) > 1 else 0
+        # The per-request cap does not apply when only one request is eligible (unless
+        # configured to follow vLLM, which always applies it).
+        cap = threshold if threshold and (len(running) + len(waiting) > 1
+                                          or not cfg.long_prefill_exempt_lone_request) else 0
 
         num_scheduled: dict[str, int] = {}
         new_blocks_of: dict[str, list[KVBlock]] = {}
