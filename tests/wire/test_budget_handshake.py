@@ -10,20 +10,13 @@ import torch
 
 from scheduler_svc.server import WorkerGroup, scheduler_config
 from shared import config as flags
-from shared.grpc_server import ServiceServer
-from shared.proto import worker_pb2_grpc
+from tests.wire.conftest import start_worker
 from worker_svc.runner import default_max_num_batched_tokens
-from worker_svc.server import WorkerServicer
 
 
 @pytest.fixture
 def worker_address(tiny_runner):
-    server = ServiceServer(max_workers=2)
-    servicer = WorkerServicer(rank=0, tensor_parallel_size=1)
-    server.add(worker_pb2_grpc.add_WorkerServicer_to_server, servicer, "gapserve.v1.Worker")
-    port = server.start("127.0.0.1", 0)
-    servicer.runner = tiny_runner
-    server.set_serving()
+    server, port = start_worker(tiny_runner, max_workers=2)
     yield f"127.0.0.1:{port}"
     server.stop(0)
 
