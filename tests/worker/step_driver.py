@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from shared.token_checksum import token_checksum
 from shared.types import (CachedRequestData, NewRequestData, SamplingParams,
                           SchedulerOutput)
 
@@ -71,7 +72,8 @@ class StepDriver:
                     output_token_ids=list(req.output)))
                 req.sent = True
             else:
-                cached.append(req_id, req.resumed, new_blocks, req.computed)
+                check = (len(req.tokens), token_checksum(req.tokens)) if req.resumed else None
+                cached.append(req_id, req.resumed, new_blocks, req.computed, check)
                 req.resumed = False
             out.num_scheduled_tokens[req_id] = n
             req.computed += n
