@@ -22,6 +22,7 @@ from shared.proto import common_pb2, engine_pb2, engine_pb2_grpc
 from shared.telemetry import get_logger
 from shared.types import FinishReason, ModelInfo, RequestOutput, SamplingParams
 
+from frontend_svc import metrics
 from frontend_svc.continuation import OpenRequest
 from frontend_svc.errors import EngineError
 from frontend_svc.readiness import SchedulerHealth
@@ -36,7 +37,8 @@ Item = RequestOutput | EngineError
 
 class EngineClient:
     def __init__(self, address: str,
-                 on_connection: Callable[[bool], Awaitable[None]] | None = None) -> None:
+                 on_connection: Callable[[bool], Awaitable[None]] | None = None,
+                 model_name: str = "") -> None:
         self.address = address
         self._on_connection = on_connection  # e.g. flips the health status
         self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
@@ -46,6 +48,8 @@ class EngineClient:
         self._wire: dict[str, OpenRequest] = {}  # by the id the current scheduler knows
         self._resume_deadline: asyncio.TimerHandle | None = None
         self.num_resumed = 0  # requests re-submitted to a new scheduler session
+        self._lost = metrics.SCHEDULER_SESSIONS_LOST.labels(model_name)
+        self._resumed = metrics.REQUESTS_RESUMED.labels(model_name)
         self._outbox: asyncio.Queue[engine_pb2.EngineRequest | None] | None = None
         self._session_task: asyncio.Task | None = None
         self._closed = False
@@ -215,6 +219,7 @@ class EngineClient:
         """The session is gone: keep every open request for the next session, and
         give up on them if none opens in time."""
         self._wire.clear()
+        self._lost.inc()
         if self._open and self._resume_deadline is None:
             log.warning("scheduler lost; open requests wait for it", count=len(self._open),
                         resume_timeout_s=RESUME_TIMEOUT_S)
@@ -234,6 +239,7 @@ class EngineClient:
             outbox.put_nowait(engine_pb2.EngineRequest(add=open_.add_message()))
         if self._open:
             self.num_resumed += len(self._open)
+            self._resumed.inc(len(self._open))
             log.info("open requests re-submitted to the scheduler", count=len(self._open))
 
     # ---- unary calls

@@ -51,7 +51,8 @@ async def serve(args, tokenizer: TextTokenizer, served_model_name: str,
         for service in ("", SERVICE_NAME):
             await health_servicer.set(service, SERVING if serving else NOT_SERVING)
 
-    engine = EngineClient(args.scheduler_address, on_connection=set_health)
+    engine = EngineClient(args.scheduler_address, on_connection=set_health,
+                          model_name=served_model_name)
     fe = Frontend(engine, tokenizer, served_model_name, model_path,
                   observe.Observer(served_model_name))
 

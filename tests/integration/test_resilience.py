@@ -166,6 +166,10 @@ def test_scheduler_restart_mid_stream_loses_no_request(fault_stack):
     reference = Streams(stack)
     reference.join()
     assert run.text == reference.text  # greedy: identical to the no-fault run
+    metrics = httpx.get(stack.http_url + "/metrics").text
+    resumed = [line for line in metrics.splitlines()
+               if line.startswith("gapserve:requests_resumed_total{")]
+    assert resumed and float(resumed[0].rsplit(" ", 1)[1]) == NUM_STREAMS
 
 
 def test_worker_sigstop_is_caught_by_the_step_watchdog(fault_stack):
