@@ -139,8 +139,10 @@ class EngineClient:
     def add(self, req_id: str, prompt_token_ids: list[int], params: SamplingParams,
             priority: int = 0, trace_context: dict[str, str] | None = None,
             cache_salt: str | None = None) -> asyncio.Queue[Item]:
-        """Send a request; its outputs (or an EngineError) arrive on the queue."""
-        if self._outbox is None:
+        """Send a request; its outputs (or an EngineError) arrive on the queue. While a
+        scheduler that was connected is away, the request is held and sent when a new
+        session opens (a pause, not an error)."""
+        if self._outbox is None and self.model_info is None:
             raise EngineError(grpc.StatusCode.UNAVAILABLE, "the scheduler is not connected")
         if req_id in self._queues:
             raise EngineError(grpc.StatusCode.ALREADY_EXISTS, f"request {req_id!r} is running")
@@ -148,7 +150,11 @@ class EngineClient:
         self._queues[req_id] = queue
         open_ = OpenRequest(req_id, list(prompt_token_ids), params, queue, priority,
                             dict(trace_context or {}), cache_salt)
-        self._open[req_id] = self._wire[req_id] = open_
+        self._open[req_id] = open_
+        if self._outbox is None:  # held for the next session
+            self._arm_resume_deadline()
+            return queue
+        self._wire[req_id] = open_
         self._outbox.put_nowait(engine_pb2.EngineRequest(add=open_.add_message()))
         return queue
 
@@ -220,9 +226,13 @@ class EngineClient:
         give up on them if none opens in time."""
         self._wire.clear()
         self._lost.inc()
-        if self._open and self._resume_deadline is None:
+        if self._open:
             log.warning("scheduler lost; open requests wait for it", count=len(self._open),
                         resume_timeout_s=RESUME_TIMEOUT_S)
+            self._arm_resume_deadline()
+
+    def _arm_resume_deadline(self) -> None:
+        if self._resume_deadline is None:
             self._resume_deadline = asyncio.get_running_loop().call_later(
                 RESUME_TIMEOUT_S, self._fail_all, EngineError(
                     grpc.StatusCode.UNAVAILABLE,

@@ -86,3 +86,21 @@ def test_requests_give_up_with_a_clean_error_if_no_scheduler_comes_back(monkeypa
         assert client.num_active == 0
         await client.close()
     run(body())
+
+
+def test_a_request_added_while_the_scheduler_is_away_waits_for_the_next_session():
+    async def body():
+        client = EngineClient("127.0.0.1:1")
+        client._outbox = asyncio.Queue()
+        client.model_info = object()  # it was connected once
+        client._outbox = None
+        client._suspend_all()
+        queue = client.add("late", [4, 5], SamplingParams(max_tokens=3))
+        assert client.num_active == 1 and queue.empty()  # held, not failed
+        outbox = await lose_and_reconnect(client)
+        add = outbox.get_nowait().add
+        assert list(add.prompt_token_ids) == [4, 5] and add.sampling_params.max_tokens == 3
+        client._route(output(add.request_id, [6], common_pb2.FINISH_REASON_LENGTH))
+        assert queue.get_nowait().req_id == "late"
+        await client.close()
+    run(body())

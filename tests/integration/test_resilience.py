@@ -125,6 +125,10 @@ def start_faulty_run(stack) -> Streams:
     """16 streams; returns once the worker has stopped itself mid-stream."""
     run = Streams(stack)
     wait_until(lambda: process_stopped(stack.process("worker").pid), "the worker to stop")
+    # every request reached the scheduler (a thread may start late on a busy machine)
+    wait_until(lambda: (lambda s: s["num_running"] + s["num_waiting"])(
+        httpx.get(stack.http_url + "/v1/status", timeout=30).json()) == NUM_STREAMS,
+        "all requests at the scheduler")
     assert min(run.chunks) < MAX_TOKENS and run.finish.count(None) == NUM_STREAMS
     return run
 
