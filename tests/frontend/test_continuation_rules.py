@@ -26,6 +26,12 @@ def output(wire_id, tokens, finish=None, cached=0):
     return engine_pb2.EngineResponse(outputs=[msg])
 
 
+def connected_client() -> EngineClient:
+    client = EngineClient("127.0.0.1:1")  # never dialled: the session is simulated
+    client._outbox = asyncio.Queue()
+    return client
+
+
 async def lose_and_reconnect(client) -> asyncio.Queue:
     client._outbox = None
     client._suspend_all()
@@ -37,8 +43,7 @@ async def lose_and_reconnect(client) -> asyncio.Queue:
 
 def test_an_open_request_is_resubmitted_as_its_continuation():
     async def body():
-        client = EngineClient("127.0.0.1:1")
-        client._outbox = asyncio.Queue()
+        client = connected_client()
         queue = client.add("a", [1, 2], SamplingParams(max_tokens=10, min_tokens=3))
         client._route(output("a", [7, 8], cached=2))
         outbox = await lose_and_reconnect(client)
@@ -60,8 +65,7 @@ def test_an_open_request_is_resubmitted_as_its_continuation():
 
 def test_an_abort_after_resubmission_names_the_new_wire_id():
     async def body():
-        client = EngineClient("127.0.0.1:1")
-        client._outbox = asyncio.Queue()
+        client = connected_client()
         client.add("a", [1], SamplingParams(max_tokens=5))
         outbox = await lose_and_reconnect(client)
         wire_id = outbox.get_nowait().add.request_id
@@ -75,8 +79,7 @@ def test_requests_give_up_with_a_clean_error_if_no_scheduler_comes_back(monkeypa
     monkeypatch.setattr(engine_client, "RESUME_TIMEOUT_S", 0.01)
 
     async def body():
-        client = EngineClient("127.0.0.1:1")
-        client._outbox = asyncio.Queue()
+        client = connected_client()
         queue = client.add("a", [1], SamplingParams())
         client._outbox = None
         client._suspend_all()
@@ -90,11 +93,10 @@ def test_requests_give_up_with_a_clean_error_if_no_scheduler_comes_back(monkeypa
 
 def test_a_request_added_while_the_scheduler_is_away_waits_for_the_next_session():
     async def body():
-        client = EngineClient("127.0.0.1:1")
-        client._outbox = asyncio.Queue()
+        client = connected_client()
         client.model_info = object()  # it was connected once
         client._outbox = None
-        client._suspend_all()
+        client._suspend_all()  # the scheduler is away
         queue = client.add("late", [4, 5], SamplingParams(max_tokens=3))
         assert client.num_active == 1 and queue.empty()  # held, not failed
         outbox = await lose_and_reconnect(client)
