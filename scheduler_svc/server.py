@@ -26,6 +26,7 @@ from scheduler_svc.engine import CLOSED, Engine, EngineFailed, ErrorCode, Failur
 from shared import config as flags
 from shared import proto_convert as pc
 from shared.grpc_server import CHANNEL_OPTIONS, ServiceServer
+from shared.link_security import LinkSecurity
 from shared.proto import common_pb2, engine_pb2, engine_pb2_grpc, worker_pb2, worker_pb2_grpc
 from shared.telemetry import context_carrier, get_logger, setup_telemetry, start_metrics_server
 from shared.types import InvalidRequestError, ModelInfo, ModelRunnerOutput, SchedulerOutput
@@ -43,10 +44,10 @@ _CODES = {ErrorCode.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
 
 
 class WorkerGroup:
-    def __init__(self, addresses: Sequence[str]) -> None:
+    def __init__(self, addresses: Sequence[str], security: LinkSecurity | None = None) -> None:
         self.addresses = list(addresses)
-        self._channels = [grpc.insecure_channel(a, options=CHANNEL_OPTIONS)
-                          for a in self.addresses]
+        self._security = security or LinkSecurity()  # TLS and the workers' internal token
+        self._channels = [self._security.channel(a, CHANNEL_OPTIONS) for a in self.addresses]
         self._stubs = [worker_pb2_grpc.WorkerStub(c) for c in self._channels]
         self._outboxes: list[queue.SimpleQueue] = []
         self._closing = False
@@ -59,7 +60,8 @@ class WorkerGroup:
         infos = []
         for rank, (address, stub) in enumerate(zip(self.addresses, self._stubs)):
             reply = stub.Handshake(worker_pb2.HandshakeRequest(tensor_parallel_size=tp),
-                                   timeout=timeout_s, wait_for_ready=True)
+                                   timeout=timeout_s, wait_for_ready=True,
+                                   metadata=self._security.metadata)
             if reply.rank != rank or reply.tensor_parallel_size != tp:
                 raise ConfigError(
                     f"worker {address} is rank {reply.rank} of {reply.tensor_parallel_size}, "
@@ -77,7 +79,7 @@ class WorkerGroup:
         for address, stub in zip(self.addresses, self._stubs):
             outbox: queue.SimpleQueue = queue.SimpleQueue()
             self._outboxes.append(outbox)
-            replies = stub.Step(iter(outbox.get, None))
+            replies = stub.Step(iter(outbox.get, None), metadata=self._security.metadata)
             if on_lost is not None:
                 replies.add_done_callback(
                     lambda call, a=address: None if self._closing else on_lost(
@@ -254,13 +256,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     servicer = EngineServicer()
-    server = ServiceServer()
+    security = LinkSecurity.from_args(args)
+    server = ServiceServer(security=security)
     server.add(engine_pb2_grpc.add_EngineServicer_to_server, servicer, "gapserve.v1.Engine")
     port = server.start(args.host, args.port)
     if args.metrics_port:
         start_metrics_server(args.metrics_port, args.host)
     log.info("scheduler_listening", port=port, workers=args.worker_addresses)
-    group = WorkerGroup(args.worker_addresses)
+    group = WorkerGroup(args.worker_addresses, security)
     engine = None
     failed = threading.Event()
     try:

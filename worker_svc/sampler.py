@@ -14,6 +14,8 @@ import torch
 from shared.types import TokenLogprobs
 from worker_svc.request_state import RequestState
 
+MIN_TEMPERATURE = 1e-2
+
 
 def sample(logits: torch.Tensor, states: list[RequestState], eos_token_ids: list[int],
            generator: torch.Generator
@@ -48,7 +50,10 @@ def sample(logits: torch.Tensor, states: list[RequestState], eos_token_ids: list
 def _random_sample(logits: torch.Tensor, states: list[RequestState],
                    generator: torch.Generator) -> torch.Tensor:
     device = logits.device
-    temperature = torch.tensor([s.params.temperature for s in states], device=device)
+    # Like the reference system (vLLM), a temperature in (0, 1e-2) is raised to 1e-2:
+    # dividing by a tiny one overflows the logits to inf and the softmax to NaN.
+    temperature = torch.tensor([max(s.params.temperature, MIN_TEMPERATURE) for s in states],
+                               device=device)
     logits = logits / temperature.unsqueeze(1)
     min_p = [s.params.min_p for s in states]
     if any(p > 0.0 for p in min_p):

@@ -25,3 +25,27 @@ def test_holdback_is_the_longest_suffix_that_starts_a_stop():
     assert stops.holdback("hello E") == 1
     assert stops.holdback("hello") == 0
     assert StopStrings([]).holdback("abc") == 0
+
+
+def test_holdback_matches_the_quadratic_definition_on_random_text():
+    import random
+    rng = random.Random(7)
+    for _ in range(300):
+        stops = ["".join(rng.choice("ab") for _ in range(rng.randint(1, 6)))
+                 for _ in range(rng.randint(1, 3))]
+        text = "".join(rng.choice("ab") for _ in range(rng.randint(0, 12)))
+        expected = max((k for s in stops for k in range(min(len(s) - 1, len(text)) + 1)
+                        if k == 0 or text.endswith(s[:k])), default=0)
+        assert StopStrings(stops).holdback(text) == expected, (stops, text)
+
+
+def test_holdback_work_does_not_grow_with_the_text():
+    import time
+    stops = StopStrings(["a" * 200 + "b"] * 16)
+    short, long = "a" * 300, "a" * 3_000_000
+    t0 = time.perf_counter()
+    assert stops.holdback(short) == 200
+    t1 = time.perf_counter()
+    assert stops.holdback(long) == 200
+    t2 = time.perf_counter()
+    assert t2 - t1 < 20 * (t1 - t0) + 0.01  # the same tail is scanned either way
