@@ -10,7 +10,7 @@ import contextlib
 import grpc
 from prometheus_client import Gauge
 
-from frontend_svc.caps import REJECTED
+from frontend_svc.caps import REJECTED, refuse
 from frontend_svc.errors import EngineError
 
 IN_FLIGHT = Gauge("gapserve:frontend_requests_in_flight",
@@ -28,14 +28,24 @@ class Admission:
     def limit(self) -> int:
         return self.max_num_seqs + self.max_queued_requests
 
-    @contextlib.contextmanager
-    def admit(self, num_choices: int):
-        """Hold `num_choices` places for the duration, or raise EngineError(429)."""
+    def check(self, num_choices: int) -> None:
+        """Raise EngineError(429) if `num_choices` would not fit now: called before
+        parsing and tokenizing too, so an overload is refused at the least cost."""
+        if num_choices > self.limit:  # retrying would not help: not a 429
+            raise refuse("choices", f"this request starts {num_choices} choices; at most "
+                                    f"{self.limit} are admitted at once "
+                                    "(--max-queued-requests plus the scheduler's "
+                                    "--max-num-seqs)")
         if self.in_flight + num_choices > self.limit:
             REJECTED.labels("queue_full").inc()
             raise EngineError(grpc.StatusCode.RESOURCE_EXHAUSTED,
                               f"the server is at capacity ({self.in_flight} requests in "
                               f"flight, limit {self.limit}); retry later")
+
+    @contextlib.contextmanager
+    def admit(self, num_choices: int):
+        """Hold `num_choices` places for the duration, or raise EngineError(429)."""
+        self.check(num_choices)
         self.in_flight += num_choices
         IN_FLIGHT.set(self.in_flight)
         try:

@@ -1,6 +1,7 @@
 """The HTTP API's front door, as plain ASGI (so streaming and disconnect detection
 pass through untouched): API-key check (401) on every route but the open ones,
-and the body-size limit (413), enforced on Content-Length and on the bytes that
+an immediate 429 while admission is full (before the body is read), and the
+body-size limit (413), enforced on Content-Length and on the bytes that
 actually arrive (a chunked body has no Content-Length)."""
 
 from __future__ import annotations
@@ -9,11 +10,13 @@ import json
 
 from starlette.exceptions import HTTPException
 
+from frontend_svc.admission import RETRY_AFTER_S
 from frontend_svc.auth import ApiKeys, Unauthenticated, bearer
 from frontend_svc.caps import REJECTED
-from frontend_svc.errors import error_body
+from frontend_svc.errors import EngineError, error_body
 
 OPEN_PATHS = frozenset({"/health", "/metrics"})  # probes and scrapers need no key
+GENERATE_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
 
 
 class PayloadTooLarge(HTTPException):
@@ -24,10 +27,11 @@ class PayloadTooLarge(HTTPException):
 
 
 class HttpGuard:
-    def __init__(self, app, keys: ApiKeys, payload_limit: int) -> None:
+    def __init__(self, app, keys: ApiKeys, payload_limit: int, admission=None) -> None:
         self.app = app
         self.keys = keys
         self.limit = payload_limit
+        self.admission = admission
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -41,6 +45,12 @@ class HttpGuard:
                 body["error"]["code"] = "invalid_api_key"  # OpenAI's code for this case
                 return await _send_json(send, 401, body, [(b"www-authenticate", b"Bearer")])
             scope.setdefault("state", {})["caller"] = caller
+        if self.admission is not None and scope["path"] in GENERATE_PATHS:
+            try:  # full already: refuse before reading or parsing the body
+                self.admission.check(1)
+            except EngineError as exc:
+                return await _send_json(send, 429, error_body(exc.message, 429),
+                                        [(b"retry-after", str(RETRY_AFTER_S).encode())])
         length = headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.limit:
             exc = PayloadTooLarge(self.limit)

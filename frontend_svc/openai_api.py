@@ -29,7 +29,8 @@ from frontend_svc.translate import (
 def build_app(fe: Frontend, payload_limit: int = 8 << 20) -> FastAPI:
     app = FastAPI(title="gapserve", docs_url=None, redoc_url=None)
     install_error_handlers(app)
-    app.add_middleware(HttpGuard, keys=fe.keys, payload_limit=payload_limit)
+    app.add_middleware(HttpGuard, keys=fe.keys, payload_limit=payload_limit,
+                       admission=fe.admission)
 
     def check_priority(request: Request, priority: int) -> None:
         fe.keys.check_priority(getattr(request.state, "caller", ANONYMOUS), priority)
@@ -103,6 +104,7 @@ def build_app(fe: Frontend, payload_limit: int = 8 << 20) -> FastAPI:
     async def completions(req: CompletionRequest, request: Request):
         check_model(req.model)
         check_priority(request, req.priority)
+        fe.admission.check(req.n)  # early 429: no tokenizing for a request that cannot run
         inputs = await fe.offload(completion_inputs, req, fe.tokenizer, fe.limits)
         resp_id = fe.new_id("cmpl")
         choices = choices_for(inputs, req.n, resp_id, request, "text_completion")
@@ -124,6 +126,7 @@ def build_app(fe: Frontend, payload_limit: int = 8 << 20) -> FastAPI:
     async def chat_completions(req: ChatCompletionRequest, request: Request):
         check_model(req.model)
         check_priority(request, req.priority)
+        fe.admission.check(req.n)
         inp = await fe.offload(chat_input, req, fe.tokenizer, fe.limits)
         resp_id = fe.new_id("chatcmpl")
         choices = choices_for([inp], req.n, resp_id, request, "chat")
