@@ -46,7 +46,9 @@ class TextTokenizer:
                    fast.token_to_id(eos) if eos else None, _max_token_bytes(fast))
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self.fast.encode(text, add_special_tokens=add_special_tokens).ids
+        # encode_batch releases the GIL (encode does not): on the frontend's
+        # tokenizer threads a long prompt then leaves the event loop running
+        return self.fast.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.fast.decode(ids, skip_special_tokens=skip_special_tokens)
