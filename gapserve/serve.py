@@ -220,7 +220,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.model = str(resolve_model(args.model))
     except (FileNotFoundError, OSError, RuntimeError) as e:
         parser.error(str(e))
-    supervisor = Supervisor(children(args))
+    try:
+        supervisor = Supervisor(children(args))
+    except (OSError, ValueError) as e:  # an unreadable --tls-* file, a lone --tls-cert
+        parser.error(str(e))
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: supervisor.stop.set())
     supervisor.start()

@@ -77,15 +77,17 @@ def test_serve_binds_only_the_frontend_to_host_and_the_inner_services_to_loopbac
     assert kids["scheduler"].health_address.startswith("127.0.0.1:")
 
 
-def test_serve_hands_secrets_to_the_children_in_their_environment_not_their_argv():
+def test_serve_hands_secrets_to_the_children_in_their_environment_not_their_argv(tmp_path):
+    ca = tmp_path / "ca.pem"
+    ca.write_text("not read by a child here")
     kids = serve_children(["--api-key", "k1,k2", "--priority-keys", "pk",
-                           "--internal-token", "tok", "--tls-ca", "/ca.pem",
+                           "--internal-token", "tok", "--tls-ca", str(ca),
                            "--max-queued-requests", "7"])
     for child in kids.values():
         assert not any(secret in arg for arg in child.argv for secret in ("k1", "pk", "tok"))
         assert child.env["GAPSERVE_INTERNAL_TOKEN"] == "tok"
         args = config.parse_args(PARSERS[child.argv[0]](), child.argv[1:], environ=child.env)
-        assert (args.internal_token, args.tls_ca) == ("tok", "/ca.pem")
+        assert (args.internal_token, args.tls_ca) == ("tok", str(ca))
     frontend = config.parse_args(config.frontend_parser(), kids["frontend"].argv[1:],
                                  environ=kids["frontend"].env)
     assert (frontend.api_key, frontend.priority_keys) == (["k1", "k2"], ["pk"])
