@@ -80,16 +80,16 @@ def test_serve_binds_only_the_frontend_to_host_and_the_inner_services_to_loopbac
 def test_serve_hands_secrets_to_the_children_in_their_environment_not_their_argv(tmp_path):
     ca = tmp_path / "ca.pem"
     ca.write_text("not read by a child here")
-    kids = serve_children(["--api-key", "k1,k2", "--priority-keys", "pk",
-                           "--internal-token", "tok", "--tls-ca", str(ca),
+    kids = serve_children(["--api-key", "sek-1,sek-2", "--priority-keys", "sek-prio",
+                           "--internal-token", "sek-tok", "--tls-ca", str(ca),
                            "--max-queued-requests", "7"])
     for child in kids.values():
-        assert not any(secret in arg for arg in child.argv for secret in ("k1", "pk", "tok"))
-        assert child.env["GAPSERVE_INTERNAL_TOKEN"] == "tok"
+        assert not any(secret in arg for arg in child.argv for secret in ("sek-",))
+        assert child.env["GAPSERVE_INTERNAL_TOKEN"] == "sek-tok"
         args = config.parse_args(PARSERS[child.argv[0]](), child.argv[1:], environ=child.env)
-        assert (args.internal_token, args.tls_ca) == ("tok", str(ca))
+        assert (args.internal_token, args.tls_ca) == ("sek-tok", str(ca))
     frontend = config.parse_args(config.frontend_parser(), kids["frontend"].argv[1:],
                                  environ=kids["frontend"].env)
-    assert (frontend.api_key, frontend.priority_keys) == (["k1", "k2"], ["pk"])
+    assert (frontend.api_key, frontend.priority_keys) == (["sek-1", "sek-2"], ["sek-prio"])
     assert frontend.max_queued_requests == 7
     assert "GAPSERVE_API_KEY" not in kids["scheduler"].env  # only the frontend checks keys
