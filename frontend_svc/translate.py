@@ -74,8 +74,6 @@ def stop_strings(stop: str | list[str] | None, caps: RequestCaps,
 def check_unsupported(req: SamplingFields) -> None:
     """Fields we accept only to refuse: silently ignoring them would return output
     the client did not ask for."""
-    if req.logit_bias:
-        raise InvalidRequestError("logit_bias is not supported by this server")
     fmt = req.response_format
     if fmt is not None and fmt.get("type", "text") != "text":
         raise InvalidRequestError(f"response_format {fmt.get('type')!r} is not supported "
@@ -100,11 +98,24 @@ def sampling_params(req: SamplingFields, max_tokens: int, logprobs: int | None,
         "frequency_penalty", "repetition_penalty") if getattr(req, name) is not None}
     params = SamplingParams(max_tokens=max_tokens, min_tokens=req.min_tokens,
                             stop_token_ids=list(req.stop_token_ids or []),
-                            ignore_eos=req.ignore_eos, logprobs=logprobs, **given)
+                            ignore_eos=req.ignore_eos, logprobs=logprobs,
+                            logit_bias=logit_bias(req.logit_bias), **given)
     params.validate(limits.vocab_size)
     if params.seed is not None and not -INT64 <= params.seed <= INT64 - req.n:
         raise InvalidRequestError("seed must fit in a signed 64-bit integer")
     return params
+
+
+def logit_bias(raw: dict[str, float] | None) -> dict[int, float]:
+    """OpenAI sends token ids as JSON object keys, so as strings."""
+    out = {}
+    for key, value in (raw or {}).items():
+        try:
+            out[int(key)] = float(value)
+        except ValueError:
+            raise InvalidRequestError(f"logit_bias keys must be token ids, got {key!r}") \
+                from None
+    return out
 
 
 def _max_tokens(requested: int | None, prompt_len: int, limits: ModelLimits) -> int:

@@ -25,6 +25,12 @@ def sample(logits: torch.Tensor, states: list[RequestState], eos_token_ids: list
     num_rows = len(states)
     want_logprobs = [s.params.logprobs is not None for s in states]
     raw_logprobs = torch.log_softmax(logits, dim=-1) if any(want_logprobs) else None
+    for i, s in enumerate(states):  # OpenAI's logit_bias: added before anything else
+        if s.params.logit_bias:
+            ids = torch.tensor(list(s.params.logit_bias), device=logits.device)
+            bias = torch.tensor(list(s.params.logit_bias.values()), device=logits.device,
+                                dtype=logits.dtype)
+            logits[i].index_add_(0, ids, bias)
     if any(s.has_penalties for s in states):
         logits = _apply_penalties(logits, states)
     suppress = [i for i, s in enumerate(states) if s.num_output_tokens < s.params.min_tokens]

@@ -2,7 +2,8 @@
 and gRPC (metadata), /health and /metrics open, priority claims only for
 --priority-keys, gRPC Abort only for the caller's own requests, the inner
 services refusing callers without the internal token; and every accepted field
-does something (unknown roles, response_format, tools, logit_bias are 400s)."""
+does something (logit_bias steers sampling; unknown roles, response_format and
+tools are 400s)."""
 
 from __future__ import annotations
 
@@ -168,12 +169,14 @@ REFUSED = [
     ({"response_format": {"type": "json_schema", "json_schema": {}}}, "response_format"),
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
     ({"tool_choice": "required"}, "tool_choice"),
-    ({"logit_bias": {"42": 100}}, "logit_bias"),
+    ({"logit_bias": {"x": 1}}, "logit_bias"),
+    ({"logit_bias": {"42": 101}}, "logit_bias"),
+    ({"logit_bias": {"999999": 1}}, "logit_bias"),
 ]
 
 
 @pytest.mark.parametrize("fields,word", REFUSED, ids=[w for _, w in REFUSED])
-def test_fields_we_cannot_honour_are_a_400_not_ignored(stack, fields, word):
+def test_fields_we_cannot_honour_or_bad_values_are_a_400_not_ignored(stack, fields, word):
     reply = post(stack, "/v1/chat/completions", {**CHAT, **fields})
     assert reply.status_code == 400, reply.text
     assert word in reply.json()["error"]["message"]
@@ -187,14 +190,23 @@ def test_text_response_format_and_known_roles_are_accepted(stack):
     assert post(stack, "/v1/completions", {**COMPLETION, "logit_bias": {}}).status_code == 200
 
 
-def test_a_tiny_temperature_samples_like_greedy_instead_of_nan(stack):
-    greedy = post(stack, "/v1/completions", {**COMPLETION, "max_tokens": 16,
-                                             "temperature": 0.0, "ignore_eos": True})
-    tiny = post(stack, "/v1/completions", {**COMPLETION, "max_tokens": 16,
-                                           "temperature": 1e-30, "ignore_eos": True,
-                                           "seed": 1})
-    assert tiny.status_code == 200 and tiny.json()["usage"]["completion_tokens"] == 16
-    assert greedy.status_code == 200
+def test_logit_bias_steers_sampling_on_http_and_grpc(stack):
+    stub = stack.generation_stub()
+
+    def grpc_ids(bias: dict[int, float]) -> tuple[list[int], str]:
+        messages = list(stub.Generate(
+            generate_request(params={"max_tokens": 8, "logit_bias": bias}),
+            metadata=grpc_key(KEY), timeout=60))
+        return [t for m in messages for t in m.token_ids], "".join(m.text for m in messages)
+
+    ids, text = grpc_ids({42: 100.0})
+    assert ids == [42] * 8
+    forced = post(stack, "/v1/completions", {**COMPLETION, "max_tokens": 8, "ignore_eos": True,
+                                             "temperature": 0.0, "logit_bias": {"42": 100}})
+    assert forced.status_code == 200 and forced.json()["choices"][0]["text"] == text
+    plain, _ = grpc_ids({})
+    banned, _ = grpc_ids({plain[0]: -100.0})  # greedy's first choice, now out of reach
+    assert plain[0] not in banned
 
 
 def test_cache_salt_separates_prefix_caches_on_the_grpc_path(stack):

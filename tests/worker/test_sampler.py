@@ -132,3 +132,11 @@ def test_a_temperature_below_1e_2_is_raised_to_it_instead_of_sampling_nan():
     logits[0, 17] = 1.0  # at T = 1e-2 the other tokens have probability ~e^-100
     draws = _draws(logits, SamplingParams(temperature=1e-45), 50)
     assert draws == [17] * 50
+
+
+def test_logit_bias_is_added_before_greedy_and_random_choices():
+    logits = _logits(seed=3)
+    top = int(logits.argmax())
+    assert _draws(logits, SamplingParams(temperature=0.0, logit_bias={top: -100.0}), 1)[0] != top
+    assert _draws(logits, SamplingParams(temperature=0.0, logit_bias={7: 100.0}), 1) == [7]
+    assert set(_draws(logits, SamplingParams(temperature=1.0, logit_bias={9: 100.0}), 20)) == {9}
