@@ -71,7 +71,10 @@ async def serve(args, tokenizer: TextTokenizer, served_model_name: str,
                   RequestCaps.from_args(args), admission,
                   ThreadPoolExecutor(args.tokenizer_threads, thread_name_prefix="tokenize"))
 
-    grpc_server = grpc.aio.server(options=CHANNEL_OPTIONS)
+    # a client's message is bounded like an HTTP body (--payload-limit)
+    grpc_server = grpc.aio.server(options=[
+        *(o for o in CHANNEL_OPTIONS if o[0] != "grpc.max_receive_message_length"),
+        ("grpc.max_receive_message_length", args.payload_limit)])
     generate_pb2_grpc.add_GenerationServicer_to_server(GenerationServicer(fe), grpc_server)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, grpc_server)
     reflection.enable_server_reflection(
