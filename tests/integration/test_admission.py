@@ -10,8 +10,11 @@ import asyncio
 import json
 import os
 import time
+import grpc
 import httpx
 import pytest
+
+from shared.proto import generate_pb2
 
 from tests.integration.conftest import TINY_FLAGS, start_stack
 from tests.integration.load_client import HealthProber, post_stream, run_load
@@ -95,6 +98,24 @@ def test_each_cap_is_a_400_naming_its_flag_and_queues_nothing(stack, fields, fla
     assert after["num_steps_total"] == before["num_steps_total"]
 
 
+GRPC_CAPPED = [
+    ({"stop": [f"s{i}" for i in range(17)]}, "--max-stop-sequences"),
+    ({"stop": ["x" * 257]}, "--max-stop-sequence-length"),
+    ({"sampling_params": {"stop_token_ids": list(range(257))}}, "--max-stop-token-ids"),
+    ({"text": "a" * (512 * 81 * 4 + 1)}, "--max-prompt-bytes"),
+]
+
+
+@pytest.mark.parametrize("fields,flag", GRPC_CAPPED, ids=[flag for _, flag in GRPC_CAPPED])
+def test_each_cap_holds_on_grpc_generate_too(stack, fields, flag):
+    fields = {"token_ids": {"ids": [1, 2]}, **fields} if "text" not in fields else fields
+    with pytest.raises(grpc.RpcError) as info:
+        list(stack.generation_stub().Generate(generate_pb2.GenerateRequest(**fields),
+                                              timeout=30))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert flag in info.value.details()
+
+
 def test_the_issue_s_fan_out_body_is_refused_whole(stack):
     before = wait_idle(stack)
     assert_error(post(stack, {"prompt": [[1]] * 1000, "n": 128, "max_tokens": 1}), 400)
@@ -142,6 +163,10 @@ def test_a_request_beyond_the_queue_bound_is_a_429_with_retry_after_and_nothing_
                 await asyncio.sleep(0.02)
             before = status(stack)
             reply = await client.post(stack.http_url + "/v1/completions", json=BASE)
+            with pytest.raises(grpc.RpcError) as info:  # the gRPC API shares the bound
+                list(stack.generation_stub().Generate(generate_pb2.GenerateRequest(
+                    token_ids={"ids": [1, 2]}, sampling_params={"max_tokens": 2}), timeout=10))
+            assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
             after = status(stack)
             for task in holders:  # disconnect: each is aborted at the scheduler
                 task.cancel()
