@@ -217,8 +217,9 @@ def test_hostile_stop_strings_leave_health_fast_and_the_text_unchanged(stack):
             "temperature": 0.0}
     plain = asyncio.run(post_stream("127.0.0.1", stack.http_port, "/v1/completions", body))[1]
     assert plain
-    # the longest allowed stops, each a near-miss of the text: every hold-back
-    # check scans the longest tail the old matcher did quadratic work on
+    # as many stops as allowed, each as long as allowed and a near-miss of the text
+    # (its first 255 characters): the most hold-back and matching work one request
+    # can ask for, and the text must come out whole
     stops = [(plain * 256)[:255] + chr(0xE000 + i) for i in range(16)]
     hostile = {**body, "stop": stops}
     results, latencies, _ = asyncio.run(run_load(
