@@ -129,6 +129,13 @@ def test_a_body_over_the_payload_limit_is_a_413(stack):
                  413, "--payload-limit")
 
 
+def test_a_grpc_message_over_the_payload_limit_is_refused_unread(stack):
+    with pytest.raises(grpc.RpcError) as info:
+        list(stack.generation_stub().Generate(
+            generate_pb2.GenerateRequest(text="a" * (8 << 20)), timeout=30))
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
 def test_a_chunked_body_over_the_payload_limit_is_a_413(stack):
     def chunks():  # no Content-Length: the limit counts the bytes that arrive
         yield b'{"prompt": "'
