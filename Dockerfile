@@ -51,7 +51,9 @@ ENV PATH=/opt/venv/bin:$PATH \
     GAPSERVE_CACHE_DIR=/opt/gapserve/cache \
     PYTHONUNBUFFERED=1
 USER gapserve
-# HTTP API, frontend gRPC, scheduler, worker rank 0; metrics of scheduler and worker.
-EXPOSE 8000 50051 50052 50053 8001 8002
+# Only the frontend: HTTP API (and /metrics), gRPC Generate. Under `serve`, --host
+# binds the frontend alone; the scheduler and worker bind --inner-host (loopback),
+# so no port of theirs is reachable from outside the container (docs/security.md).
+EXPOSE 8000 50051
 ENTRYPOINT ["gapserve"]
 CMD ["serve", "--host", "0.0.0.0"]

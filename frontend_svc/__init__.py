@@ -12,4 +12,6 @@
     detokenizer.py     incremental detokenization    stops.py   stop strings and holdback
     tokenizer.py       tokenizer + chat template (chat_template.py), no transformers/torch
     observe.py         every telemetry hook (metrics.py holds the metric objects)
+    auth.py            API keys and priority keys     http_guard.py  401/413/early 429 (ASGI)
+    caps.py            per-request bounds (400)       admission.py   --max-queued-requests (429)
 """

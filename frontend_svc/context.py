@@ -4,13 +4,19 @@ the served name, and running a request's choices against the scheduler."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import TypeVar
 
 import grpc
 
+from frontend_svc.admission import Admission
+from frontend_svc.auth import ApiKeys
+from frontend_svc.caps import RequestCaps
 from frontend_svc.engine_client import EngineClient
 from frontend_svc.errors import EngineError
 from frontend_svc import generation
@@ -20,6 +26,8 @@ from frontend_svc.request_state import Delta, RequestState
 from frontend_svc.tokenizer import TextTokenizer
 from frontend_svc.translate import ModelLimits
 
+T = TypeVar("T")
+
 
 @dataclass(slots=True)
 class Frontend:
@@ -28,6 +36,12 @@ class Frontend:
     served_model_name: str
     model_path: str
     observer: Observer
+    keys: ApiKeys = field(default_factory=ApiKeys)
+    caps: RequestCaps = field(default_factory=RequestCaps)
+    admission: Admission = field(default_factory=lambda: Admission(1024))
+    # tokenizing and chat templating: off the event loop that serves every stream
+    pool: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(2, thread_name_prefix="tokenize"))
 
     @property
     def ready(self) -> bool:
@@ -38,7 +52,13 @@ class Frontend:
         info = self.engine.model_info
         if info is None:
             raise EngineError(grpc.StatusCode.UNAVAILABLE, "the scheduler is not connected yet")
-        return ModelLimits(info.max_model_len, info.vocab_size)
+        return ModelLimits(info.max_model_len, info.vocab_size,
+                           self.caps.for_model(info.max_model_len, self.tokenizer.max_token_bytes))
+
+    async def offload(self, fn: Callable[..., T], *args) -> T:
+        """Run a tokenizing call on the pool; the event loop keeps serving meanwhile."""
+        return await asyncio.get_running_loop().run_in_executor(
+            self.pool, functools.partial(fn, *args))
 
     @staticmethod
     def new_id(prefix: str) -> str:
@@ -54,16 +74,24 @@ class Frontend:
                     pass
             return state
 
-        tasks = [asyncio.ensure_future(collect(c)) for c in choices]
-        try:
-            return list(await asyncio.gather(*tasks))
-        finally:
-            for task in tasks:
-                task.cancel()
+        with self.admission.admit(len(choices)):
+            tasks = [asyncio.ensure_future(collect(c)) for c in choices]
+            try:
+                return list(await asyncio.gather(*tasks))
+            finally:
+                for task in tasks:
+                    task.cancel()
 
     async def stream(self, choices: list[Choice]
                      ) -> AsyncIterator[tuple[int, RequestState, Delta]]:
         """Deltas of all choices as they come, tagged with the choice's index."""
+        with self.admission.admit(len(choices)):
+            async with aclosing(self._stream(choices)) as items:  # aborts them on close
+                async for item in items:
+                    yield item
+
+    async def _stream(self, choices: list[Choice]
+                      ) -> AsyncIterator[tuple[int, RequestState, Delta]]:
         if len(choices) == 1:
             async with aclosing(generation.stream(self.engine, self.tokenizer, choices[0],
                                        self.observer)) as deltas:

@@ -18,6 +18,7 @@ import grpc
 
 from shared import proto_convert as convert
 from shared.grpc_server import CHANNEL_OPTIONS
+from shared.link_security import LinkSecurity
 from shared.proto import common_pb2, engine_pb2, engine_pb2_grpc
 from shared.telemetry import get_logger
 from shared.types import FinishReason, ModelInfo, RequestOutput, SamplingParams
@@ -38,10 +39,13 @@ Item = RequestOutput | EngineError
 class EngineClient:
     def __init__(self, address: str,
                  on_connection: Callable[[bool], Awaitable[None]] | None = None,
-                 model_name: str = "") -> None:
+                 model_name: str = "",
+                 security: LinkSecurity | None = None) -> None:
         self.address = address
         self._on_connection = on_connection  # e.g. flips the health status
-        self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        security = security or LinkSecurity()  # TLS and the scheduler's internal token
+        self._metadata = security.metadata
+        self._channel = security.channel(address, CHANNEL_OPTIONS, aio=True)
         self._stub = engine_pb2_grpc.EngineStub(self._channel)
         self._queues: dict[str, asyncio.Queue[Item]] = {}
         self._open: dict[str, OpenRequest] = {}  # by the client's id, in arrival order
@@ -83,7 +87,7 @@ class EngineClient:
             try:
                 reply = await self._stub.GetModelInfo(
                     common_pb2.GetModelInfoRequest(), wait_for_ready=True,
-                    timeout=MODEL_INFO_TIMEOUT_S)
+                    timeout=MODEL_INFO_TIMEOUT_S, metadata=self._metadata)
                 return convert.model_info_from_proto(reply)
             except grpc.aio.AioRpcError as exc:  # not up yet, or still loading the model
                 log.info("waiting for the scheduler", address=self.address,
@@ -111,7 +115,8 @@ class EngineClient:
             # each session may meet a restarted scheduler with other limits
             self.model_info = await self._fetch_model_info()
             outbox: asyncio.Queue = asyncio.Queue()
-            call = self._stub.Session(_drain(outbox), wait_for_ready=True)
+            call = self._stub.Session(_drain(outbox), wait_for_ready=True,
+                                      metadata=self._metadata)
             try:
                 await call.wait_for_connection()
                 self._outbox = outbox
@@ -256,7 +261,8 @@ class EngineClient:
 
     async def get_status(self, timeout_s: float = 5.0) -> engine_pb2.EngineStatus:
         try:
-            return await self._stub.GetStatus(engine_pb2.GetStatusRequest(), timeout=timeout_s)
+            return await self._stub.GetStatus(engine_pb2.GetStatusRequest(), timeout=timeout_s,
+                                              metadata=self._metadata)
         except grpc.aio.AioRpcError as exc:
             raise EngineError(exc.code(), exc.details() or "GetStatus failed") from exc
 

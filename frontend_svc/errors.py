@@ -8,6 +8,8 @@ import grpc
 HTTP_FROM_GRPC = {
     grpc.StatusCode.INVALID_ARGUMENT: 400,
     grpc.StatusCode.OUT_OF_RANGE: 400,
+    grpc.StatusCode.UNAUTHENTICATED: 401,
+    grpc.StatusCode.PERMISSION_DENIED: 403,
     grpc.StatusCode.NOT_FOUND: 404,
     grpc.StatusCode.ALREADY_EXISTS: 409,
     grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
@@ -15,8 +17,10 @@ HTTP_FROM_GRPC = {
     grpc.StatusCode.UNAVAILABLE: 503,
     grpc.StatusCode.DEADLINE_EXCEEDED: 504,
 }
-ERROR_TYPES = {400: "invalid_request_error", 404: "not_found_error", 409: "conflict_error",
-               429: "rate_limit_error", 499: "client_closed_request",
+ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
+               403: "permission_error", 404: "not_found_error", 409: "conflict_error",
+               413: "invalid_request_error", 429: "rate_limit_error",
+               499: "client_closed_request", 500: "server_error",
                503: "service_unavailable", 504: "timeout"}
 _CODES_BY_NUMBER = {c.value[0]: c for c in grpc.StatusCode}
 

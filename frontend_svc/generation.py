@@ -55,7 +55,7 @@ async def stream(engine: EngineClient, tokenizer: TextTokenizer, choice: Choice,
     gone_at_scheduler = False
     try:
         queue = engine.add(choice.req_id, choice.inp.prompt_token_ids, choice.params,
-                           choice.inp.priority, tracker.carrier())
+                           choice.inp.priority, tracker.carrier(), choice.inp.cache_salt)
         while not state.finished:
             delta = _merge(state, _take_all(await queue.get(), queue), tracker)
             if state.needs_abort:  # a stop string ended it here first

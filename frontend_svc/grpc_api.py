@@ -12,6 +12,7 @@ from shared.proto import generate_pb2, generate_pb2_grpc
 from shared.types import FinishReason, InvalidRequestError
 
 from frontend_svc import generation
+from frontend_svc.auth import Forbidden, Unauthenticated, bearer
 from frontend_svc.context import Frontend
 from frontend_svc.errors import EngineError
 from frontend_svc.generation import Choice
@@ -22,13 +23,16 @@ SERVICE_NAME = "gapserve.v1.Generation"
 
 
 def generate_input(req: generate_pb2.GenerateRequest, fe: Frontend) -> GenerationInput:
-    """Validate and tokenize; raises InvalidRequestError naming the problem."""
+    """Validate and tokenize (call it on fe.pool); raises InvalidRequestError
+    naming the problem."""
     limits = fe.limits
     params = convert.sampling_from_proto(req.sampling_params)
     params.validate(limits.vocab_size)
+    stops = stop_strings(list(req.stop), limits.caps, params.stop_token_ids)
     add_special = req.add_special_tokens if req.HasField("add_special_tokens") else True
     which = req.WhichOneof("input")
     if which == "text":
+        limits.caps.check_text(req.text)
         ids = fe.tokenizer.encode(req.text, add_special)
     elif which == "token_ids":
         ids = list(req.token_ids.ids)
@@ -36,10 +40,10 @@ def generate_input(req: generate_pb2.GenerateRequest, fe: Frontend) -> Generatio
         raise InvalidRequestError("give the prompt as text or token_ids")
     check_prompt(ids, params, limits)
     return GenerationInput(
-        ids, params, stop_strings(list(req.stop)), None,
+        ids, params, stops, None,
         req.include_stop_str_in_output if req.HasField("include_stop_str_in_output") else False,
         req.skip_special_tokens if req.HasField("skip_special_tokens") else True,
-        req.priority)
+        req.priority, req.cache_salt if req.HasField("cache_salt") else None)
 
 
 def final_message(state: RequestState) -> generate_pb2.GenerateFinal:
@@ -63,53 +67,79 @@ def final_message(state: RequestState) -> generate_pb2.GenerateFinal:
 class GenerationServicer(generate_pb2_grpc.GenerationServicer):
     def __init__(self, fe: Frontend) -> None:
         self.fe = fe
-        self.active: dict[str, str] = {}  # the client's request id -> the scheduler's
+        # (the caller's key, the client's request id) -> the scheduler's id: a caller
+        # sees and aborts only its own requests
+        self.active: dict[tuple[str, str], str] = {}
+
+    async def _caller(self, context) -> str:
+        """The caller's API key (gRPC metadata `authorization: Bearer <key>`)."""
+        token = bearer(dict(context.invocation_metadata() or ()).get("authorization"))
+        try:
+            return self.fe.keys.identify(token)
+        except Unauthenticated as exc:
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, str(exc))
 
     async def Generate(self, request, context):
+        caller = await self._caller(context)
         try:
-            inp = generate_input(request, self.fe)
+            self.fe.keys.check_priority(caller, request.priority)
+            inp = await self.fe.offload(generate_input, request, self.fe)
+        except Forbidden as exc:
+            await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
         except InvalidRequestError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except EngineError as exc:
             await context.abort(exc.code, exc.message)
         client_id = request.request_id or self.fe.new_id("gen")
-        if client_id in self.active:
+        key = (caller, client_id)
+        if key in self.active:
             await context.abort(grpc.StatusCode.ALREADY_EXISTS,
                                 f"request {client_id!r} is already running")
         choice = Choice(self.fe.new_id("grpc"), inp, inp.params,
                         context.invocation_metadata(), "text_completion")
-        self.active[client_id] = choice.req_id
         try:
-            async with aclosing(generation.stream(self.fe.engine, self.fe.tokenizer, choice,
-                                                  self.fe.observer)) as deltas:
-                async for state, delta in deltas:
-                    msg = generate_pb2.GenerateResponse(
-                        request_id=client_id, token_ids=delta.token_ids, text=delta.text,
-                        logprobs=[convert.logprobs_to_proto(x) for x in delta.logprobs])
-                    if delta.finished:
-                        msg.final.CopyFrom(final_message(state))
-                    yield msg
+            with self.fe.admission.admit(1):  # RESOURCE_EXHAUSTED when the queue is full
+                self.active[key] = choice.req_id
+                async with aclosing(generation.stream(self.fe.engine, self.fe.tokenizer,
+                                                      choice, self.fe.observer)) as deltas:
+                    async for state, delta in deltas:
+                        msg = generate_pb2.GenerateResponse(
+                            request_id=client_id, token_ids=delta.token_ids,
+                            text=delta.text,
+                            logprobs=[convert.logprobs_to_proto(x) for x in delta.logprobs])
+                        if delta.finished:
+                            msg.final.CopyFrom(final_message(state))
+                        yield msg
         except EngineError as exc:
             await context.abort(exc.code, exc.message)
         finally:
-            self.active.pop(client_id, None)
+            if self.active.get(key) == choice.req_id:
+                del self.active[key]
 
     async def Abort(self, request, context):
-        ids = [self.active[i] for i in request.request_ids if i in self.active]
+        caller = await self._caller(context)
+        ids = [self.active[(caller, i)] for i in request.request_ids
+               if (caller, i) in self.active]
         return generate_pb2.AbortResponse(num_aborted=self.fe.engine.abort(ids))
 
     async def Tokenize(self, request, context):
+        await self._caller(context)
         add_special = request.add_special_tokens if request.HasField("add_special_tokens") \
             else True
-        ids = self.fe.tokenizer.encode(request.text, add_special)
         try:
-            max_model_len = self.fe.limits.max_model_len
+            limits = self.fe.limits
+            limits.caps.check_text(request.text)
         except EngineError as exc:
             await context.abort(exc.code, exc.message)
+        except InvalidRequestError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        ids = await self.fe.offload(self.fe.tokenizer.encode, request.text, add_special)
+        max_model_len = limits.max_model_len
         return generate_pb2.TokenizeResponse(token_ids=ids, tokens=self.fe.tokenizer.tokens(ids),
                                              max_model_len=max_model_len)
 
     async def GetModelInfo(self, request, context):
+        await self._caller(context)
         info = self.fe.engine.model_info
         if info is None:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "the scheduler is not connected")

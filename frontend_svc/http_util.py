@@ -16,7 +16,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from shared.types import InvalidRequestError
 
+from frontend_svc.admission import RETRY_AFTER_S
+from frontend_svc.auth import Forbidden, Unauthenticated
 from frontend_svc.errors import EngineError, error_body
+from frontend_svc.observe import log
 
 T = TypeVar("T")
 
@@ -34,7 +37,10 @@ class ClientGone(Exception):
 
 
 def error_response(status: int, message: str, param: str | None = None) -> JSONResponse:
-    return JSONResponse(error_body(message, status, param), status_code=status)
+    # a 429 says when to come back, as OpenAI's and TGI's do
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 429 else None
+    return JSONResponse(error_body(message, status, param), status_code=status,
+                        headers=headers)
 
 
 def install_error_handlers(app: FastAPI) -> None:
@@ -58,6 +64,18 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(HttpError)
     async def _http(_: Request, exc: HttpError) -> JSONResponse:
         return error_response(exc.status, exc.message, exc.param)
+
+    @app.exception_handler(Unauthenticated)
+    @app.exception_handler(Forbidden)
+    async def _auth(_: Request, exc: Unauthenticated | Forbidden) -> JSONResponse:
+        return error_response(exc.status, str(exc))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # a bug must still answer in the shape clients parse, and leave a trail
+        log.error("unexpected error", path=request.url.path, error=repr(exc),
+                  exc_info=exc)
+        return error_response(500, "internal server error")
 
     @app.exception_handler(ClientGone)
     async def _gone(_: Request, exc: ClientGone) -> JSONResponse:

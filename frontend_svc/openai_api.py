@@ -11,9 +11,11 @@ from fastapi.responses import JSONResponse
 from shared.types import InvalidRequestError
 
 from frontend_svc import openai_format as fmt
+from frontend_svc.auth import ANONYMOUS
 from frontend_svc.context import Frontend
 from frontend_svc.errors import EngineError, error_body
 from frontend_svc.generation import Choice
+from frontend_svc.http_guard import HttpGuard
 from frontend_svc.http_util import (
     HttpError, SSEResponse, install_error_handlers, unless_disconnected)
 from frontend_svc.observe import metrics_text
@@ -24,9 +26,14 @@ from frontend_svc.translate import (
     GenerationInput, chat_input, completion_inputs, fan_out)
 
 
-def build_app(fe: Frontend) -> FastAPI:
+def build_app(fe: Frontend, payload_limit: int = 8 << 20) -> FastAPI:
     app = FastAPI(title="gapserve", docs_url=None, redoc_url=None)
     install_error_handlers(app)
+    app.add_middleware(HttpGuard, keys=fe.keys, payload_limit=payload_limit,
+                       admission=fe.admission)
+
+    def check_priority(request: Request, priority: int) -> None:
+        fe.keys.check_priority(getattr(request.state, "caller", ANONYMOUS), priority)
 
     def check_model(name: str | None) -> None:
         if name is not None and name != fe.served_model_name:
@@ -87,12 +94,15 @@ def build_app(fe: Frontend) -> FastAPI:
         check_model(req.model)
         if (req.prompt is None) == (req.messages is None):
             raise InvalidRequestError("give exactly one of prompt and messages")
+        caps = fe.limits.caps
         if req.prompt is not None:
-            ids = fe.tokenizer.encode(req.prompt, req.add_special_tokens)
+            caps.check_text(req.prompt)
+            ids = await fe.offload(fe.tokenizer.encode, req.prompt, req.add_special_tokens)
         else:
-            ids = fe.tokenizer.apply_chat_template(
-                [m.model_dump(exclude_none=True) for m in req.messages],
-                req.add_generation_prompt)
+            messages = [m.model_dump(exclude_none=True) for m in req.messages]
+            caps.check_text(str(messages), "the messages")
+            ids = await fe.offload(fe.tokenizer.apply_chat_template, messages,
+                                   req.add_generation_prompt)
         return {"tokens": ids, "count": len(ids), "max_model_len": fe.limits.max_model_len}
 
     @app.post("/detokenize")
@@ -107,7 +117,9 @@ def build_app(fe: Frontend) -> FastAPI:
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request):
         check_model(req.model)
-        inputs = completion_inputs(req, fe.tokenizer, fe.limits)
+        check_priority(request, req.priority)
+        fe.admission.check(req.n)  # early 429: no tokenizing for a request that cannot run
+        inputs = await fe.offload(completion_inputs, req, fe.tokenizer, fe.limits)
         resp_id = fe.new_id("cmpl")
         choices = choices_for(inputs, req.n, resp_id, request, "text_completion")
         echo = [c.inp.prompt_text if req.echo else None for c in choices]
@@ -127,7 +139,9 @@ def build_app(fe: Frontend) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat_completions(req: ChatCompletionRequest, request: Request):
         check_model(req.model)
-        inp = chat_input(req, fe.tokenizer, fe.limits)
+        check_priority(request, req.priority)
+        fe.admission.check(req.n)
+        inp = await fe.offload(chat_input, req, fe.tokenizer, fe.limits)
         resp_id = fe.new_id("chatcmpl")
         choices = choices_for([inp], req.n, resp_id, request, "chat")
         if req.stream:

@@ -7,7 +7,7 @@ openai_api.py: they are on the per-token path and need no validation.
 
 from __future__ import annotations
 
-from typing import Literal, Union
+from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -41,6 +41,11 @@ class SamplingFields(BaseModel):
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     user: str | None = None
+    cache_salt: str | None = None  # vLLM's: prefix-cache isolation between tenants
+    # Accepted so that they can be refused with a clear 400 (translate.py), never
+    # silently ignored.
+    logit_bias: dict[str, float] | None = None
+    response_format: dict[str, Any] | None = None
 
 
 class CompletionRequest(SamplingFields):
@@ -57,10 +62,14 @@ class TextPart(BaseModel):
     text: str
 
 
+# OpenAI's roles; any other is a 400 (the chat template would render it blindly).
+ChatRole = Literal["system", "developer", "user", "assistant", "tool", "function"]
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
-    role: str
+    role: ChatRole
     content: Union[str, list[TextPart], None] = None
     name: str | None = None
 
@@ -72,6 +81,8 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: bool = False
     top_logprobs: int | None = None
     add_generation_prompt: bool = True
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Union[str, dict[str, Any], None] = None
 
 
 class TokenizeRequest(BaseModel):

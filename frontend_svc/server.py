@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import grpc
@@ -17,11 +18,16 @@ from grpc_reflection.v1alpha import reflection
 from shared.config import frontend_parser, parse_args
 from shared.default_model import resolve_model
 from shared.grpc_server import CHANNEL_OPTIONS
+from shared.link_security import LinkSecurity
 from shared.proto import generate_pb2_grpc
 
 from frontend_svc import observe
+from frontend_svc.admission import Admission
+from frontend_svc.auth import ApiKeys
+from frontend_svc.caps import RequestCaps
 from frontend_svc.context import Frontend
 from frontend_svc.engine_client import EngineClient
+from frontend_svc.errors import EngineError
 from frontend_svc.grpc_api import SERVICE_NAME, GenerationServicer
 from frontend_svc.openai_api import build_app
 from frontend_svc.tokenizer import TextTokenizer
@@ -46,29 +52,43 @@ def main(argv: list[str] | None = None) -> int:
 async def serve(args, tokenizer: TextTokenizer, served_model_name: str,
                 model_path: str) -> None:
     health_servicer = health.aio.HealthServicer()
+    security = LinkSecurity.from_args(args)
+    admission = Admission(args.max_queued_requests)
 
-    async def set_health(serving: bool) -> None:
+    async def on_connection(serving: bool) -> None:
+        if serving:  # the admission bound counts from the scheduler's running capacity
+            try:
+                admission.max_num_seqs = (await engine.get_status()).max_num_seqs
+            except EngineError as exc:  # keep the last value; the bound stays finite
+                observe.log.warning("no scheduler status for admission", error=exc.message)
         for service in ("", SERVICE_NAME):
             await health_servicer.set(service, SERVING if serving else NOT_SERVING)
 
-    engine = EngineClient(args.scheduler_address, on_connection=set_health,
-                          model_name=served_model_name)
+    engine = EngineClient(args.scheduler_address, on_connection=on_connection,
+                          model_name=served_model_name, security=security)
     fe = Frontend(engine, tokenizer, served_model_name, model_path,
-                  observe.Observer(served_model_name))
+                  observe.Observer(served_model_name), ApiKeys.from_args(args),
+                  RequestCaps.from_args(args), admission,
+                  ThreadPoolExecutor(args.tokenizer_threads, thread_name_prefix="tokenize"))
 
-    grpc_server = grpc.aio.server(options=CHANNEL_OPTIONS)
+    # a client's message is bounded like an HTTP body (--payload-limit)
+    grpc_server = grpc.aio.server(options=[
+        *(o for o in CHANNEL_OPTIONS if o[0] != "grpc.max_receive_message_length"),
+        ("grpc.max_receive_message_length", args.payload_limit)])
     generate_pb2_grpc.add_GenerationServicer_to_server(GenerationServicer(fe), grpc_server)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, grpc_server)
     reflection.enable_server_reflection(
         [SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME], grpc_server)
-    await set_health(False)
-    if grpc_server.add_insecure_port(f"{args.host}:{args.grpc_port}") == 0:
+    await on_connection(False)
+    if security.add_port(grpc_server, f"{args.host}:{args.grpc_port}") == 0:
         raise OSError(f"cannot bind {args.host}:{args.grpc_port}")
     await grpc_server.start()
 
     http = uvicorn.Server(uvicorn.Config(
-        build_app(fe), host=args.host, port=args.http_port, log_level="warning",
-        access_log=False, timeout_graceful_shutdown=max(1, round(args.drain_timeout_s))))
+        build_app(fe, args.payload_limit), host=args.host, port=args.http_port,
+        log_level="warning", access_log=False,
+        timeout_graceful_shutdown=max(1, round(args.drain_timeout_s)),
+        ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -78,15 +98,19 @@ async def serve(args, tokenizer: TextTokenizer, served_model_name: str,
     engine_task = asyncio.create_task(engine.start())  # waits for the scheduler
     observe.log.info("frontend listening", http_port=args.http_port,
                      grpc_port=args.grpc_port, scheduler=args.scheduler_address,
-                     model=served_model_name)
+                     model=served_model_name, api_keys=len(fe.keys.keys),
+                     priority_keys=len(fe.keys.priority_keys), grpc_tls=security.tls,
+                     mtls=security.tls and security.ca is not None,
+                     https=bool(args.ssl_certfile), max_queued_requests=args.max_queued_requests)
     stop_task = asyncio.create_task(stop.wait())
     await asyncio.wait({http_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
     http.should_exit = True
     engine_task.cancel()
-    await set_health(False)
+    await on_connection(False)
     await grpc_server.stop(grace=args.drain_timeout_s)  # open streams may finish
     await http_task
     await engine.close()
+    fe.pool.shutdown(wait=False, cancel_futures=True)
     observe.log.info("frontend stopped")
 
 

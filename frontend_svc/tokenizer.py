@@ -24,6 +24,7 @@ class TextTokenizer:
     fast: tokenizers.Tokenizer
     chat_template: ChatTemplate | None = None
     eos_token_id: int | None = None
+    max_token_bytes: int = 0  # the longest token's text in UTF-8 bytes (bounds a prompt)
 
     @classmethod
     def from_dir(cls, path: str | Path) -> "TextTokenizer":
@@ -42,10 +43,12 @@ class TextTokenizer:
             source = next((t["template"] for t in source if t.get("name") == "default"), None)
         eos = special.get("eos_token")
         return cls(fast, ChatTemplate(source, special) if source else None,
-                   fast.token_to_id(eos) if eos else None)
+                   fast.token_to_id(eos) if eos else None, _max_token_bytes(fast))
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return self.fast.encode(text, add_special_tokens=add_special_tokens).ids
+        # encode_batch releases the GIL (encode does not): on the frontend's
+        # tokenizer threads a long prompt then leaves the event loop running
+        return self.fast.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.fast.decode(ids, skip_special_tokens=skip_special_tokens)
@@ -65,6 +68,12 @@ class TextTokenizer:
             raise InvalidRequestError("this model has no chat template; use /v1/completions")
         text = self.chat_template.render(messages, add_generation_prompt)
         return self.encode(text, add_special_tokens=False)
+
+
+def _max_token_bytes(fast: tokenizers.Tokenizer) -> int:
+    ids = list(range(fast.get_vocab_size(with_added_tokens=True)))
+    texts = fast.decode_batch([[i] for i in ids], skip_special_tokens=False)
+    return max((len(t.encode("utf-8", "surrogatepass")) for t in texts), default=1)
 
 
 def _token_text(value: Any) -> str | None:

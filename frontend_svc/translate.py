@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from shared.types import InvalidRequestError, SamplingParams
 
+from frontend_svc.caps import RequestCaps
 from frontend_svc.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 from frontend_svc.tokenizer import TextTokenizer
 
@@ -21,6 +22,7 @@ INT64 = 2**63  # the wire's seed type
 class ModelLimits:
     max_model_len: int
     vocab_size: int
+    caps: RequestCaps = field(default_factory=RequestCaps)
 
 
 @dataclass(slots=True)
@@ -34,6 +36,7 @@ class GenerationInput:
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     priority: int = 0
+    cache_salt: str | None = None
 
 
 def fan_out(params: SamplingParams, n: int) -> list[SamplingParams]:
@@ -59,11 +62,27 @@ def check_prompt(ids: list[int], params: SamplingParams, limits: ModelLimits) ->
             "or lower max_tokens")
 
 
-def stop_strings(stop: str | list[str] | None) -> list[str]:
+def stop_strings(stop: str | list[str] | None, caps: RequestCaps,
+                 stop_token_ids: list[int] | None = None) -> list[str]:
     stops = [stop] if isinstance(stop, str) else list(stop or [])
     if any(s == "" for s in stops):
         raise InvalidRequestError("stop strings must not be empty")
+    caps.check_stops(stops, stop_token_ids)
     return stops
+
+
+def check_unsupported(req: SamplingFields) -> None:
+    """Fields we accept only to refuse: silently ignoring them would return output
+    the client did not ask for."""
+    fmt = req.response_format
+    if fmt is not None and fmt.get("type", "text") != "text":
+        raise InvalidRequestError(f"response_format {fmt.get('type')!r} is not supported "
+                                  "(no structured output); only 'text'")
+    if getattr(req, "tools", None):
+        raise InvalidRequestError("tools (function calling) are not supported by this server")
+    choice = getattr(req, "tool_choice", None)
+    if choice not in (None, "none", "auto"):
+        raise InvalidRequestError("tool_choice is not supported by this server")
 
 
 def sampling_params(req: SamplingFields, max_tokens: int, logprobs: int | None,
@@ -71,6 +90,7 @@ def sampling_params(req: SamplingFields, max_tokens: int, logprobs: int | None,
     """SamplingParams from the shared fields; None keeps the default."""
     if not 1 <= req.n <= MAX_N:
         raise InvalidRequestError(f"n must be in [1, {MAX_N}], got {req.n}")
+    check_unsupported(req)
     if not -INT32 <= req.priority < INT32:
         raise InvalidRequestError("priority must fit in 32 bits")
     given = {name: getattr(req, name) for name in (
@@ -78,11 +98,24 @@ def sampling_params(req: SamplingFields, max_tokens: int, logprobs: int | None,
         "frequency_penalty", "repetition_penalty") if getattr(req, name) is not None}
     params = SamplingParams(max_tokens=max_tokens, min_tokens=req.min_tokens,
                             stop_token_ids=list(req.stop_token_ids or []),
-                            ignore_eos=req.ignore_eos, logprobs=logprobs, **given)
+                            ignore_eos=req.ignore_eos, logprobs=logprobs,
+                            logit_bias=logit_bias(req.logit_bias), **given)
     params.validate(limits.vocab_size)
     if params.seed is not None and not -INT64 <= params.seed <= INT64 - req.n:
         raise InvalidRequestError("seed must fit in a signed 64-bit integer")
     return params
+
+
+def logit_bias(raw: dict[str, float] | None) -> dict[int, float]:
+    """OpenAI sends token ids as JSON object keys, so as strings."""
+    out = {}
+    for key, value in (raw or {}).items():
+        try:
+            out[int(key)] = float(value)
+        except ValueError:
+            raise InvalidRequestError(f"logit_bias keys must be token ids, got {key!r}") \
+                from None
+    return out
 
 
 def _max_tokens(requested: int | None, prompt_len: int, limits: ModelLimits) -> int:
@@ -105,7 +138,11 @@ def completion_inputs(req: CompletionRequest, tokenizer: TextTokenizer,
         prompts = list(prompt)
     if not prompts:
         raise InvalidRequestError("the prompt is empty")
-    stops = stop_strings(req.stop)
+    limits.caps.check_batch(len(prompts), req.n)
+    stops = stop_strings(req.stop, limits.caps, req.stop_token_ids)
+    for p in prompts:  # every cap before the first (costly) tokenization
+        if isinstance(p, str):
+            limits.caps.check_text(p)
     inputs = []
     for p in prompts:
         if isinstance(p, str):
@@ -119,7 +156,7 @@ def completion_inputs(req: CompletionRequest, tokenizer: TextTokenizer,
             text = tokenizer.decode(ids, req.skip_special_tokens)
         inputs.append(GenerationInput(ids, params, stops, text,
                                       req.include_stop_str_in_output,
-                                      req.skip_special_tokens, req.priority))
+                                      req.skip_special_tokens, req.priority, req.cache_salt))
     return inputs
 
 
@@ -138,12 +175,16 @@ def chat_input(req: ChatCompletionRequest, tokenizer: TextTokenizer,
     if req.top_logprobs is not None and not req.logprobs:
         raise InvalidRequestError("top_logprobs requires logprobs to be true")
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    ids = tokenizer.apply_chat_template([_message_dict(m) for m in req.messages],
-                                        req.add_generation_prompt)
+    check_unsupported(req)
+    limits.caps.check_batch(1, req.n)
+    stops = stop_strings(req.stop, limits.caps, req.stop_token_ids)
+    messages = [_message_dict(m) for m in req.messages]
+    limits.caps.check_text("".join(m["content"] for m in messages), "the messages' content")
+    ids = tokenizer.apply_chat_template(messages, req.add_generation_prompt)
     requested = req.max_completion_tokens if req.max_completion_tokens is not None \
         else req.max_tokens
     params = sampling_params(req, _max_tokens(requested, len(ids), limits), logprobs, limits)
     check_prompt(ids, params, limits)
-    return GenerationInput(ids, params, stop_strings(req.stop), None,
+    return GenerationInput(ids, params, stops, None,
                            req.include_stop_str_in_output, req.skip_special_tokens,
-                           req.priority)
+                           req.priority, req.cache_salt)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import threading
@@ -22,6 +23,7 @@ from pathlib import Path
 
 from shared import config as flags
 from shared.grpc_server import check_health
+from shared.link_security import LinkSecurity
 
 STOP_TIMEOUT_S = 15.0  # per process, after SIGTERM, before SIGKILL
 RESTART_BACKOFF_S = 0.5  # first wait before restarting a child that died; doubles
@@ -37,7 +39,12 @@ def serve_parser() -> argparse.ArgumentParser:
     flags.add_worker_flags(p, with_ports=False)
     flags.add_scheduler_flags(p, with_ports=False)
     flags.add_frontend_flags(p, with_model=False, with_scheduler_address=False)
+    flags.add_link_security_flags(p)
+    flags.add_admission_flags(p)
     g = p.add_argument_group("ports of the inner services (0 turns a metrics port off)")
+    g.add_argument("--inner-host", default="127.0.0.1",
+                   help="bind address of the scheduler and workers (--host binds only "
+                        "the frontend, so only it is reachable from outside)")
     g.add_argument("--scheduler-port", type=flags.port, default=50052)
     g.add_argument("--worker-port", type=flags.port, default=50053, help="rank 0; rank r adds r")
     g.add_argument("--scheduler-metrics-port", type=flags.port, default=8001)
@@ -65,7 +72,16 @@ def _argv(args: argparse.Namespace, names: Sequence[str]) -> list[str]:
     return out
 
 
-COMMON = ("host", "otlp_traces_endpoint", "log_format", "log_level", "drain_timeout_s")
+COMMON = ("otlp_traces_endpoint", "log_format", "log_level", "drain_timeout_s")
+TLS = ("tls_cert", "tls_key", "tls_ca")
+ADMISSION = ("max_queued_requests", "payload_limit", "max_client_batch_size",
+             "max_choices_per_request", "max_stop_sequences", "max_stop_sequence_length",
+             "max_stop_token_ids", "max_prompt_bytes", "tokenizer_threads",
+             "ssl_certfile", "ssl_keyfile")
+# Secrets travel to the children in their environment, not on command lines that
+# any local user can read in the process list.
+INNER_SECRETS = ("internal_token",)
+FRONTEND_SECRETS = ("internal_token", "api_key", "priority_keys")
 LIMITS = ("max_model_len", "max_num_batched_tokens", "max_num_seqs")
 WORKER = ("model", "tensor_parallel_size", "device", "dtype", "kv_cache_memory",
           "gpu_memory_utilization", "num_gpu_blocks_override", "block_size", "seed")
@@ -86,21 +102,39 @@ class Child:
     health_address: str
     http_health_url: str | None = None
     process: subprocess.Popen | None = None
+    env: dict[str, str] = field(default_factory=dict)  # secrets, GAPSERVE_* variables
+    security: LinkSecurity = field(default_factory=LinkSecurity)
 
     def healthy(self) -> bool:
-        if not check_health(self.health_address, timeout_s=1.0):
+        if not check_health(self.health_address, timeout_s=1.0, security=self.security):
             return False
         if self.http_health_url is None:
             return True
+        # our own child on loopback: its HTTPS certificate is not what is checked here
+        context = ssl._create_unverified_context() \
+            if self.http_health_url.startswith("https") else None
         try:
-            with urllib.request.urlopen(self.http_health_url, timeout=1.0) as reply:
+            with urllib.request.urlopen(self.http_health_url, timeout=1.0,
+                                        context=context) as reply:
                 return reply.status == 200
         except OSError:
             return False
 
 
+def _secret_env(args: argparse.Namespace, names: Sequence[str]) -> dict[str, str]:
+    out = {}
+    for name in names:
+        value = getattr(args, name)
+        if value:
+            out[flags.env_name("--" + name.replace("_", "-"))] = \
+                ",".join(value) if isinstance(value, list) else str(value)
+    return out
+
+
 def children(args: argparse.Namespace) -> list[Child]:
-    host = _loopback(args.host)
+    host = _loopback(args.inner_host)
+    security = LinkSecurity.from_args(args)
+    inner_env = _secret_env(args, INNER_SECRETS)
     workers = []
     for rank in range(args.tensor_parallel_size):
         port = args.worker_port + rank
@@ -108,20 +142,23 @@ def children(args: argparse.Namespace) -> list[Child]:
         workers.append(Child(
             f"worker-{rank}",
             ["worker", "--rank", str(rank), "--port", str(port), "--metrics-port", str(metrics),
-             *_argv(args, COMMON + WORKER + LIMITS)],
-            f"{host}:{port}"))
+             "--host", args.inner_host, *_argv(args, COMMON + WORKER + LIMITS + TLS)],
+            f"{host}:{port}", env=inner_env, security=security))
     addresses = ",".join(w.health_address for w in workers)
     scheduler = Child(
         "scheduler",
         ["scheduler", "--port", str(args.scheduler_port),
          "--metrics-port", str(args.scheduler_metrics_port), "--worker-addresses", addresses,
-         *_argv(args, COMMON + SCHEDULER + LIMITS)],
-        f"{host}:{args.scheduler_port}")
+         "--host", args.inner_host, *_argv(args, COMMON + SCHEDULER + LIMITS + TLS)],
+        f"{host}:{args.scheduler_port}", env=inner_env, security=security)
+    front = _loopback(args.host)
+    scheme = "https" if args.ssl_certfile else "http"
     frontend = Child(
         "frontend",
-        ["frontend", "--scheduler-address", scheduler.health_address,
-         *_argv(args, COMMON + FRONTEND)],
-        f"{host}:{args.grpc_port}", f"http://{host}:{args.http_port}/health")
+        ["frontend", "--scheduler-address", scheduler.health_address, "--host", args.host,
+         *_argv(args, COMMON + FRONTEND + TLS + ADMISSION)],
+        f"{front}:{args.grpc_port}", f"{scheme}://{front}:{args.http_port}/health",
+        env=_secret_env(args, FRONTEND_SECRETS), security=security)
     return [*workers, scheduler, frontend]
 
 
@@ -141,12 +178,13 @@ class Supervisor:
 
     def launch(self, child: Child, env: dict[str, str] | None = None) -> None:
         """(Re)start one child with the same flags (its log is appended to); env
-        replaces the supervisor's environment for this launch only."""
+        replaces the supervisor's environment for this launch only. The child's own
+        env (its secrets) is laid over either."""
         out = None if self.log_dir is None else open(self.log_dir / f"{child.name}.log", "ab")
+        base = env if env is not None else self.env if self.env is not None else os.environ
         try:
             child.process = subprocess.Popen(
-                [sys.executable, "-m", "gapserve", *child.argv],
-                env=self.env if env is None else env,
+                [sys.executable, "-m", "gapserve", *child.argv], env={**base, **child.env},
                 stdout=out, stderr=subprocess.STDOUT if out else None)
         finally:
             if out is not None:
@@ -195,7 +233,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.model = str(resolve_model(args.model))
     except (FileNotFoundError, OSError, RuntimeError) as e:
         parser.error(str(e))
-    supervisor = Supervisor(children(args))
+    try:
+        supervisor = Supervisor(children(args))
+    except (OSError, ValueError) as e:  # an unreadable --tls-* file, a lone --tls-cert
+        parser.error(str(e))
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: supervisor.stop.set())
     supervisor.start()
@@ -206,8 +247,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"gapserve serve: {problem}; stopping", file=sys.stderr)
             return 0 if problem == "interrupted" else 1
         host = _loopback(args.host)
+        scheme = "https" if args.ssl_certfile else "http"
         print(f"gapserve: serving {args.served_model_name or os.path.basename(args.model)}\n"
-              f"  OpenAI API  http://{host}:{args.http_port}/v1\n"
+              f"  OpenAI API  {scheme}://{host}:{args.http_port}/v1\n"
               f"  gRPC        {host}:{args.grpc_port}  (gapserve.v1.Generation)\n"
               f"  Ctrl-C stops all services", flush=True)
         backoff = RESTART_BACKOFF_S

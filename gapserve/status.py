@@ -19,24 +19,31 @@ def status_parser() -> argparse.ArgumentParser:
     p.add_argument("--scheduler-address", default=None,
                    help="ask the scheduler's GetStatus instead (host:port)")
     p.add_argument("--json", action="store_true", help="print the raw JSON")
+    p.add_argument("--api-key", type=flags.key_list, default=[],
+                   help="for a frontend started with --api-key (the first key is sent)")
+    flags.add_link_security_flags(p)  # for --scheduler-address: TLS and the internal token
     return p
 
 
-def from_scheduler(address: str) -> dict:
-    import grpc
+def from_scheduler(address: str, args=None) -> dict:
     from google.protobuf.json_format import MessageToDict
 
+    from shared.link_security import LinkSecurity
     from shared.proto import engine_pb2, engine_pb2_grpc
 
-    with grpc.insecure_channel(address) as channel:
-        reply = engine_pb2_grpc.EngineStub(channel).GetStatus(engine_pb2.GetStatusRequest(),
-                                                              timeout=5.0)
+    security = LinkSecurity.from_args(args) if args is not None else LinkSecurity()
+    with security.channel(address) as channel:
+        reply = engine_pb2_grpc.EngineStub(channel).GetStatus(
+            engine_pb2.GetStatusRequest(), timeout=5.0, metadata=security.metadata)
     return MessageToDict(reply, preserving_proto_field_name=True,
                          always_print_fields_with_no_presence=True)
 
 
-def from_frontend(url: str) -> dict:
-    with urllib.request.urlopen(url.rstrip("/") + "/v1/status", timeout=5.0) as reply:
+def from_frontend(url: str, api_key: str | None = None) -> dict:
+    request = urllib.request.Request(url.rstrip("/") + "/v1/status")
+    if api_key:
+        request.add_header("Authorization", f"Bearer {api_key}")
+    with urllib.request.urlopen(request, timeout=5.0) as reply:
         return json.load(reply)
 
 
@@ -54,8 +61,8 @@ def render(status: dict) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     args = flags.parse_args(status_parser(), argv)
     try:
-        status = (from_scheduler(args.scheduler_address) if args.scheduler_address
-                  else from_frontend(args.url))
+        status = (from_scheduler(args.scheduler_address, args) if args.scheduler_address
+                  else from_frontend(args.url, args.api_key[0] if args.api_key else None))
     except (OSError, urllib.error.URLError) as e:
         print(f"gapserve status: cannot reach {args.scheduler_address or args.url}: {e}",
               file=sys.stderr)

@@ -27,6 +27,7 @@ from scheduler_svc.engine import (CLOSED, Engine, EngineFailed, ErrorCode, Failu
 from shared import config as flags
 from shared import proto_convert as pc
 from shared.grpc_server import CHANNEL_OPTIONS, ServiceServer
+from shared.link_security import LinkSecurity
 from shared.proto import common_pb2, engine_pb2, engine_pb2_grpc, worker_pb2, worker_pb2_grpc
 from shared.telemetry import context_carrier, get_logger, setup_telemetry, start_metrics_server
 from shared.types import InvalidRequestError, ModelInfo, ModelRunnerOutput, SchedulerOutput
@@ -44,11 +45,12 @@ _CODES = {ErrorCode.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
 
 
 class WorkerGroup:
-    def __init__(self, addresses: Sequence[str], step_timeout_s: float | None = None) -> None:
+    def __init__(self, addresses: Sequence[str], step_timeout_s: float | None = None,
+                 security: LinkSecurity | None = None) -> None:
         self.addresses = list(addresses)
         self.step_timeout_s = step_timeout_s  # None: wait for a step's answer forever
-        self._channels = [grpc.insecure_channel(a, options=CHANNEL_OPTIONS)
-                          for a in self.addresses]
+        self._security = security or LinkSecurity()  # TLS and the workers' internal token
+        self._channels = [self._security.channel(a, CHANNEL_OPTIONS) for a in self.addresses]
         self._stubs = [worker_pb2_grpc.WorkerStub(c) for c in self._channels]
         self._outboxes: list[queue.SimpleQueue] = []
         self._closing = False
@@ -67,7 +69,8 @@ class WorkerGroup:
         ask = worker_pb2.HandshakeRequest(tensor_parallel_size=tp,
                                           max_num_batched_tokens=max_num_batched_tokens or 0)
         for rank, (address, stub) in enumerate(zip(self.addresses, self._stubs)):
-            reply = stub.Handshake(ask, timeout=timeout_s, wait_for_ready=True)
+            reply = stub.Handshake(ask, timeout=timeout_s, wait_for_ready=True,
+                                   metadata=self._security.metadata)
             if reply.rank != rank or reply.tensor_parallel_size != tp:
                 raise ConfigError(
                     f"worker {address} is rank {reply.rank} of {reply.tensor_parallel_size}, "
@@ -93,7 +96,7 @@ class WorkerGroup:
             answers: queue.SimpleQueue = queue.SimpleQueue()
             self._outboxes.append(outbox)
             self._answers.append(answers)
-            replies = stub.Step(iter(outbox.get, None))
+            replies = stub.Step(iter(outbox.get, None), metadata=self._security.metadata)
             self._replies.append(replies)
             threading.Thread(target=self._read, args=(address, replies, answers, self.generation),
                              name=f"step-replies-{address}", daemon=True).start()
@@ -325,13 +328,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
     servicer = EngineServicer()
-    server = ServiceServer()
+    security = LinkSecurity.from_args(args)
+    server = ServiceServer(security=security)
     server.add(engine_pb2_grpc.add_EngineServicer_to_server, servicer, "gapserve.v1.Engine")
     port = server.start(args.host, args.port)
     if args.metrics_port:
         start_metrics_server(args.metrics_port, args.host)
     log.info("scheduler_listening", port=port, workers=args.worker_addresses)
-    group = WorkerGroup(args.worker_addresses, step_timeout_s=args.step_timeout_s or None)
+    group = WorkerGroup(args.worker_addresses, step_timeout_s=args.step_timeout_s or None,
+                        security=security)
     engine = None
     failed = threading.Event()
     try:

@@ -203,12 +203,71 @@ def add_frontend_flags(parser: argparse.ArgumentParser, *, with_model: bool = Tr
                    help="defaults to the model directory's name")
 
 
+# ---------------------------------------------------------------------------
+# security and admission control (docs/security.md)
+
+
+def key_list(text: str) -> list[str]:
+    """Comma-separated secrets; empty entries dropped (an empty variable = none)."""
+    return [k.strip() for k in text.split(",") if k.strip()]
+
+
+def add_link_security_flags(parser: argparse.ArgumentParser) -> None:
+    """TLS/mTLS for every gRPC link and the token the inner services require."""
+    g = parser.add_argument_group("gRPC link security (every service)")
+    g.add_argument("--tls-cert", default=None,
+                   help="PEM certificate chain: served by gRPC servers, shown as the "
+                        "client certificate under mTLS")
+    g.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
+    g.add_argument("--tls-ca", default=None,
+                   help="PEM CA bundle: clients verify servers with it, and servers "
+                        "require client certificates signed by it (mTLS)")
+    g.add_argument("--internal-token", default=None,
+                   help="shared secret the scheduler and workers require of their "
+                        "callers (prefer the GAPSERVE_INTERNAL_TOKEN variable)")
+
+
+def add_admission_flags(parser: argparse.ArgumentParser) -> None:
+    """Client authentication and bounds on what one client may ask of the frontend."""
+    g = parser.add_argument_group("client authentication and admission (frontend)")
+    g.add_argument("--api-key", type=key_list, default=[],
+                   help="comma list of accepted keys (Authorization: Bearer, gRPC "
+                        "metadata); none = no authentication. Prefer GAPSERVE_API_KEY")
+    g.add_argument("--priority-keys", type=key_list, default=[],
+                   help="comma list of keys that may set a priority other than 0 "
+                        "(also accepted as API keys)")
+    g.add_argument("--max-queued-requests", type=non_negative_int, default=1024,
+                   help="requests (choices) this frontend lets wait beyond the "
+                        "scheduler's max-num-seqs; more get 429")
+    g.add_argument("--payload-limit", type=positive_int, default=8 << 20,
+                   help="largest HTTP request body in bytes (413 above)")
+    g.add_argument("--max-client-batch-size", type=positive_int, default=128,
+                   help="most prompts in one completion request")
+    g.add_argument("--max-choices-per-request", type=positive_int, default=256,
+                   help="most choices (prompts x n) one request may start")
+    g.add_argument("--max-stop-sequences", type=positive_int, default=16,
+                   help="most stop strings per request")
+    g.add_argument("--max-stop-sequence-length", type=positive_int, default=256,
+                   help="longest stop string in characters")
+    g.add_argument("--max-stop-token-ids", type=positive_int, default=256,
+                   help="most stop_token_ids per request")
+    g.add_argument("--max-prompt-bytes", type=positive_int, default=None,
+                   help="longest text prompt in UTF-8 bytes, checked before tokenizing "
+                        "(default: max-model-len times the longest token's bytes)")
+    g.add_argument("--tokenizer-threads", type=positive_int, default=2,
+                   help="threads that tokenize and render chat templates off the "
+                        "event loop")
+    g.add_argument("--ssl-certfile", default=None, help="serve HTTPS with this certificate")
+    g.add_argument("--ssl-keyfile", default=None, help="private key of --ssl-certfile")
+
+
 def worker_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gapserve worker", description="Run one worker rank.")
     add_common_flags(p)
     add_model_flag(p)
     add_worker_flags(p)
     add_limit_flags(p)
+    add_link_security_flags(p)
     return p
 
 
@@ -217,6 +276,7 @@ def scheduler_parser() -> argparse.ArgumentParser:
     add_common_flags(p)
     add_scheduler_flags(p)
     add_limit_flags(p)
+    add_link_security_flags(p)
     return p
 
 
@@ -224,4 +284,6 @@ def frontend_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gapserve frontend", description="Run the frontend.")
     add_common_flags(p)
     add_frontend_flags(p)
+    add_link_security_flags(p)
+    add_admission_flags(p)
     return p

@@ -9,6 +9,8 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
+from shared.link_security import LinkSecurity
+
 # Prompts of a long context and a step of many requests can pass 4 MiB.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 CHANNEL_OPTIONS = [
@@ -21,9 +23,11 @@ class ServiceServer:
     """A grpc.Server plus its health servicer; services start NOT_SERVING and
     turn SERVING with set_serving() once they can answer."""
 
-    def __init__(self, max_workers: int = 32) -> None:
+    def __init__(self, max_workers: int = 32, security: LinkSecurity | None = None) -> None:
+        self.security = security or LinkSecurity()
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
-                                  options=CHANNEL_OPTIONS)
+                                  options=CHANNEL_OPTIONS,
+                                  interceptors=self.security.interceptors())
         self.health = health.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self._names: list[str] = []
@@ -39,7 +43,7 @@ class ServiceServer:
         names = [*self._names, health.SERVICE_NAME, reflection.SERVICE_NAME]
         reflection.enable_server_reflection(names, self.server)
         self.health.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
-        self.port = self.server.add_insecure_port(f"{host}:{port}")
+        self.port = self.security.add_port(self.server, f"{host}:{port}")
         if self.port == 0:
             raise OSError(f"cannot bind {host}:{port}")
         self.server.start()
@@ -56,9 +60,10 @@ class ServiceServer:
         self.server.stop(grace_s).wait()
 
 
-def check_health(address: str, timeout_s: float = 1.0, service: str = "") -> bool:
+def check_health(address: str, timeout_s: float = 1.0, service: str = "",
+                 security: LinkSecurity | None = None) -> bool:
     """True if the service at address answers SERVING."""
-    with grpc.insecure_channel(address) as channel:
+    with (security or LinkSecurity()).channel(address) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
             reply = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=timeout_s)

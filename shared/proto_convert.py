@@ -18,7 +18,8 @@ _OPTIONAL_SAMPLING_FIELDS = (
 
 
 def sampling_to_proto(sp: t.SamplingParams) -> common_pb2.SamplingParams:
-    msg = common_pb2.SamplingParams(stop_token_ids=sp.stop_token_ids)
+    msg = common_pb2.SamplingParams(stop_token_ids=sp.stop_token_ids,
+                                    logit_bias=sp.logit_bias)
     for name in _OPTIONAL_SAMPLING_FIELDS:
         value = getattr(sp, name)
         if value is not None:
@@ -28,7 +29,8 @@ def sampling_to_proto(sp: t.SamplingParams) -> common_pb2.SamplingParams:
 
 def sampling_from_proto(msg: common_pb2.SamplingParams) -> t.SamplingParams:
     """Unset fields take the dataclass defaults; nothing is validated here."""
-    sp = t.SamplingParams(stop_token_ids=list(msg.stop_token_ids))
+    sp = t.SamplingParams(stop_token_ids=list(msg.stop_token_ids),
+                          logit_bias=dict(msg.logit_bias))
     for name in _OPTIONAL_SAMPLING_FIELDS:
         if msg.HasField(name):
             setattr(sp, name, getattr(msg, name))

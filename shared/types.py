@@ -50,8 +50,10 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None
+    logit_bias: dict[int, float] = field(default_factory=dict)  # OpenAI's: token id -> bias
 
     MAX_LOGPROBS = 20
+    MAX_LOGIT_BIAS = 100.0  # OpenAI's range is [-100, 100]
 
     @property
     def greedy(self) -> bool:
@@ -96,6 +98,11 @@ class SamplingParams:
         for tid in self.stop_token_ids:
             if tid < 0 or (vocab_size is not None and tid >= vocab_size):
                 bad(f"stop_token_ids contains {tid}, outside the vocabulary")
+        for tid, bias in self.logit_bias.items():
+            if tid < 0 or (vocab_size is not None and tid >= vocab_size):
+                bad(f"logit_bias has token id {tid}, outside the vocabulary")
+            if not (math.isfinite(bias) and abs(bias) <= self.MAX_LOGIT_BIAS):
+                bad(f"logit_bias values must be in [-100, 100], got {bias} for token {tid}")
 
 
 # ---------------------------------------------------------------------------

@@ -14,6 +14,8 @@ import torch
 from shared.types import TokenLogprobs
 from worker_svc.request_state import RequestState
 
+MIN_TEMPERATURE = 1e-2
+
 
 def sample(logits: torch.Tensor, states: list[RequestState], eos_token_ids: list[int],
            generator: torch.Generator
@@ -23,6 +25,12 @@ def sample(logits: torch.Tensor, states: list[RequestState], eos_token_ids: list
     num_rows = len(states)
     want_logprobs = [s.params.logprobs is not None for s in states]
     raw_logprobs = torch.log_softmax(logits, dim=-1) if any(want_logprobs) else None
+    for i, s in enumerate(states):  # OpenAI's logit_bias: added before anything else
+        if s.params.logit_bias:
+            ids = torch.tensor(list(s.params.logit_bias), device=logits.device)
+            bias = torch.tensor(list(s.params.logit_bias.values()), device=logits.device,
+                                dtype=logits.dtype)
+            logits[i].index_add_(0, ids, bias)
     if any(s.has_penalties for s in states):
         logits = _apply_penalties(logits, states)
     suppress = [i for i, s in enumerate(states) if s.num_output_tokens < s.params.min_tokens]
@@ -48,7 +56,10 @@ def sample(logits: torch.Tensor, states: list[RequestState], eos_token_ids: list
 def _random_sample(logits: torch.Tensor, states: list[RequestState],
                    generator: torch.Generator) -> torch.Tensor:
     device = logits.device
-    temperature = torch.tensor([s.params.temperature for s in states], device=device)
+    # Like the reference system (vLLM), a temperature in (0, 1e-2) is raised to 1e-2:
+    # dividing by a tiny one overflows the logits to inf and the softmax to NaN.
+    temperature = torch.tensor([max(s.params.temperature, MIN_TEMPERATURE) for s in states],
+                               device=device)
     logits = logits / temperature.unsqueeze(1)
     min_p = [s.params.min_p for s in states]
     if any(p > 0.0 for p in min_p):

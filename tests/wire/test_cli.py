@@ -67,3 +67,29 @@ def test_the_combined_parser_has_a_subcommand_per_command_with_its_real_flags():
     assert parser.parse_args(["worker", "--rank", "2"]).rank == 2
     with pytest.raises(SystemExit):
         parser.parse_args(["worker", "--rank", "x"])
+
+
+def test_serve_binds_only_the_frontend_to_host_and_the_inner_services_to_loopback():
+    kids = serve_children(["--host", "0.0.0.0"])
+    assert parsed(kids["frontend"]).host == "0.0.0.0"
+    assert parsed(kids["scheduler"]).host == "127.0.0.1"
+    assert parsed(kids["worker-0"]).host == "127.0.0.1"
+    assert kids["scheduler"].health_address.startswith("127.0.0.1:")
+
+
+def test_serve_hands_secrets_to_the_children_in_their_environment_not_their_argv(tmp_path):
+    ca = tmp_path / "ca.pem"
+    ca.write_text("not read by a child here")
+    kids = serve_children(["--api-key", "sek-1,sek-2", "--priority-keys", "sek-prio",
+                           "--internal-token", "sek-tok", "--tls-ca", str(ca),
+                           "--max-queued-requests", "7"])
+    for child in kids.values():
+        assert not any(secret in arg for arg in child.argv for secret in ("sek-",))
+        assert child.env["GAPSERVE_INTERNAL_TOKEN"] == "sek-tok"
+        args = config.parse_args(PARSERS[child.argv[0]](), child.argv[1:], environ=child.env)
+        assert (args.internal_token, args.tls_ca) == ("sek-tok", str(ca))
+    frontend = config.parse_args(config.frontend_parser(), kids["frontend"].argv[1:],
+                                 environ=kids["frontend"].env)
+    assert (frontend.api_key, frontend.priority_keys) == (["sek-1", "sek-2"], ["sek-prio"])
+    assert frontend.max_queued_requests == 7
+    assert "GAPSERVE_API_KEY" not in kids["scheduler"].env  # only the frontend checks keys

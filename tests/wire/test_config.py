@@ -49,3 +49,20 @@ def test_parsing_leaves_the_parser_defaults_unchanged():
     parser = config.worker_parser()
     config.parse_args(parser, [], environ={"GAPSERVE_BLOCK_SIZE": "32"})
     assert config.parse_args(parser, [], environ={}).block_size == 16
+
+
+def test_link_security_needs_cert_and_key_together_and_reads_the_token():
+    import argparse
+
+    import pytest
+
+    from shared.link_security import LinkSecurity
+
+    with pytest.raises(ValueError, match="--tls-cert and --tls-key"):
+        LinkSecurity.from_args(argparse.Namespace(tls_cert="c.pem", tls_key=None))
+    plain = LinkSecurity.from_args(config.parse_args(
+        config.worker_parser(), [], environ={"GAPSERVE_INTERNAL_TOKEN": "t"}))
+    assert not plain.tls and plain.server_credentials() is None
+    assert plain.metadata == (("x-gapserve-internal-token", "t"),)
+    assert LinkSecurity.from_args(config.parse_args(
+        config.worker_parser(), [], environ={"GAPSERVE_INTERNAL_TOKEN": ""})).metadata == ()

@@ -123,3 +123,20 @@ def test_logprobs_are_the_raw_model_logprobs_with_rank_and_top_n():
     assert lp.rank == int((want > want[tokens[0]]).sum()) + 1 and lp.rank > 1
     top_ids = want.topk(3).indices.tolist()
     assert [t for t, _ in lp.top] == top_ids
+
+
+def test_a_temperature_below_1e_2_is_raised_to_it_instead_of_sampling_nan():
+    # dividing by 1e-45 overflows every logit to +-inf and the softmax to NaN, whose
+    # argmax is row 0's first NaN, not the model's choice; vLLM raises it to 1e-2
+    logits = torch.zeros(1, VOCAB)
+    logits[0, 17] = 1.0  # at T = 1e-2 the other tokens have probability ~e^-100
+    draws = _draws(logits, SamplingParams(temperature=1e-45), 50)
+    assert draws == [17] * 50
+
+
+def test_logit_bias_is_added_before_greedy_and_random_choices():
+    logits = _logits(seed=3)
+    top = int(logits.argmax())
+    assert _draws(logits, SamplingParams(temperature=0.0, logit_bias={top: -100.0}), 1)[0] != top
+    assert _draws(logits, SamplingParams(temperature=0.0, logit_bias={7: 100.0}), 1) == [7]
+    assert set(_draws(logits, SamplingParams(temperature=1.0, logit_bias={9: 100.0}), 20)) == {9}

@@ -1,0 +1,82 @@
+"""Bounds on what one request may ask of the frontend (--max-client-batch-size,
+--max-choices-per-request, --max-stop-sequences, ...), checked before anything is
+tokenized or queued so a small hostile body cannot fan out into thousands of
+requests, quadratic stop matching or a huge tokenization. Defaults = the flags'."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from prometheus_client import Counter
+
+from shared.types import InvalidRequestError
+
+REJECTED = Counter("gapserve:frontend_rejected_requests",
+                   "Requests the frontend refused before queueing, by reason.", ["reason"])
+# A normalizer (NFKC, lowercasing, ...) may shrink text before it is split into
+# tokens, so the bound from the longest token gets this margin.
+NORMALIZER_MARGIN = 4
+
+
+def refuse(reason: str, message: str) -> InvalidRequestError:
+    REJECTED.labels(reason).inc()
+    return InvalidRequestError(message)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestCaps:
+    max_client_batch_size: int = 128
+    max_choices_per_request: int = 256
+    max_stop_sequences: int = 16
+    max_stop_sequence_length: int = 256
+    max_stop_token_ids: int = 256
+    max_prompt_bytes: int | None = None  # None: no bound (set from the model at start-up)
+
+    @classmethod
+    def from_args(cls, args) -> "RequestCaps":
+        return cls(args.max_client_batch_size, args.max_choices_per_request,
+                   args.max_stop_sequences, args.max_stop_sequence_length,
+                   args.max_stop_token_ids, args.max_prompt_bytes)
+
+    def for_model(self, max_model_len: int, max_token_bytes: int) -> "RequestCaps":
+        """These caps with the default prompt-byte bound filled in: no text longer
+        than max_model_len of the model's longest tokens can fit the context."""
+        if self.max_prompt_bytes is not None:
+            return self
+        return dataclasses.replace(
+            self, max_prompt_bytes=max_model_len * max_token_bytes * NORMALIZER_MARGIN)
+
+    def check_batch(self, num_prompts: int, n: int) -> None:
+        if num_prompts > self.max_client_batch_size:
+            raise refuse("batch", f"at most {self.max_client_batch_size} prompts per request "
+                                  f"(--max-client-batch-size), got {num_prompts}")
+        if num_prompts * n > self.max_choices_per_request:
+            raise refuse("choices", f"prompts x n must be at most "
+                                    f"{self.max_choices_per_request} "
+                                    f"(--max-choices-per-request), got {num_prompts * n}")
+
+    def check_stops(self, stops: list[str], stop_token_ids: list[int] | None) -> None:
+        if len(stops) > self.max_stop_sequences:
+            raise refuse("stop", f"at most {self.max_stop_sequences} stop strings "
+                                 f"(--max-stop-sequences), got {len(stops)}")
+        longest = max((len(s) for s in stops), default=0)
+        if longest > self.max_stop_sequence_length:
+            raise refuse("stop", f"stop strings may be at most "
+                                 f"{self.max_stop_sequence_length} characters "
+                                 f"(--max-stop-sequence-length), got {longest}")
+        count = len(stop_token_ids or ())
+        if count > self.max_stop_token_ids:
+            raise refuse("stop_token_ids", f"at most {self.max_stop_token_ids} stop_token_ids "
+                                           f"(--max-stop-token-ids), got {count}")
+
+    def check_text(self, text: str, what: str = "the prompt") -> None:
+        """Before tokenizing: text longer than any prompt of max_model_len tokens
+        could be is refused without spending the tokenizer's time on it."""
+        if self.max_prompt_bytes is None or len(text) * 4 <= self.max_prompt_bytes:
+            return  # at most 4 UTF-8 bytes per character: no need to encode
+        size = len(text.encode("utf-8", "surrogatepass"))
+        if size > self.max_prompt_bytes:
+            raise refuse("prompt_bytes", f"{what} is {size} bytes; at most "
+                                         f"{self.max_prompt_bytes} are accepted "
+                                         "(--max-prompt-bytes)")

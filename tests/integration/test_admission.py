@@ -1,0 +1,257 @@
+"""Bounded admission against the real stack (tiny model, loopback): every cap on
+what one request may ask is a 400 that queues nothing, an oversized body is a
+413, a request beyond --max-queued-requests is a 429 with Retry-After, and a
+flood of 1,000 concurrent streams, hostile stop strings or huge prompts leave
+/health answering quickly and the KV pool empty afterwards."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+import grpc
+import httpx
+import pytest
+
+from shared.proto import generate_pb2
+
+from tests.integration.conftest import TINY_FLAGS, start_stack
+from tests.integration.load_client import HealthProber, post_stream, run_load
+
+MAX_NUM_SEQS, MAX_QUEUED = 4, 16
+LIMIT = MAX_NUM_SEQS + MAX_QUEUED  # choices the frontend holds at once
+HEALTH_BUDGET_S = 0.1
+# On a shared, oversubscribed CI box a probe can be descheduled for a few hundred
+# ms whatever the server does; a stalled event loop (a 40 MB prompt tokenized on
+# it, quadratic stop matching) shows up as seconds, far past this.
+HEALTH_STALL_S = 1.0
+
+
+def assert_health_fast(latencies: list[float]) -> None:
+    ordered = sorted(latencies)
+    assert ordered, "no /health probe completed"
+    p95 = ordered[int(0.95 * (len(ordered) - 1))]
+    assert p95 < HEALTH_BUDGET_S and ordered[-1] < HEALTH_STALL_S, \
+        f"/health p95 {p95 * 1e3:.0f} ms, slowest {[round(x * 1e3) for x in ordered[-5:]]} ms"
+
+
+@pytest.fixture(scope="module")
+def stack(tiny_model_dir, tmp_path_factory):
+    stack = start_stack(tiny_model_dir, tmp_path_factory.mktemp("admission-stack"),
+                        flags=[*TINY_FLAGS, "--max-num-seqs", str(MAX_NUM_SEQS),
+                               "--max-queued-requests", str(MAX_QUEUED)])
+    yield stack
+    stack.stop()
+
+
+def status(stack) -> dict:
+    return httpx.get(stack.http_url + "/v1/status", timeout=10).json()
+
+
+def wait_idle(stack, timeout_s: float = 60.0) -> dict:
+    """Poll until nothing runs or waits and every KV block is free (or fail)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        s = status(stack)
+        if s["num_running"] == 0 and s["num_waiting"] == 0 and s["kv_cache_usage"] == 0.0:
+            return s
+        assert time.monotonic() < deadline, f"the scheduler never went idle: {s}"
+        time.sleep(0.02)
+
+
+def post(stack, body: dict, **kwargs) -> httpx.Response:
+    return httpx.post(stack.http_url + "/v1/completions", json=body, timeout=30, **kwargs)
+
+
+def cpu_s(pid: int) -> float:
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def assert_error(reply: httpx.Response, status_code: int, *words: str) -> dict:
+    assert reply.status_code == status_code, reply.text
+    error = reply.json()["error"]
+    assert set(error) >= {"message", "type", "param", "code"}
+    for word in words:
+        assert word in error["message"], error["message"]
+    return error
+
+
+BASE = {"prompt": [1, 2, 3], "max_tokens": 4}
+CAPPED = [
+    ({"prompt": [[1]] * 129}, "--max-client-batch-size"),
+    ({"prompt": [[1]] * 100, "n": 3}, "--max-choices-per-request"),
+    ({"n": LIMIT + 1}, "--max-queued-requests"),
+    ({"stop": [f"s{i}" for i in range(17)]}, "--max-stop-sequences"),
+    ({"stop": ["x" * 257]}, "--max-stop-sequence-length"),
+    ({"stop_token_ids": list(range(257))}, "--max-stop-token-ids"),
+    ({"prompt": "a" * (512 * 81 * 4 + 1)}, "--max-prompt-bytes"),
+]
+
+
+@pytest.mark.parametrize("fields,flag", CAPPED, ids=[flag for _, flag in CAPPED])
+def test_each_cap_is_a_400_naming_its_flag_and_queues_nothing(stack, fields, flag):
+    before = wait_idle(stack)
+    assert_error(post(stack, {**BASE, **fields}), 400, flag)
+    after = wait_idle(stack)
+    assert after["num_steps_total"] == before["num_steps_total"]
+
+
+GRPC_CAPPED = [
+    ({"stop": [f"s{i}" for i in range(17)]}, "--max-stop-sequences"),
+    ({"stop": ["x" * 257]}, "--max-stop-sequence-length"),
+    ({"sampling_params": {"stop_token_ids": list(range(257))}}, "--max-stop-token-ids"),
+    ({"text": "a" * (512 * 81 * 4 + 1)}, "--max-prompt-bytes"),
+]
+
+
+@pytest.mark.parametrize("fields,flag", GRPC_CAPPED, ids=[flag for _, flag in GRPC_CAPPED])
+def test_each_cap_holds_on_grpc_generate_too(stack, fields, flag):
+    fields = {"token_ids": {"ids": [1, 2]}, **fields} if "text" not in fields else fields
+    with pytest.raises(grpc.RpcError) as info:
+        list(stack.generation_stub().Generate(generate_pb2.GenerateRequest(**fields),
+                                              timeout=30))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert flag in info.value.details()
+
+
+def test_the_issue_s_fan_out_body_is_refused_whole(stack):
+    before = wait_idle(stack)
+    assert_error(post(stack, {"prompt": [[1]] * 1000, "n": 128, "max_tokens": 1}), 400)
+    assert wait_idle(stack)["num_steps_total"] == before["num_steps_total"]
+
+
+def test_a_body_over_the_payload_limit_is_a_413(stack):
+    big = b'{"prompt": "' + b"a" * (8 << 20) + b'"}'
+    assert_error(httpx.post(stack.http_url + "/v1/completions", content=big, timeout=30,
+                            headers={"content-type": "application/json"}),
+                 413, "--payload-limit")
+
+
+def test_a_grpc_message_over_the_payload_limit_is_refused_unread(stack):
+    with pytest.raises(grpc.RpcError) as info:
+        list(stack.generation_stub().Generate(
+            generate_pb2.GenerateRequest(text="a" * (8 << 20)), timeout=30))
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+def test_a_chunked_body_over_the_payload_limit_is_a_413(stack):
+    def chunks():  # no Content-Length: the limit counts the bytes that arrive
+        yield b'{"prompt": "'
+        for _ in range(9):
+            yield b"a" * (1 << 20)
+        yield b'"}'
+
+    assert_error(httpx.post(stack.http_url + "/v1/completions", content=chunks(), timeout=30,
+                            headers={"content-type": "application/json"}),
+                 413, "--payload-limit")
+
+
+def in_flight(stack) -> float:
+    for line in httpx.get(stack.http_url + "/metrics").text.splitlines():
+        if line.startswith("gapserve:frontend_requests_in_flight "):
+            return float(line.split()[1])
+    return 0.0
+
+
+def test_a_request_beyond_the_queue_bound_is_a_429_with_retry_after_and_nothing_queued(stack):
+    wait_idle(stack)
+    long = {"prompt": [1, 2], "max_tokens": 400, "ignore_eos": True, "stream": True}
+
+    async def run():
+        async with httpx.AsyncClient(timeout=60) as client:
+            holders = [asyncio.create_task(post_stream("127.0.0.1", stack.http_port,
+                                                       "/v1/completions", long))
+                       for _ in range(LIMIT)]  # MAX_NUM_SEQS run, MAX_QUEUED wait
+            deadline = time.monotonic() + 30
+            while in_flight(stack) < LIMIT:
+                assert time.monotonic() < deadline, in_flight(stack)
+                await asyncio.sleep(0.02)
+            before = status(stack)
+            reply = await client.post(stack.http_url + "/v1/completions", json=BASE)
+            with pytest.raises(grpc.RpcError) as info:  # the gRPC API shares the bound
+                list(stack.generation_stub().Generate(generate_pb2.GenerateRequest(
+                    token_ids={"ids": [1, 2]}, sampling_params={"max_tokens": 2}), timeout=10))
+            assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+            after = status(stack)
+            for task in holders:  # disconnect: each is aborted at the scheduler
+                task.cancel()
+            await asyncio.gather(*holders, return_exceptions=True)
+            return reply, before, after
+
+    reply, before, after = asyncio.run(run())
+    error = assert_error(reply, 429, "capacity")
+    assert error["type"] == "rate_limit_error"
+    assert int(reply.headers["retry-after"]) >= 1
+    # nothing of it reached the scheduler
+    assert after["num_running"] + after["num_waiting"] <= LIMIT
+    assert before["num_running"] + before["num_waiting"] <= LIMIT
+    wait_idle(stack)
+    assert in_flight(stack) == 0
+
+
+def test_a_thousand_concurrent_streams_end_200_or_429_with_health_fast_and_kv_freed(stack):
+    wait_idle(stack)
+    body = {"prompt": [1, 2, 3, 4], "max_tokens": 64, "ignore_eos": True, "stream": True,
+            "temperature": 0.0}
+    cpu0 = cpu_s(stack.process("frontend").pid)
+    t0 = time.monotonic()
+    # started over one second: the admitted ones still run while the rest arrive
+    results, latencies, growth = asyncio.run(run_load(
+        "127.0.0.1", stack.http_port, [body] * 1000, stack.process("frontend").pid, 90.0,
+        ramp_s=1.0))
+    elapsed = time.monotonic() - t0
+    cpu = cpu_s(stack.process("frontend").pid) - cpu0
+    codes = [code for code, _ in results]
+    assert set(codes) <= {200, 429}, set(codes)
+    assert codes.count(200) >= LIMIT  # the bound admits, it does not starve
+    assert codes.count(429) > 0  # and it refuses the rest at once
+    texts = {text for code, text in results if code == 200}
+    assert len(texts) == 1  # greedy: every admitted stream got the same whole text
+    assert_health_fast(latencies)
+    assert growth < 200 << 20, growth  # the frontend holds at most LIMIT requests' state
+    after = wait_idle(stack)
+    assert after["kv_cache_usage"] == 0.0
+    print(f"1000 streams: {codes.count(200)} x 200, {codes.count(429)} x 429 in "
+          f"{elapsed:.1f} s; /health max {max(latencies) * 1e3:.1f} ms over "
+          f"{len(latencies)} probes; frontend RSS +{growth >> 20} MiB, CPU {cpu:.2f} s")
+
+
+def test_hostile_stop_strings_leave_health_fast_and_the_text_unchanged(stack):
+    wait_idle(stack)
+    body = {"prompt": [5, 6, 7], "max_tokens": 400, "ignore_eos": True, "stream": True,
+            "temperature": 0.0}
+    plain = asyncio.run(post_stream("127.0.0.1", stack.http_port, "/v1/completions", body))[1]
+    assert plain
+    # as many stops as allowed, each as long as allowed and a near-miss of the text
+    # (its first 255 characters): the most hold-back and matching work one request
+    # can ask for, and the text must come out whole
+    stops = [(plain * 256)[:255] + chr(0xE000 + i) for i in range(16)]
+    hostile = {**body, "stop": stops}
+    results, latencies, _ = asyncio.run(run_load(
+        "127.0.0.1", stack.http_port, [hostile] * MAX_NUM_SEQS, stack.process("frontend").pid,
+        60.0))
+    assert all(code == 200 and text == plain for code, text in results)
+    assert_health_fast(latencies)
+    wait_idle(stack)
+
+
+def test_tokenizing_huge_prompts_leaves_health_fast(stack):
+    wait_idle(stack)
+    # just under the byte bound: tokenized (off the event loop), then too long a context
+    body = {"prompt": "hello world " * (512 * 81 * 4 // 12 - 1), "max_tokens": 1}
+
+    async def run():
+        async with httpx.AsyncClient(timeout=60) as client:
+            return await asyncio.gather(*[
+                client.post(stack.http_url + "/v1/completions", json=body) for _ in range(6)])
+
+    prober = HealthProber("127.0.0.1", stack.http_port)
+    try:
+        replies = asyncio.run(run())
+    finally:
+        latencies = prober.stop()
+    for reply in replies:
+        assert_error(reply, 400, "maximum context length")
+    assert_health_fast(latencies)
