@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -66,7 +67,8 @@ def _argv(args: argparse.Namespace, names: Sequence[str]) -> list[str]:
 COMMON = ("host", "otlp_traces_endpoint", "log_format", "log_level")
 LIMITS = ("max_model_len", "max_num_batched_tokens", "max_num_seqs")
 WORKER = ("model", "tensor_parallel_size", "device", "dtype", "kv_cache_memory",
-          "gpu_memory_utilization", "num_gpu_blocks_override", "block_size", "seed")
+          "gpu_memory_utilization", "num_gpu_blocks_override", "block_size", "seed",
+          "master_addr", "master_port", "distributed_timeout", "distributed_backend")
 SCHEDULER = ("long_prefill_token_threshold", "scheduling_policy", "enable_prefix_caching",
              "async_scheduling", "enable_chunked_prefill")
 FRONTEND = ("http_port", "grpc_port", "model", "served_model_name")
@@ -96,8 +98,18 @@ class Child:
             return False
 
 
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
 def children(args: argparse.Namespace) -> list[Child]:
     host = _loopback(args.host)
+    if args.tensor_parallel_size > 1:  # the ranks rendezvous on this machine
+        args.master_addr = args.master_addr or host
+        if args.master_port is None and not os.environ.get("MASTER_PORT"):
+            args.master_port = _free_port(args.master_addr)
     workers = []
     for rank in range(args.tensor_parallel_size):
         port = args.worker_port + rank
