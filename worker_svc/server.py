@@ -231,7 +231,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         start_metrics_server(metrics_port, args.host)
     log.info("worker_listening", port=port, rank=args.rank, metrics_port=metrics_port)
     try:
-        from worker_svc.metrics import WorkerTelemetry
+        from worker_svc.metrics import WEIGHT_BYTES, WorkerTelemetry
         from worker_svc.runner import ModelRunner
 
         # loads the weights and sizes the KV pool, on the thread that will run the steps
@@ -239,6 +239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         group_lost = _watch_group(runner, stop)
         info = runner.model_info()
         servicer.telemetry = WorkerTelemetry(info.model_name, args.rank)
+        WEIGHT_BYTES.labels(info.model_name, str(args.rank)).set(runner.weight_bytes)
         servicer.runner = runner
         server.set_serving()
         log.info("worker_ready", model=info.model_name, num_kv_blocks=info.num_kv_blocks,

@@ -20,6 +20,7 @@ from typing import Callable
 
 import torch
 import torch.distributed as dist
+from prometheus_client import Counter
 
 from shared.telemetry import get_logger
 from worker_svc.parallel.shard import ShardPlan, even_split
@@ -28,6 +29,11 @@ log = get_logger(service="worker")
 
 RENDEZVOUS_TIMEOUT_S = 900.0  # ranks start (and load) at their own pace
 HEARTBEAT_INTERVAL_S = 1.0
+
+# time inside collectives, waiting for the slowest rank included: the price of the split
+COLLECTIVE_TIME = Counter("gapserve:worker_tp_collective_seconds",
+                          "Seconds this rank spent in tensor-parallel collectives.",
+                          ["rank", "op"])
 
 
 class GroupLost(RuntimeError):
@@ -45,6 +51,8 @@ class TensorParallelGroup:
         self.on_lost: Callable[[str], None] | None = None
         self._lost = threading.Event()
         self._address = (master_addr, master_port)
+        self._timers = {op: COLLECTIVE_TIME.labels(str(self.rank), op)
+                        for op in ("all_reduce", "gather", "broadcast")}
         t0 = time.perf_counter()
         log.info("tp_rendezvous", rank=self.rank, size=self.size, backend=self.backend,
                  master=f"{master_addr}:{master_port}")
@@ -100,8 +108,10 @@ class TensorParallelGroup:
     def _run(self, fn, /, *args, **kwargs) -> None:
         if self._lost.is_set():
             raise GroupLost("the tensor-parallel group is already lost")
+        t0 = time.perf_counter()
         try:
             fn(*args, **kwargs)
+            self._timers[fn.__name__].inc(time.perf_counter() - t0)
         except Exception as e:  # noqa: BLE001 - gloo/NCCL raise RuntimeError subclasses
             self.lose(f"{fn.__name__} failed on rank {self.rank}: {e}")
             raise GroupLost(f"tensor-parallel {fn.__name__} failed: {e}") from e
