@@ -69,7 +69,8 @@ LIMITS = ("max_model_len", "max_num_batched_tokens", "max_num_seqs")
 WORKER = ("model", "tensor_parallel_size", "device", "dtype", "kv_cache_memory",
           "gpu_memory_utilization", "num_gpu_blocks_override", "block_size", "seed",
           "master_addr", "master_port", "distributed_timeout", "distributed_backend")
-SCHEDULER = ("long_prefill_token_threshold", "scheduling_policy", "enable_prefix_caching",
+SCHEDULER = ("long_prefill_token_threshold", "long_prefill_exempt_lone_request",
+             "scheduling_policy", "enable_prefix_caching",
              "async_scheduling", "enable_chunked_prefill")
 FRONTEND = ("http_port", "grpc_port", "model", "served_model_name")
 

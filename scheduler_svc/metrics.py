@@ -90,6 +90,10 @@ PREEMPTION_ADVICE = (
     "concurrent sequences (--max-num-seqs) or use a smaller token budget "
     "(--max-num-batched-tokens)")
 
+# vLLM's rate: the first preemption and every 50th are logged, with the cumulative
+# count; every one is counted (gapserve:num_preemptions) and is an event on its span.
+PREEMPTION_LOG_EVERY = 50
+
 _tracer = get_tracer("gapserve.scheduler")
 
 
@@ -109,6 +113,7 @@ def reading_from_stats(stats: Any) -> CapacityReading:
         waiting_not_ready=not_ready,
         preemptions_total=int(_stat(stats, "num_preemptions_total")),
         kv_cache_usage=float(_stat(stats, "kv_usage", 0.0)),
+        admission_blocked_by=_stat(stats, "admission_blocked_by", None),
     )
 
 
@@ -357,9 +362,11 @@ class SchedulerTelemetry:
             if ctx.is_valid:  # the line belongs to the request's trace, not the step's
                 ids = {"trace_id": format(ctx.trace_id, "032x"),
                        "span_id": format(ctx.span_id, "016x")}
-        self._log.warning(
-            f"request {req_id} was {PREEMPTION_ADVICE}", request_id=req_id,
-            num_preemptions=count, preemptions_total=self._preemptions_total, **ids)
+        total = self._preemptions_total
+        if total == 1 or total % PREEMPTION_LOG_EVERY == 0:  # the counter and span have each
+            self._log.warning(
+                f"request {req_id} was {PREEMPTION_ADVICE}", request_id=req_id,
+                num_preemptions=count, preemptions_total=total, **ids)
 
     def _record_gauges(self, reading: CapacityReading, stats: Any, now: float) -> None:
         c = self._series
@@ -379,7 +386,8 @@ class SchedulerTelemetry:
         self._prefix_seen = (max(queries, seen_q), max(hits, seen_h))
         self._monitor.observe(reading, now)
         self._set_diagnosis(diagnose(reading.running, self.max_num_seqs, reading.waiting,
-                                     self._monitor.preemptions_in_window(now)))
+                                     self._monitor.preemptions_in_window(now),
+                                     reading.admission_blocked_by))
 
     def _set_diagnosis(self, d: Diagnosis) -> None:
         if d is self._diagnosis:

@@ -52,22 +52,26 @@ class WorkerGroup:
         self._closing = False
         self._replies: list = []
 
-    def handshake(self, timeout_s: float) -> ModelInfo:
+    def handshake(self, timeout_s: float, max_num_batched_tokens: int | None = None) -> ModelInfo:
         """Wait for every rank (they may still be loading the model) and check that
-        they form one group; returns rank 0's model facts."""
+        they form one group that agrees on the step token budget (None: adopt the
+        workers'); returns rank 0's model facts."""
         tp = len(self.addresses)
         infos = []
+        ask = worker_pb2.HandshakeRequest(tensor_parallel_size=tp,
+                                          max_num_batched_tokens=max_num_batched_tokens or 0)
         for rank, (address, stub) in enumerate(zip(self.addresses, self._stubs)):
-            reply = stub.Handshake(worker_pb2.HandshakeRequest(tensor_parallel_size=tp),
-                                   timeout=timeout_s, wait_for_ready=True)
+            reply = stub.Handshake(ask, timeout=timeout_s, wait_for_ready=True)
             if reply.rank != rank or reply.tensor_parallel_size != tp:
                 raise ConfigError(
                     f"worker {address} is rank {reply.rank} of {reply.tensor_parallel_size}, "
                     f"but --worker-addresses lists it as rank {rank} of {tp}")
             infos.append(pc.model_info_from_proto(reply.model_info))
         for address, info in zip(self.addresses[1:], infos[1:]):
-            if (info.num_kv_blocks, info.block_size, info.model_name) != (
-                    infos[0].num_kv_blocks, infos[0].block_size, infos[0].model_name):
+            if (info.num_kv_blocks, info.block_size, info.model_name,
+                    info.max_num_batched_tokens) != (
+                    infos[0].num_kv_blocks, infos[0].block_size, infos[0].model_name,
+                    infos[0].max_num_batched_tokens):
                 raise ConfigError(f"worker {address} reports {info}, rank 0 {infos[0]}")
         return infos[0]
 
@@ -218,7 +222,8 @@ def engine_status(engine: Engine, scheduler: Scheduler,
         prefix_cache_queries=stats.prefix_cache_queries,
         prefix_cache_hits=stats.prefix_cache_hits, num_steps_total=engine.counters.num_steps,
         num_sessions=engine.num_sessions(), diagnosis=diag["diagnosis"],
-        summary=diag["summary"], lever=diag["lever"])
+        summary=diag["summary"], lever=diag["lever"],
+        admission_blocked_by=diag["admission_blocked_by"] or "")
 
 
 # ---------------------------------------------------------------------------
@@ -234,14 +239,17 @@ def scheduler_config(args, info: ModelInfo) -> SchedulerConfig:
         block_size=info.block_size,
         max_model_len=args.max_model_len or info.max_model_len,
         long_prefill_token_threshold=args.long_prefill_token_threshold,
+        long_prefill_exempt_lone_request=args.long_prefill_exempt_lone_request,
         policy=args.scheduling_policy,
         enable_chunked_prefill=args.enable_chunked_prefill,
         enable_prefix_caching=args.enable_prefix_caching,
         async_scheduling=args.async_scheduling)
     if args.max_num_seqs is not None:
         cfg.max_num_seqs = args.max_num_seqs
-    if args.max_num_batched_tokens is not None:
-        cfg.max_num_batched_tokens = args.max_num_batched_tokens
+    # The worker's budget: it profiled its memory with it (the handshake checked a flag).
+    budget = args.max_num_batched_tokens or info.max_num_batched_tokens
+    if budget:
+        cfg.max_num_batched_tokens = budget
     cfg.validate()
     return cfg
 
@@ -264,7 +272,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     engine = None
     failed = threading.Event()
     try:
-        info = _handshake(group, stop)
+        info = _handshake(group, stop, args.max_num_batched_tokens)
         if info is None:
             return 0
         cfg = scheduler_config(args, info)
@@ -295,11 +303,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 1 if failed.is_set() else 0
 
 
-def _handshake(group: WorkerGroup, stop: threading.Event) -> ModelInfo | None:
+def _handshake(group: WorkerGroup, stop: threading.Event,
+               max_num_batched_tokens: int | None = None) -> ModelInfo | None:
     """Retry until every worker answers (they load the model first) or we are told to stop."""
     while not stop.is_set():
         try:
-            return group.handshake(timeout_s=2.0)
+            return group.handshake(timeout_s=2.0, max_num_batched_tokens=max_num_batched_tokens)
         except grpc.RpcError as e:
             if e.code() not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
                 raise ConfigError(f"worker handshake failed: {e.code().name}: {e.details()}")

@@ -125,7 +125,8 @@ def add_limit_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-model-len", type=positive_int, default=None,
                    help="longest prompt + output (default: the model's)")
     g.add_argument("--max-num-batched-tokens", type=positive_int, default=None,
-                   help="token budget of one step (default 2048; 8192 on big GPUs)")
+                   help="token budget of one step (default: 8192 on GPUs with 70 GiB or "
+                        "more, else 2048); the scheduler and the workers must agree")
     g.add_argument("--max-num-seqs", type=positive_int, default=None,
                    help="most requests running at once (default 256)")
 
@@ -176,6 +177,10 @@ def add_scheduler_flags(parser: argparse.ArgumentParser, *, with_ports: bool = T
                        default=["127.0.0.1:50053"],
                        help="comma list of host:port, one per tensor-parallel rank")
     g.add_argument("--long-prefill-token-threshold", type=non_negative_int, default=0)
+    g.add_argument("--long-prefill-exempt-lone-request", action=argparse.BooleanOptionalAction,
+                   default=True,
+                   help="the threshold does not cap a request that is alone (running + "
+                        "waiting); --no-... applies it always, as vLLM does")
     g.add_argument("--scheduling-policy", choices=("fcfs", "priority"), default="fcfs")
     g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                    default=True)

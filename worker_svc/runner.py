@@ -47,6 +47,8 @@ class ModelRunner:
         self.model_config = cfg = load_model_config(self.model_dir)
         self.max_model_len = _resolve_max_model_len(config.max_model_len, cfg)
         self.block_size = config.block_size
+        self.max_num_batched_tokens = config.max_num_batched_tokens \
+            or default_max_num_batched_tokens(self.device)
         # the whole model when tensor_parallel_size is 1; this rank's slice otherwise
         self.plan = shard_plan(cfg, config.tensor_parallel_rank, config.tensor_parallel_size)
         self.local_config = self.plan.local_config(cfg)
@@ -75,7 +77,8 @@ class ModelRunner:
             eos_token_ids=list(cfg.eos_token_ids), num_layers=cfg.num_layers,
             num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
             dtype=str(self.dtype).removeprefix("torch."),
-            num_kv_blocks=self.num_kv_blocks, block_size=self.block_size)
+            num_kv_blocks=self.num_kv_blocks, block_size=self.block_size,
+            max_num_batched_tokens=self.max_num_batched_tokens)
 
     def compute_paths(self) -> dict[str, str]:
         """Which kernels this worker runs, for its start-up log line: a CPU worker
@@ -222,7 +225,7 @@ class ModelRunner:
     def _profile_run(self) -> None:
         """A forward pass at the largest step (max_num_batched_tokens tokens, logits
         for max_num_seqs rows), so the peak activation memory is measured."""
-        num_tokens = min(self.config.max_num_batched_tokens, self.max_model_len)
+        num_tokens = min(self.max_num_batched_tokens, self.max_model_len)
         num_blocks = -(-num_tokens // self.block_size) + 1
         caches = self.model.allocate_kv_caches(num_blocks, self.block_size)
         dev = self.device
@@ -247,6 +250,17 @@ class ModelRunner:
 
 def _ms(t0: float) -> float:
     return (time.perf_counter() - t0) * 1e3
+
+
+BIG_GPU_BYTES = 70 << 30
+
+
+def default_max_num_batched_tokens(device: torch.device) -> int:
+    """SCHEDULING.md's default budget: 8,192 on GPUs with 70 GiB or more, else 2,048."""
+    if device.type == "cuda" and \
+            torch.cuda.get_device_properties(device).total_memory >= BIG_GPU_BYTES:
+        return 8192
+    return 2048
 
 
 def _resolve_device(name: str, rank: int = 0, tp_size: int = 1) -> torch.device:

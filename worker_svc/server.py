@@ -127,6 +127,13 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                           f"this worker is rank {self.rank} of a group of "
                           f"{self.tensor_parallel_size}, the scheduler expects {tp}")
+        budget = request.max_num_batched_tokens
+        if budget and budget != runner.max_num_batched_tokens:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"the scheduler's --max-num-batched-tokens is {budget}, but this "
+                          f"worker sized its memory for steps of "
+                          f"{runner.max_num_batched_tokens} tokens; give both services the "
+                          f"same --max-num-batched-tokens")
         return worker_pb2.HandshakeResponse(
             model_info=pc.model_info_to_proto(runner.model_info()), rank=self.rank,
             tensor_parallel_size=self.tensor_parallel_size)

@@ -4,6 +4,7 @@ exactly as it was."""
 
 from __future__ import annotations
 
+from shared.token_checksum import token_checksum
 from shared.types import InvalidRequestError, SchedulerOutput
 from worker_svc.request_state import RequestState
 
@@ -32,6 +33,8 @@ def check_step(step: SchedulerOutput, requests: dict[str, RequestState], *, voca
             raise StepError(f"cached request {req_id!r} is not held by this worker "
                             "(unknown, finished, or also sent as new)")
         _check_blocks(req_id, cached.new_block_ids[i], num_blocks)
+        if cached.resumed_from_preemption[i]:
+            _check_tokens(req_id, state, cached.resumed_token_checks.get(req_id))
         held = 0 if cached.resumed_from_preemption[i] or req_id in step.preempted_req_ids \
             else len(state.block_ids)
         after[req_id] = (len(state.token_ids), held + len(cached.new_block_ids[i]),
@@ -55,6 +58,20 @@ def check_step(step: SchedulerOutput, requests: dict[str, RequestState], *, voca
         if num_held_blocks * block_size < end:
             raise StepError(f"request {req_id!r}: {num_held_blocks} blocks cannot hold "
                             f"{end} tokens")
+
+
+def _check_tokens(req_id: str, state: RequestState, check: tuple[int, int] | None) -> None:
+    """The scheduler's token ids of a resumed request must be this worker's: the KV is
+    about to be recomputed from them, and every later token depends on it."""
+    if check is None:
+        raise StepError(f"resumed request {req_id!r} carries no token check")
+    num_tokens, checksum = check
+    mine = len(state.token_ids)
+    if num_tokens != mine or checksum != token_checksum(state.token_ids):
+        raise StepError(
+            f"request {req_id!r}: token ids drifted between scheduler and worker at its "
+            f"resume: the scheduler holds {num_tokens} tokens (checksum {checksum:016x}), "
+            f"this worker {mine} (checksum {token_checksum(state.token_ids):016x})")
 
 
 def _check_new(new, requests, finished, after, vocab_size: int, max_model_len: int) -> None:
