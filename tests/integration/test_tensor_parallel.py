@@ -83,12 +83,27 @@ def test_tp2_on_cpu_is_greedy_equal_to_tp1_on_the_default_model(tmp_path):
                        f"{next(j for j, (x, y) in enumerate(zip(a, b)) if x != y)}"
 
 
-def test_ranks_report_one_group_with_the_same_kv_pool(tiny_model_dir, tmp_path):
+def test_ranks_form_one_group_and_a_preempted_request_resumes_greedy_equal(
+        tiny_model_dir, tmp_path, hf_tiny):
+    """Both ranks answer the Handshake as one group with one KV pool; a request
+    recomputed after preemption re-prefills from the tokens rank 0 sampled, which
+    rank 1 only knows from rank 0's broadcast."""
     stack = _ranks(tiny_model_dir, tmp_path)
     try:
         group = RankGroupClient(_addresses(stack))
         assert [(i.rank, i.tensor_parallel_size) for i in group.infos] == [(0, 2), (1, 2)]
         assert len({i.model_info.num_kv_blocks for i in group.infos}) == 1
+        driver = StepDriver(group)
+        prompt, other = [1, 504, 3209, 28, 253, 4821, 99], [7, 8, 9, 10, 11]
+        victim = driver.add("victim", prompt, 12)
+        driver.add("other", other, 12)
+        for _ in range(5):
+            driver.step()
+        driver.preempt("victim")
+        driver.step({"other": 1})
+        driver.run_to_completion()
+        assert victim.output == hf_greedy(hf_tiny, prompt, 12)
+        assert driver.requests["other"].output == hf_greedy(hf_tiny, other, 12)
         group.close()
     finally:
         stack.stop()

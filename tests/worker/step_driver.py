@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from shared.token_checksum import token_checksum
 from shared.types import (CachedRequestData, NewRequestData, SamplingParams,
                           SchedulerOutput)
 
@@ -70,7 +71,8 @@ class StepDriver:
                     req_id, list(req.prompt), req.params, list(req.blocks), req.computed))
                 req.sent = True
             else:
-                cached.append(req_id, req.resumed, new_blocks, req.computed)
+                check = (len(req.tokens), token_checksum(req.tokens)) if req.resumed else None
+                cached.append(req_id, req.resumed, new_blocks, req.computed, check)
                 req.resumed = False
             out.num_scheduled_tokens[req_id] = n
             req.computed += n
