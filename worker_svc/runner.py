@@ -58,6 +58,8 @@ class ModelRunner:
             self.weight_bytes = weight_bytes(weights)
             self.model = DecoderModel(self.local_config, weights, select_backend(self.device),
                                       max_positions=self.max_model_len, tp=self.tp)
+            if self.tp is not None:  # the CUDA profiling pass runs collectives
+                self.tp.wait_for_all("loaded")
             self.num_kv_blocks = self._measure_num_blocks()
             if self.tp is not None:  # one block id means one block on every rank
                 self.num_kv_blocks = self.tp.min_int(self.num_kv_blocks)

@@ -102,6 +102,18 @@ class TensorParallelGroup:
         self._run(dist.all_reduce, t, op=dist.ReduceOp.MIN)
         return int(t.item())
 
+    def wait_for_all(self, stage: str) -> None:
+        """Wait (up to the rendezvous timeout, not the collective one) until every rank
+        has reached `stage`: ranks load their shards at their own pace, and a
+        collective would time out on a rank that is still loading."""
+        self._store.set(f"{stage}/{self.rank}", "1")
+        try:
+            self._store.wait([f"{stage}/{r}" for r in range(self.size)],
+                             timedelta(seconds=RENDEZVOUS_TIMEOUT_S))
+        except Exception as e:  # noqa: BLE001 - a timeout or a store that went away
+            self.lose(f"not every rank reached {stage}: {e}")
+            raise GroupLost(f"not every rank reached {stage}: {e}") from e
+
     def barrier(self) -> None:
         self.all_reduce(torch.zeros(1, device=self.device))
 
