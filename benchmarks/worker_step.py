@@ -4,6 +4,11 @@ and the fitted step-time model the scheduler simulator uses:
     step_ms = d + s * num_seqs + p * num_prefill_tokens
 
     python benchmarks/worker_step.py [--threads 2] [--quick] [--json out.json]
+    python benchmarks/worker_step.py --tensor-parallel-size 2 --threads 1 [--quick]
+
+With --tensor-parallel-size N the same points run first unsplit (TP=1), then on N
+ranks (this process is rank 0; it starts ranks 1..N-1 as processes that replay the
+same steps, joined over gloo), and a last table puts the two step times side by side.
 
 Each decode point runs B requests with 128-token prompts, then times decode steps
 (context 128-140). Each prefill point times one fresh chunk of N tokens. Reported:
@@ -14,9 +19,13 @@ process (less sensitive than wall time to other work on a shared machine).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import platform
+import socket
 import statistics
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -130,23 +139,68 @@ def fit(rows, key="step_ms"):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2, help="torch threads per rank")
     ap.add_argument("--quick", action="store_true", help="fewer points, for a smoke run")
     ap.add_argument("--decode-steps", type=int, default=8)
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--json", help="also write the results here")
+    ap.add_argument("--tensor-parallel-size", type=int, default=1,
+                    help="also time the points on this many ranks, against TP=1")
+    ap.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)  # helper ranks
+    ap.add_argument("--master-port", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     decode_batches = [1, 8, 32, 64, 128] if not args.quick else [1, 8]
     prefill_chunks = [128, 256, 512, 1024, 2048, 4096] if not args.quick else [128, 512]
-    max_blocks = max(decode_batches) * (-(-(PROMPT_LEN + 2 * args.decode_steps + 2) // 16))
-    runner = ModelRunner(WorkerConfig(
-        device="cpu", max_model_len=4096 + 16, max_num_seqs=max(decode_batches),
-        num_gpu_blocks_override=max(max_blocks, 4096 // 16 + 2) + 1))
+    points = (decode_batches, prefill_chunks, args.decode_steps, args.reps)
+    tp = args.tensor_parallel_size
+    if args.rank > 0:  # a helper rank: replay the same steps in lockstep with rank 0
+        measure(_runner(args, decode_batches, args.rank, tp, args.master_port), *points)
+        return
     t0 = time.perf_counter()
-    rows = measure(runner, decode_batches, prefill_chunks, args.decode_steps, args.reps)
-    print(f"# worker step benchmark: {runner.model_info().model_name}, "
-          f"{runner.dtype}, {args.threads} threads, {platform.processor() or platform.machine()}, "
+    runner = _runner(args, decode_batches, 0, 1, 0)
+    name, dtype = runner.model_info().model_name, runner.dtype
+    rows = measure(runner, *points)
+    _print_rows(f"{name}, {dtype}, {args.threads} threads, TP=1", rows, t0)
+    results = {"rows": rows, "fit": fit(rows), "threads": args.threads}
+    if tp > 1:
+        del runner
+        gc.collect()  # the unsplit weights and KV go before the ranks load theirs
+        t0 = time.perf_counter()
+        tp_rows = _measure_split(args, decode_batches, points)
+        _print_rows(f"{name}, {dtype}, {args.threads} thread(s) per rank, TP={tp}", tp_rows, t0)
+        _print_comparison(rows, tp_rows, tp)
+        results["tensor_parallel"] = {"size": tp, "rows": tp_rows, "fit": fit(tp_rows)}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=2)
+
+
+def _runner(args, decode_batches, rank: int, tp: int, master_port: int) -> ModelRunner:
+    max_blocks = max(decode_batches) * (-(-(PROMPT_LEN + 2 * args.decode_steps + 2) // 16))
+    return ModelRunner(WorkerConfig(
+        device="cpu", max_model_len=4096 + 16, max_num_seqs=max(decode_batches),
+        num_gpu_blocks_override=max(max_blocks, 4096 // 16 + 2) + 1,
+        tensor_parallel_rank=rank, tensor_parallel_size=tp, master_port=master_port))
+
+
+def _measure_split(args, decode_batches, points):
+    tp = args.tensor_parallel_size
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    helpers = [subprocess.Popen([sys.executable, __file__, *sys.argv[1:], "--rank", str(r),
+                                 "--master-port", str(port)]) for r in range(1, tp)]
+    try:
+        return measure(_runner(args, decode_batches, 0, tp, port), *points)
+    finally:
+        for h in helpers:
+            if h.wait(timeout=120) != 0:
+                raise SystemExit(f"helper rank exited with {h.returncode}")
+
+
+def _print_rows(title: str, rows, t0: float) -> None:
+    print(f"# worker step benchmark: {title}, {platform.processor() or platform.machine()}, "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {time.perf_counter() - t0:.0f} s")
     print(f"{'kind':8s} {'seqs':>5s} {'prefill':>8s} {'step ms':>9s} {'fwd ms':>9s} "
           f"{'cpu ms':>9s} {'tok/s':>8s} {'fwd tok/s':>9s}")
@@ -165,9 +219,15 @@ def main() -> None:
             r = by_seqs[b]
             print(f"decode {b:3d} seqs: {b / r['step_ms'] * 1e3:.1f} tok/s per step, "
                   f"{b / r['forward_ms'] * 1e3:.1f} tok/s forward alone")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"rows": rows, "fit": model, "threads": args.threads}, f, indent=2)
+
+
+def _print_comparison(rows, tp_rows, tp: int) -> None:
+    print(f"# step time, TP=1 vs TP={tp}")
+    print(f"{'kind':8s} {'seqs':>5s} {'prefill':>8s} {'TP=1 ms':>9s} {f'TP={tp} ms':>9s} "
+          f"{'speed-up':>8s}")
+    for a, b in zip(rows, tp_rows):
+        print(f"{a['kind']:8s} {a['num_seqs']:5d} {a['prefill_tokens']:8d} "
+              f"{a['step_ms']:9.1f} {b['step_ms']:9.1f} {a['step_ms'] / b['step_ms']:7.2f}x")
 
 
 if __name__ == "__main__":

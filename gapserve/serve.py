@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import socket
 import ssl
 import subprocess
 import sys
@@ -84,7 +85,8 @@ INNER_SECRETS = ("internal_token",)
 FRONTEND_SECRETS = ("internal_token", "api_key", "priority_keys")
 LIMITS = ("max_model_len", "max_num_batched_tokens", "max_num_seqs")
 WORKER = ("model", "tensor_parallel_size", "device", "dtype", "kv_cache_memory",
-          "gpu_memory_utilization", "num_gpu_blocks_override", "block_size", "seed")
+          "gpu_memory_utilization", "num_gpu_blocks_override", "block_size", "seed",
+          "master_addr", "master_port", "distributed_timeout", "distributed_backend")
 SCHEDULER = ("long_prefill_token_threshold", "long_prefill_exempt_lone_request",
              "scheduling_policy", "enable_prefix_caching",
              "async_scheduling", "enable_chunked_prefill", "step_timeout_s")
@@ -131,10 +133,20 @@ def _secret_env(args: argparse.Namespace, names: Sequence[str]) -> dict[str, str
     return out
 
 
+def _free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
 def children(args: argparse.Namespace) -> list[Child]:
     host = _loopback(args.inner_host)
     security = LinkSecurity.from_args(args)
     inner_env = _secret_env(args, INNER_SECRETS)
+    if args.tensor_parallel_size > 1:  # the ranks rendezvous on this machine
+        args.master_addr = args.master_addr or host
+        if args.master_port is None and not os.environ.get("MASTER_PORT"):
+            args.master_port = _free_port(args.master_addr)
     workers = []
     for rank in range(args.tensor_parallel_size):
         port = args.worker_port + rank

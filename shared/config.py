@@ -161,6 +161,23 @@ def add_worker_flags(parser: argparse.ArgumentParser, *, with_ports: bool = True
     g.add_argument("--num-gpu-blocks-override", type=positive_int, default=None)
     g.add_argument("--block-size", type=positive_int, default=16)
     g.add_argument("--seed", type=int, default=0)
+    add_tensor_parallel_flags(parser)
+
+
+# --- tensor parallelism (issue 17): how the ranks of one worker find each other
+def add_tensor_parallel_flags(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("tensor parallelism (with --tensor-parallel-size > 1)")
+    g.add_argument("--master-addr", default=None,
+                   help="rank 0's host for the rendezvous (default: $MASTER_ADDR, "
+                        "else 127.0.0.1)")
+    g.add_argument("--master-port", type=port, default=None,
+                   help="rendezvous port rank 0 listens on (default: $MASTER_PORT, "
+                        "else 29500)")
+    g.add_argument("--distributed-timeout", type=float, default=60.0,
+                   help="seconds a collective or a peer's heartbeat may stall before "
+                        "the group counts as lost and the rank exits")
+    g.add_argument("--distributed-backend", choices=("auto", "gloo", "nccl"), default="auto",
+                   help="auto: nccl on CUDA, gloo on CPU")
 
 
 def add_scheduler_flags(parser: argparse.ArgumentParser, *, with_ports: bool = True) -> None:

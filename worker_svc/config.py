@@ -22,6 +22,11 @@ class WorkerConfig:
     seed: int = 0  # seeds the sampling of requests that bring no seed of their own
     tensor_parallel_rank: int = 0
     tensor_parallel_size: int = 1
+    # tensor-parallel rendezvous: rank 0 hosts a TCPStore here (see worker_svc.parallel)
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
+    distributed_timeout: float = 60.0  # seconds a collective or a peer's heartbeat may stall
+    distributed_backend: str = "auto"  # auto = nccl on cuda, gloo on cpu
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad setting."""
@@ -39,5 +44,12 @@ class WorkerConfig:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be positive")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype}")
-        if self.tensor_parallel_size != 1:
-            raise ValueError("tensor parallelism is not implemented; use tensor_parallel_size 1")
+        if not 0 <= self.tensor_parallel_rank < self.tensor_parallel_size:
+            raise ValueError(f"rank {self.tensor_parallel_rank} must be in [0, "
+                             f"tensor_parallel_size {self.tensor_parallel_size})")
+        if self.distributed_timeout <= 0:
+            raise ValueError(f"distributed_timeout must be positive, got "
+                             f"{self.distributed_timeout}")
+        if self.distributed_backend not in ("auto", "gloo", "nccl"):
+            raise ValueError("distributed_backend must be auto, gloo or nccl, got "
+                             f"{self.distributed_backend}")

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, SpanKind
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 from shared.telemetry import extract_context, get_tracer, tracing_enabled
 from shared.types import SchedulerOutput, StepTimings
@@ -41,6 +41,8 @@ IDLE_TIME = Histogram("gapserve:worker_idle_time_milliseconds",
                       "Time the worker waited for a step since finishing the previous one.",
                       _L, buckets=MS_BUCKETS)
 STEPS = Counter("gapserve:worker_steps", "Steps executed.", _L)
+WEIGHT_BYTES = Gauge("gapserve:worker_weight_bytes",
+                     "Bytes of model weights this rank holds (its tensor-parallel shard).", _L)
 STEP_TOKENS = Counter("gapserve:worker_tokens", "Tokens computed (prompt and output).", _L)
 
 _tracer = get_tracer("gapserve.worker")

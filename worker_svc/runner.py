@@ -27,7 +27,8 @@ from worker_svc.inputs import prepare_inputs
 from worker_svc.kv_capacity import bytes_per_block, cpu_num_blocks, cuda_num_blocks
 from worker_svc.model.config import load_model_config
 from worker_svc.model.llama import DecoderModel
-from worker_svc.model.weights import load_weights
+from worker_svc.model.weights import load_weights, weight_bytes
+from worker_svc.parallel.shard import shard_plan
 from worker_svc.request_state import RequestState
 from worker_svc.sampler import sample
 from worker_svc.step_check import check_step
@@ -39,7 +40,8 @@ class ModelRunner:
     def __init__(self, config: WorkerConfig) -> None:
         config.validate()
         self.config = config
-        self.device = _resolve_device(config.device)
+        self.device = _resolve_device(config.device, config.tensor_parallel_rank,
+                                      config.tensor_parallel_size)
         self.dtype = _resolve_dtype(config.dtype, self.device)
         self.model_dir = resolve_model(None if config.model is None else str(config.model))
         self.model_config = cfg = load_model_config(self.model_dir)
@@ -47,11 +49,20 @@ class ModelRunner:
         self.block_size = config.block_size
         self.max_num_batched_tokens = config.max_num_batched_tokens \
             or default_max_num_batched_tokens(self.device)
+        # the whole model when tensor_parallel_size is 1; this rank's slice otherwise
+        self.plan = shard_plan(cfg, config.tensor_parallel_rank, config.tensor_parallel_size)
+        self.local_config = self.plan.local_config(cfg)
+        self.tp = None if self.plan.whole else _join_group(self.plan, config, self.device)
         with torch.inference_mode():
-            weights = load_weights(self.model_dir, cfg, self.dtype, self.device)
-            self.model = DecoderModel(cfg, weights, select_backend(self.device),
-                                      max_positions=self.max_model_len)
+            weights = load_weights(self.model_dir, cfg, self.dtype, self.device, self.plan)
+            self.weight_bytes = weight_bytes(weights)
+            self.model = DecoderModel(self.local_config, weights, select_backend(self.device),
+                                      max_positions=self.max_model_len, tp=self.tp)
+            if self.tp is not None:  # the CUDA profiling pass runs collectives
+                self.tp.wait_for_all("loaded")
             self.num_kv_blocks = self._measure_num_blocks()
+            if self.tp is not None:  # one block id means one block on every rank
+                self.num_kv_blocks = self.tp.min_int(self.num_kv_blocks)
             self.kv_caches = self.model.allocate_kv_caches(self.num_kv_blocks, self.block_size)
             # last sampled token per request row, on the device (see module docstring)
             self.last_sampled = torch.zeros(config.max_num_seqs, dtype=torch.long,
@@ -81,7 +92,9 @@ class ModelRunner:
             attention = "c_decode_kernel" if cpu_kernel.active() else "torch_sdpa"
         return {"attention": attention,
                 "layer_ops": "c_fused" if self.model.fused is not None else "torch",
-                "threads": str(torch.get_num_threads())}
+                "threads": str(torch.get_num_threads()),
+                "tensor_parallel": f"rank {self.plan.rank} of {self.plan.size}",
+                "weight_mib": f"{self.weight_bytes / 2**20:.1f}"}
 
     # ------------------------------------------------------------------ a step
 
@@ -106,8 +119,7 @@ class ModelRunner:
         self._sync()
         t2 = time.perf_counter()
         samplers = [states[i] for i in inputs.sample_rows]
-        tokens, token_list, logprobs = sample(logits, samplers,
-                                              self.model_config.eos_token_ids, self.generator)
+        tokens, token_list, logprobs = self._sample(logits, samplers)
         if samplers:
             rows = torch.tensor([s.row for s in samplers], device=self.device)
             self.last_sampled.index_copy_(0, rows, tokens)
@@ -125,6 +137,22 @@ class ModelRunner:
                                   sample_ms=(t3 - t2) * 1e3, start_unix_s=start_unix,
                                   end_unix_s=time.time())
         return out
+
+    def _sample(self, logits: torch.Tensor | None, samplers: list[RequestState]):
+        """Rank 0 samples from the gathered logits and sends the tokens to the other
+        ranks, which need them as the next step's inputs (and to re-prefill a
+        preempted request); only rank 0 reports logprobs."""
+        if self.tp is None or not samplers:
+            return sample(logits, samplers, self.model_config.eos_token_ids, self.generator)
+        if self.plan.first:
+            tokens, token_list, logprobs = sample(logits, samplers,
+                                                  self.model_config.eos_token_ids,
+                                                  self.generator)
+            self.tp.broadcast_from_first(tokens)
+            return tokens, token_list, logprobs
+        tokens = torch.empty(len(samplers), dtype=torch.long, device=self.device)
+        self.tp.broadcast_from_first(tokens)
+        return tokens, tokens.tolist(), [None] * len(samplers)
 
     def _apply_increments(self, step: SchedulerOutput) -> None:
         for req_id in step.finished_req_ids:
@@ -183,8 +211,8 @@ class ModelRunner:
     # ------------------------------------------------------------------ start-up
 
     def _measure_num_blocks(self) -> int:
-        cfg, config = self.model_config, self.config
-        per_block = bytes_per_block(cfg, self.block_size, self.dtype)
+        config = self.config
+        per_block = bytes_per_block(self.local_config, self.block_size, self.dtype)
         blocks_per_seq = -(-self.max_model_len // self.block_size)
         if config.num_gpu_blocks_override is not None:
             num_blocks = config.num_gpu_blocks_override
@@ -219,7 +247,8 @@ class ModelRunner:
         rows = torch.arange(min(self.config.max_num_seqs, num_tokens), device=dev)
         logits = self.model.forward(torch.zeros(num_tokens, dtype=torch.long, device=dev),
                                     torch.arange(num_tokens, device=dev), caches, meta, rows)
-        logits.softmax(dim=-1)
+        if logits is not None:  # None on tensor-parallel ranks other than 0
+            logits.softmax(dim=-1)
         torch.cuda.synchronize(dev)
         del caches, logits
 
@@ -243,13 +272,25 @@ def default_max_num_batched_tokens(device: torch.device) -> int:
     return 2048
 
 
-def _resolve_device(name: str) -> torch.device:
+def _resolve_device(name: str, rank: int = 0, tp_size: int = 1) -> torch.device:
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device cuda was asked for, but no CUDA device is available")
+    if device.type == "cuda" and device.index is None and tp_size > 1:
+        # ranks on one host take one GPU each; one GPU per container sees only cuda:0
+        device = torch.device("cuda", rank % torch.cuda.device_count())
     return device
+
+
+def _join_group(plan, config: WorkerConfig, device: torch.device):
+    from worker_svc.parallel.group import TensorParallelGroup
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    return TensorParallelGroup(plan, config.master_addr, config.master_port,
+                               config.distributed_timeout, device,
+                               config.distributed_backend)
 
 
 def _resolve_dtype(name: str, device: torch.device) -> torch.dtype:

@@ -8,6 +8,7 @@ The servicer is a thin translation between protobuf and worker_svc.runner.ModelR
 
 from __future__ import annotations
 
+import os
 import queue
 import signal
 import sys
@@ -157,6 +158,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 step, result = item
                 if isinstance(result, StepFailed):
                     e = result.error
+                    if type(e).__name__ == "GroupLost":  # the process exits (see main)
+                        context.abort(grpc.StatusCode.UNAVAILABLE,
+                                      f"rank {self.rank}: step {result.step_id}: {e}")
                     if not isinstance(e, (InvalidRequestError, ValueError, KeyError)):
                         raise e
                     # A step that does not fit the worker's state: the two sides disagree.
@@ -208,7 +212,13 @@ def worker_config(args) -> WorkerConfig:
         kv_cache_memory=args.kv_cache_memory,
         gpu_memory_utilization=args.gpu_memory_utilization, max_model_len=args.max_model_len,
         seed=args.seed, tensor_parallel_rank=args.rank,
-        tensor_parallel_size=args.tensor_parallel_size)
+        tensor_parallel_size=args.tensor_parallel_size,
+        # torchrun's variables are accepted after the flag and GAPSERVE_MASTER_*
+        master_addr=args.master_addr or os.environ.get("MASTER_ADDR") or "127.0.0.1",
+        master_port=args.master_port if args.master_port is not None
+        else int(os.environ.get("MASTER_PORT") or 29500),
+        distributed_timeout=args.distributed_timeout,
+        distributed_backend=args.distributed_backend)
     if args.max_num_batched_tokens is not None:
         cfg.max_num_batched_tokens = args.max_num_batched_tokens
     if args.max_num_seqs is not None:
@@ -241,13 +251,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         start_metrics_server(metrics_port, args.host)
     log.info("worker_listening", port=port, rank=args.rank, metrics_port=metrics_port)
     try:
-        from worker_svc.metrics import WorkerTelemetry
+        from worker_svc.metrics import WEIGHT_BYTES, WorkerTelemetry
         from worker_svc.runner import ModelRunner
 
         # loads the weights and sizes the KV pool, on the thread that will run the steps
         runner = compute.run(ModelRunner, cfg)
+        group_lost = _watch_group(runner, stop)
         info = runner.model_info()
         servicer.telemetry = WorkerTelemetry(info.model_name, args.rank)
+        WEIGHT_BYTES.labels(info.model_name, str(args.rank)).set(runner.weight_bytes)
         servicer.runner = runner
         server.set_serving()
         log.info("worker_ready", model=info.model_name, num_kv_blocks=info.num_kv_blocks,
@@ -261,7 +273,33 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     finally:
         server.stop(grace_s=2.0)
+    if group_lost.is_set():
+        # fail-stop: the compute thread may be stuck in a collective that never ends,
+        # so leave without joining it; a restarted rank set forms a new group
+        print(f"gapserve worker: rank {args.rank}: the tensor-parallel group is lost; "
+              "exiting", file=sys.stderr, flush=True)
+        os._exit(EXIT_GROUP_LOST)
     return 0
+
+
+EXIT_GROUP_LOST = 3
+
+
+def _watch_group(runner, stop: threading.Event) -> threading.Event:
+    """An event set when this rank's tensor-parallel group is lost; it also stops the
+    process, whose Step stream then ends like a dead worker's."""
+    lost = threading.Event()
+    if runner.tp is None:
+        return lost
+
+    def on_lost(_reason: str) -> None:
+        lost.set()
+        stop.set()
+
+    runner.tp.on_lost = on_lost
+    if runner.tp.lost:  # lost while the model was loading
+        on_lost("")
+    return lost
 
 
 if __name__ == "__main__":

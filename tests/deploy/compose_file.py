@@ -18,8 +18,23 @@ DOCKERFILE_PATH = ROOT / "Dockerfile"
 PROMETHEUS_PATH = ROOT / "deploy" / "prometheus.yml"
 
 
-def load_compose() -> dict:
-    return yaml.safe_load(COMPOSE_PATH.read_text())  # resolves anchors and `<<` merges
+TP2_ENV_PATH = ROOT / "deploy" / "tp2.env"
+_VARIABLE = re.compile(r"(?<!\$)\$\{(\w+)(?::-([^}]*))?\}")  # ${NAME} / ${NAME:-default}
+
+
+def load_compose(env_file: Path | None = None) -> dict:
+    """The file as `docker compose [--env-file env_file] config` sees it: variables
+    interpolated from env_file (else their defaults), only the services whose
+    profiles COMPOSE_PROFILES turns on."""
+    env = dict(line.split("=", 1) for line in env_file.read_text().splitlines()
+               if "=" in line and not line.startswith("#")) if env_file else {}
+    text = _VARIABLE.sub(lambda m: env.get(m.group(1), m.group(2) or ""),
+                         COMPOSE_PATH.read_text())
+    doc = yaml.safe_load(text)  # resolves anchors and `<<` merges
+    active = set(filter(None, env.get("COMPOSE_PROFILES", "").split(",")))
+    doc["services"] = {name: svc for name, svc in doc["services"].items()
+                       if not svc.get("profiles") or active & set(svc["profiles"])}
+    return doc
 
 
 def gapserve_services(doc: dict) -> dict[str, dict]:
@@ -164,4 +179,11 @@ class LoopbackPorts:
         return _ADDRESS.sub(move, value)
 
     def environment(self, service: str, svc: dict) -> dict[str, str]:
-        return {k: self.value(service, k, v) for k, v in environment(svc).items()}
+        env = environment(svc)
+        moved = {k: self.value(service, k, v) for k, v in env.items()}
+        # the tensor-parallel rendezvous names rank 0's container and its port apart
+        host = env.get("GAPSERVE_MASTER_ADDR")
+        if host in self.services and env.get("GAPSERVE_MASTER_PORT", "").isdigit():
+            moved["GAPSERVE_MASTER_ADDR"] = "127.0.0.1"
+            moved["GAPSERVE_MASTER_PORT"] = str(self.port(host, int(env["GAPSERVE_MASTER_PORT"])))
+        return moved

@@ -19,10 +19,18 @@ from worker_svc.model.weights import ModelWeights
 
 class DecoderModel:
     def __init__(self, cfg: ModelConfig, weights: ModelWeights, backend,
-                 max_positions: int) -> None:
+                 max_positions: int, tp=None) -> None:
+        """cfg: the model as this rank holds it (ShardPlan.local_config); tp: the
+        tensor-parallel group (worker_svc.parallel.group), None when unsplit."""
         self.cfg = cfg
         self.w = weights
         self.backend = backend  # module with write_kv() and attention()
+        self.tp = tp
+        if tp is not None:
+            self._reduce = tp.all_reduce  # the row-parallel partial sums
+            self.vocab = tp.plan.vocab  # rows of embed and lm_head this rank holds
+        else:
+            self._reduce = _unchanged
         self.scale = cfg.head_dim ** -0.5
         device, dtype = weights.embed.device, weights.embed.dtype
         # cos/sin per position, computed in fp32 like the reference, then cast once
@@ -55,7 +63,7 @@ class DecoderModel:
         eps = c.rms_norm_eps
         write_kv, attention = self.backend.write_kv, self.backend.attention
 
-        x = F.embedding(input_ids, w.embed)
+        x = self._embed(input_ids)
         residual = x
         for i, lw in enumerate(w.layers):
             h = _rms_norm(x, lw.input_norm, eps)
@@ -67,16 +75,17 @@ class DecoderModel:
             v = qkv[:, nq + nkv:].view(n, c.num_kv_heads, hd)
             write_kv(k, v, kv_caches[i], meta.slot_mapping)
             attn = attention(q, kv_caches[i], meta, self.scale)
-            x = residual + F.linear(attn.reshape(n, nq), lw.o_proj, lw.o_bias)
+            x = residual + self._reduce(F.linear(attn.reshape(n, nq), lw.o_proj, lw.o_bias))
             residual = x
             h = _rms_norm(x, lw.post_norm, eps)
             gate_up = F.linear(h, lw.gate_up, lw.gate_up_bias)
-            x = residual + F.linear(F.silu(gate_up[:, :c.intermediate_size])
-                                    * gate_up[:, c.intermediate_size:], lw.down, lw.down_bias)
+            x = residual + self._reduce(F.linear(F.silu(gate_up[:, :c.intermediate_size])
+                                                 * gate_up[:, c.intermediate_size:],
+                                                 lw.down, lw.down_bias))
             residual = x
         # only the rows that sample need the norm and the (large) vocabulary projection
         x = _rms_norm(x[logits_indices], w.final_norm, eps)
-        return F.linear(x, w.lm_head).float()
+        return self._logits(x)
 
 
     def _forward_fused(self, input_ids: torch.Tensor, positions: torch.Tensor,
@@ -89,7 +98,7 @@ class DecoderModel:
         n = input_ids.shape[0]
         nq, hd, eps = c.num_heads * c.head_dim, c.head_dim, c.rms_norm_eps
         attention = self.backend.attention
-        residual = F.embedding(input_ids, w.embed)  # a fresh tensor: updated in place
+        residual = self._embed(input_ids)  # a fresh tensor: updated in place
         delta = None  # what the last sublayer adds to the residual stream
         for i, lw in enumerate(w.layers):
             h = ops.rms_norm(residual, lw.input_norm, eps) if delta is None \
@@ -99,14 +108,40 @@ class DecoderModel:
                               positions, kv_caches[i], meta.slot_mapping)
             attn = attention(qkv[:, :nq].view(n, c.num_heads, hd), kv_caches[i], meta,
                              self.scale)
-            o = F.linear(attn.reshape(n, nq), lw.o_proj, lw.o_bias)
+            o = self._reduce(F.linear(attn.reshape(n, nq), lw.o_proj, lw.o_bias))
             h = ops.add_rms_norm(residual, o, lw.post_norm, eps)
             gate_up = F.linear(h, lw.gate_up, lw.gate_up_bias)
-            delta = F.linear(ops.silu_mul(gate_up), lw.down, lw.down_bias)
+            delta = self._reduce(F.linear(ops.silu_mul(gate_up), lw.down, lw.down_bias))
         residual += delta
         # only the rows that sample need the norm and the (large) vocabulary projection
         x = ops.rms_norm(residual[logits_indices], w.final_norm, eps)
-        return F.linear(x, w.lm_head).float()
+        return self._logits(x)
+
+    def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.tp is None:
+            return F.embedding(input_ids, self.w.embed)
+        # vocab-parallel: each rank looks up the ids in its rows, zeros elsewhere; the
+        # sum over ranks is exact (one nonzero term per element)
+        start, stop = self.vocab
+        mine = (input_ids >= start) & (input_ids < stop)
+        x = F.embedding((input_ids - start) * mine, self.w.embed)
+        x *= mine.unsqueeze(1).to(x.dtype)
+        return self.tp.all_reduce(x)
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor | None:
+        """[rows, vocab] fp32 logits; with tensor parallelism each rank computes its
+        vocab columns and rank 0 gets them all (None on the other ranks)."""
+        logits = F.linear(x, self.w.lm_head)
+        if self.tp is None:
+            return logits.float()
+        if x.shape[0] == 0:  # every rank agrees: no row samples this step
+            return logits.float() if self.tp.rank == 0 else None
+        full = self.tp.gather_to_first(logits, self.cfg.vocab_size)
+        return None if full is None else full.float()
+
+
+def _unchanged(t: torch.Tensor) -> torch.Tensor:
+    return t
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -3,6 +3,7 @@ each weight allocated once and read straight into place (no mmap, no copies)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +13,7 @@ import torch
 from worker_svc.model.config import ModelConfig
 from worker_svc.model.safetensors_io import (CheckpointError, TensorEntry, TensorReader,
                                              new_tensor, read_header)
+from worker_svc.parallel.shard import ShardPlan, whole_plan
 
 
 @dataclass(slots=True)
@@ -59,16 +61,49 @@ def checkpoint_entries(model_dir: Path) -> dict[str, TensorEntry]:
     return entries
 
 
+def row_slice(e: TensorEntry, start: int, stop: int) -> TensorEntry:
+    """Rows [start, stop) of a tensor: contiguous bytes of the file, read like a tensor."""
+    if not 0 <= start <= stop <= e.shape[0]:
+        raise CheckpointError(f"{e.path}: tensor {e.name} of shape {list(e.shape)} has no "
+                              f"rows [{start}, {stop})")
+    row_bytes = e.nbytes // e.shape[0] if e.shape[0] else 0
+    return dataclasses.replace(e, shape=(stop - start, *e.shape[1:]),
+                               offset=e.offset + start * row_bytes,
+                               nbytes=(stop - start) * row_bytes)
+
+
+def weight_bytes(w: ModelWeights) -> int:
+    """Bytes of weights this process holds (a tied lm_head counted once)."""
+    tensors = [w.embed, w.final_norm] + ([] if w.lm_head is w.embed else [w.lm_head])
+    for lw in w.layers:
+        tensors += [t for t in dataclasses.astuple(lw) if t is not None]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
 def load_weights(model_dir: Path, cfg: ModelConfig, dtype: torch.dtype,
-                 device: torch.device) -> ModelWeights:
+                 device: torch.device, plan: ShardPlan | None = None) -> ModelWeights:
     """Each weight is allocated once in its final (fused) place and read straight into
-    it: no file mapping, no intermediate copies (see safetensors_io)."""
+    it: no file mapping, no intermediate copies (see safetensors_io). With a
+    tensor-parallel plan, only this rank's slices are allocated and read (see
+    worker_svc.parallel.shard); `cfg` is the whole model's."""
     entries = checkpoint_entries(model_dir)
+    plan = plan or whole_plan(cfg)
+    hd = cfg.head_dim
+    q_rows = (plan.q_heads[0] * hd, plan.q_heads[1] * hd)
+    kv_rows = (plan.kv_heads[0] * hd, plan.kv_heads[1] * hd)
+    # column-parallel rows of each fused part, by the part's name
+    rows_of = {"q_proj": q_rows, "k_proj": kv_rows, "v_proj": kv_rows,
+               "gate_proj": plan.intermediate, "up_proj": plan.intermediate,
+               "embed_tokens": plan.vocab, "lm_head": plan.vocab}
 
     def entry(name: str) -> TensorEntry:
         if name not in entries:
             raise KeyError(f"checkpoint in {model_dir} lacks tensor {name}")
-        return entries[name]
+        e = entries[name]
+        part = name.rsplit(".", 2)[-2]  # "model.layers.0.self_attn.q_proj.weight" -> q_proj
+        if plan.whole or part not in rows_of or not e.shape:
+            return e
+        return row_slice(e, *rows_of[part])
 
     with TensorReader() as reader:
         def take(name: str) -> torch.Tensor:
@@ -101,6 +136,24 @@ def load_weights(model_dir: Path, cfg: ModelConfig, dtype: torch.dtype,
         def maybe(name: str) -> torch.Tensor | None:
             return take(name) if name in entries else None
 
+        def columns(name: str, start: int, stop: int) -> torch.Tensor:
+            """Row-parallel: columns [start, stop) of every row, through one temporary
+            the size of the whole tensor (strided bytes in the file)."""
+            if plan.whole:
+                return take(name)
+            e = entry(name)
+            if len(e.shape) != 2 or not 0 <= start <= stop <= e.shape[1]:
+                raise CheckpointError(f"{e.path}: tensor {name} of shape {list(e.shape)} has "
+                                      f"no columns [{start}, {stop})")
+            tmp = torch.empty(e.shape, dtype=e.torch_dtype())
+            reader.read_into(e, tmp)
+            out = new_tensor((e.shape[0], stop - start), dtype, device)
+            out.copy_(tmp[:, start:stop])
+            return out
+
+        def row_parallel_bias(name: str) -> torch.Tensor | None:
+            return maybe(name) if plan.first else None  # added once, before the all-reduce
+
         layers = []
         for i in range(cfg.num_layers):
             p = f"model.layers.{i}."
@@ -109,13 +162,13 @@ def load_weights(model_dir: Path, cfg: ModelConfig, dtype: torch.dtype,
                 input_norm=take(p + "input_layernorm.weight"),
                 qkv=fused([a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"]),
                 qkv_bias=fused_bias([a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias"]),
-                o_proj=take(a + "o_proj.weight"),
-                o_bias=maybe(a + "o_proj.bias"),
+                o_proj=columns(a + "o_proj.weight", *q_rows),
+                o_bias=row_parallel_bias(a + "o_proj.bias"),
                 post_norm=take(p + "post_attention_layernorm.weight"),
                 gate_up=fused([m + "gate_proj.weight", m + "up_proj.weight"]),
                 gate_up_bias=fused_bias([m + "gate_proj.bias", m + "up_proj.bias"]),
-                down=take(m + "down_proj.weight"),
-                down_bias=maybe(m + "down_proj.bias"),
+                down=columns(m + "down_proj.weight", *plan.intermediate),
+                down_bias=row_parallel_bias(m + "down_proj.bias"),
             ))
         embed = take("model.embed_tokens.weight")
         if cfg.tie_word_embeddings or "lm_head.weight" not in entries:
