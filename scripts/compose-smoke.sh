@@ -67,6 +67,9 @@ client chat "$BASE"
 
 step "stream (reference, $MAX_TOKENS tokens)"
 client stream "$BASE" "$TMP/reference.json" --max-tokens "$MAX_TOKENS"
+echo "memory against each service's limit:"
+docker stats --no-stream --format 'table {{.Name}}\t{{.MemUsage}}\t{{.MemPerc}}' \
+  $(compose ps -q)
 
 step "stream with the worker restarted mid-stream"
 client stream "$BASE" "$TMP/restarted.json" --max-tokens "$MAX_TOKENS" \
@@ -93,5 +96,3 @@ client same "$TMP/restarted.json" "$TMP/reference.json"
 step "after the restart: every service healthy, and a new request is served"
 compose up -d --wait --pull never >/dev/null
 client chat "$BASE"
-docker stats --no-stream --format 'table {{.Name}}\t{{.MemUsage}}' \
-  $(compose ps -q) || true
