@@ -11,22 +11,16 @@ import httpx
 import pytest
 
 from .compose_file import OBSERVABILITY_ENV, environment, load_compose
-from .local_stack import LocalStack
+from .local_stack import running_stack
 
 pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    from shared.default_model import ensure_default_model
-    ensure_default_model()  # the image converts it at build time
-    stack = LocalStack(load_compose(OBSERVABILITY_ENV), tmp_path_factory.mktemp("compose-logs"))
-    try:
-        stack.start()
-        stack.wait_healthy("frontend")
+    doc = load_compose(OBSERVABILITY_ENV)
+    with running_stack(doc, tmp_path_factory.mktemp("compose-logs")) as stack:
         yield stack
-    finally:
-        stack.stop()
 
 
 def test_traces_reach_the_otlp_endpoint_the_profile_sets(stack):

@@ -13,22 +13,15 @@ import pytest
 import yaml
 
 from .compose_file import PROMETHEUS_PATH, ROOT, environment, load_compose, published_ports
-from .local_stack import LocalStack
+from .local_stack import LocalStack, running_stack
 
 pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    from shared.default_model import ensure_default_model
-    ensure_default_model()  # the image converts it at build time
-    stack = LocalStack(load_compose(), tmp_path_factory.mktemp("compose-logs"))
-    try:
-        stack.start()
-        stack.wait_healthy("frontend")
+    with running_stack(load_compose(), tmp_path_factory.mktemp("compose-logs")) as stack:
         yield stack
-    finally:
-        stack.stop()
 
 
 def _api_base(stack: LocalStack) -> str:
