@@ -62,9 +62,15 @@ def test_the_specification_check_rejects_a_broken_file(breakage):
         _validate(yaml.safe_dump(doc))
 
 
-@pytest.mark.parametrize("doc", [DOC, OBSERVED], ids=["default", "observability"])
-def test_every_depends_on_names_an_active_service_and_nothing_depends_on_itself(doc):
-    # a dependency on a service of an inactive profile fails `docker compose up`
+ENV_FILES = sorted((ROOT / "deploy").glob("*.env"))
+
+
+@pytest.mark.parametrize("env_file", [None, *ENV_FILES],
+                         ids=["default", *(p.name for p in ENV_FILES)])
+def test_every_depends_on_names_an_active_service_and_nothing_depends_on_itself(env_file):
+    # a dependency on a service of an inactive profile fails `docker compose up`, so
+    # each way of starting the stack (no env file, each deploy/*.env) is checked
+    doc = load_compose(env_file)
     for name, svc in doc["services"].items():
         for dep, condition in depends_on(svc).items():
             assert dep in doc["services"] and dep != name, f"{name} depends on {dep!r}"
