@@ -42,8 +42,8 @@ ENV GAPSERVE_CACHE_DIR=/opt/gapserve/cache
 WORKDIR /tmp
 RUN python -m shared.default_model
 # The CPU C kernels (paged decode, fused layer ops) for a baseline ISA (x86-64-v2)
-# and for this build machine's CPU; the worker picks the best its CPU runs (the
-# runtime image has no compiler), so another CPU keeps the C path.
+# and each level up to this build machine's CPU (AVX2, AVX-512); the worker picks the
+# best its CPU runs (the runtime image has no compiler), so another CPU keeps the C path.
 RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
  && python -m worker_svc.build_kernels
 

@@ -1,5 +1,5 @@
-"""Build the worker's C kernels for an image: the baseline ISA plus the build CPU's,
-and check each library loads. The Dockerfile runs `python -m worker_svc.build_kernels`;
+"""Build the worker's C kernels for an image: the baseline ISA and every level up to
+the build CPU's, and check each library loads. The Dockerfile runs `python -m worker_svc.build_kernels`;
 the runtime image has no compiler, so these are all the variants it will have.
 """
 

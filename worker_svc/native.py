@@ -7,9 +7,9 @@ library built earlier (e.g. at image build time) loads without a compiler.
 Each source builds for an ISA level ("variant"): a baseline every x86-64 CPU of the
 last 15 years runs (x86-64-v2), AVX2 + FMA, AVX-512. At run time the best variant
 this CPU supports is used: built if a compiler is there, else the best one already
-built (the image ships the baseline plus its build CPU's), so an image moved to
-another CPU runs the C kernels at that CPU's best prebuilt level instead of falling
-back to torch. `build` returns None only when no usable variant exists or can be
+built (the image ships the baseline and every level up to its build CPU's), so an
+image moved to another CPU runs the C kernels at that CPU's best prebuilt level
+instead of falling back to torch. `build` returns None only when no usable variant exists or can be
 built; callers then keep their torch path, and a warning says so.
 """
 
@@ -132,9 +132,10 @@ def build(name: str, extra_flags: tuple[str, ...] = ()) -> Path | None:
 
 
 def build_for_image(name: str, extra_flags: tuple[str, ...] = ()) -> list[Path]:
-    """Build the baseline variant and this (build) CPU's best, as an image ships them.
-    Raises if either cannot be built: an image without its kernels would be slow."""
-    wanted = [all_variants()[-1], *supported_variants()[:1]]
+    """Build, as an image ships them, the baseline variant and every level this (build)
+    CPU runs: another CPU then finds its own best level if it is at most the build
+    CPU's. Raises if one cannot be built: an image without its kernels would be slow."""
+    wanted = [*supported_variants(), all_variants()[-1]]
     built = []
     for variant in dict.fromkeys(wanted):
         path = compile_variant(name, variant, extra_flags)
