@@ -31,7 +31,7 @@ class Frontend:
 
     @property
     def ready(self) -> bool:
-        return self.engine.model_info is not None and self.engine.connected.is_set()
+        return self.engine.ready
 
     @property
     def limits(self) -> ModelLimits:

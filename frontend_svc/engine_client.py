@@ -2,14 +2,16 @@
 stream that carries every request of this frontend (adds and aborts out, per-step
 outputs back), routed to one asyncio queue per request.
 
-Losing the session loses its requests at the scheduler too (it aborts a closed
-session's requests), so they all end with UNAVAILABLE and a new session is opened.
+Losing the session (the scheduler died or restarted) loses nothing here: each open
+request keeps its prompt and the tokens streamed so far (frontend_svc/continuation.py)
+and is re-submitted as a continuation once a new session opens, so the client's
+stream just pauses. Requests still waiting after RESUME_TIMEOUT_S end with
+UNAVAILABLE. docs/resilience.md has the fault model.
 """
 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
@@ -20,27 +22,41 @@ from shared.proto import common_pb2, engine_pb2, engine_pb2_grpc
 from shared.telemetry import get_logger
 from shared.types import FinishReason, ModelInfo, RequestOutput, SamplingParams
 
+from frontend_svc import metrics
+from frontend_svc.continuation import OpenRequest
 from frontend_svc.errors import EngineError
+from frontend_svc.readiness import SchedulerHealth
 
 log = get_logger(component="engine_client")
 RECONNECT_DELAY_S = 0.5  # between attempts while the scheduler is away
 MODEL_INFO_TIMEOUT_S = 30.0  # one attempt; the scheduler answers once its workers are up
+RESUME_TIMEOUT_S = 120.0  # how long open requests wait for a lost scheduler to come back
 
 Item = RequestOutput | EngineError
 
 
 class EngineClient:
     def __init__(self, address: str,
-                 on_connection: Callable[[bool], Awaitable[None]] | None = None) -> None:
+                 on_connection: Callable[[bool], Awaitable[None]] | None = None,
+                 model_name: str = "") -> None:
         self.address = address
         self._on_connection = on_connection  # e.g. flips the health status
         self._channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
         self._stub = engine_pb2_grpc.EngineStub(self._channel)
         self._queues: dict[str, asyncio.Queue[Item]] = {}
+        self._open: dict[str, OpenRequest] = {}  # by the client's id, in arrival order
+        self._wire: dict[str, OpenRequest] = {}  # by the id the current scheduler knows
+        self._resume_deadline: asyncio.TimerHandle | None = None
+        self.num_resumed = 0  # requests re-submitted to a new scheduler session
+        self._lost = metrics.SCHEDULER_SESSIONS_LOST.labels(model_name)
+        self._resumed = metrics.REQUESTS_RESUMED.labels(model_name)
         self._outbox: asyncio.Queue[engine_pb2.EngineRequest | None] | None = None
         self._session_task: asyncio.Task | None = None
         self._closed = False
         self.connected = asyncio.Event()
+        self.health = SchedulerHealth(self._channel, self._notify)
+        self._health_task: asyncio.Task | None = None
+        self.ever_ready = False  # liveness: /health fails until the stack was ready once
         self.model_info: ModelInfo | None = None
 
     # ---- lifecycle
@@ -48,7 +64,19 @@ class EngineClient:
     async def start(self) -> None:
         """Open the session (waiting for the scheduler); returns once connected."""
         self._session_task = asyncio.create_task(self._run_sessions())
+        self._health_task = asyncio.create_task(self.health.run())
         await self.connected.wait()
+
+    @property
+    def ready(self) -> bool:
+        """Readiness: a session is open and the scheduler holds its workers."""
+        return self.model_info is not None and self.connected.is_set() and self.health.serving
+
+    async def _notify(self) -> None:
+        ready = self.ready
+        self.ever_ready |= ready
+        if self._on_connection is not None:
+            await self._on_connection(ready)
 
     async def _fetch_model_info(self) -> ModelInfo:
         while True:
@@ -64,8 +92,12 @@ class EngineClient:
 
     async def close(self) -> None:
         self._closed = True
+        if self._resume_deadline is not None:
+            self._resume_deadline.cancel()
         if self._outbox is not None:
             self._outbox.put_nowait(None)
+        if self._health_task is not None:
+            self._health_task.cancel()
         if self._session_task is not None:
             self._session_task.cancel()
             try:
@@ -83,10 +115,10 @@ class EngineClient:
             try:
                 await call.wait_for_connection()
                 self._outbox = outbox
+                self._resume_all(outbox)
                 self.connected.set()
                 log.info("scheduler session open", address=self.address)
-                if self._on_connection is not None:
-                    await self._on_connection(True)
+                await self._notify()
                 async for response in call:
                     self._route(response)
             except grpc.aio.AioRpcError as exc:
@@ -97,10 +129,8 @@ class EngineClient:
                 self._outbox = None
                 outbox.put_nowait(None)
                 call.cancel()
-                self._fail_all(EngineError(grpc.StatusCode.UNAVAILABLE,
-                                           "the scheduler session was lost"))
-                if self._on_connection is not None:
-                    await self._on_connection(False)
+                self._suspend_all()
+                await self._notify()
             if not self._closed:
                 await asyncio.sleep(RECONNECT_DELAY_S)
 
@@ -109,39 +139,52 @@ class EngineClient:
     def add(self, req_id: str, prompt_token_ids: list[int], params: SamplingParams,
             priority: int = 0, trace_context: dict[str, str] | None = None,
             cache_salt: str | None = None) -> asyncio.Queue[Item]:
-        """Send a request; its outputs (or an EngineError) arrive on the queue."""
-        if self._outbox is None:
+        """Send a request; its outputs (or an EngineError) arrive on the queue. While a
+        scheduler that was connected is away, the request is held and sent when a new
+        session opens (a pause, not an error)."""
+        if self._outbox is None and self.model_info is None:
             raise EngineError(grpc.StatusCode.UNAVAILABLE, "the scheduler is not connected")
         if req_id in self._queues:
             raise EngineError(grpc.StatusCode.ALREADY_EXISTS, f"request {req_id!r} is running")
         queue: asyncio.Queue[Item] = asyncio.Queue()
         self._queues[req_id] = queue
-        add = engine_pb2.AddRequest(
-            request_id=req_id, prompt_token_ids=prompt_token_ids,
-            sampling_params=convert.sampling_to_proto(params), priority=priority,
-            arrival_unix_s=time.time(), trace_context=trace_context or {})
-        if cache_salt is not None:
-            add.cache_salt = cache_salt
-        self._outbox.put_nowait(engine_pb2.EngineRequest(add=add))
+        open_ = OpenRequest(req_id, list(prompt_token_ids), params, queue, priority,
+                            dict(trace_context or {}), cache_salt)
+        self._open[req_id] = open_
+        if self._outbox is None:  # held for the next session
+            self._arm_resume_deadline()
+            return queue
+        self._wire[req_id] = open_
+        self._outbox.put_nowait(engine_pb2.EngineRequest(add=open_.add_message()))
         return queue
 
     def abort(self, req_ids: list[str]) -> int:
         """Abort at the scheduler; a reader still waiting gets a final ABORT output.
         Returns how many of the ids were still running here."""
         found = 0
+        wire_ids = []
         for req_id in req_ids:
+            open_ = self._forget(req_id)
+            wire_ids.append(req_id if open_ is None else open_.wire_id)
             queue = self._queues.pop(req_id, None)
             if queue is not None:
                 found += 1
                 queue.put_nowait(RequestOutput(req_id, finish_reason=FinishReason.ABORT))
-        if req_ids and self._outbox is not None:
+        if wire_ids and self._outbox is not None:
             self._outbox.put_nowait(engine_pb2.EngineRequest(
-                abort=engine_pb2.AbortRequests(request_ids=req_ids)))
+                abort=engine_pb2.AbortRequests(request_ids=wire_ids)))
         return found
 
     def release(self, req_id: str) -> None:
         """Forget a request that ended at the scheduler."""
         self._queues.pop(req_id, None)
+        self._forget(req_id)
+
+    def _forget(self, req_id: str) -> OpenRequest | None:
+        open_ = self._open.pop(req_id, None)
+        if open_ is not None and self._wire.get(open_.wire_id) is open_:
+            del self._wire[open_.wire_id]
+        return open_
 
     @property
     def num_active(self) -> int:
@@ -149,23 +192,65 @@ class EngineClient:
 
     def _route(self, response: engine_pb2.EngineResponse) -> None:
         for msg in response.outputs:
-            queue = self._queues.get(msg.request_id)
+            open_ = self._wire.get(msg.request_id)
+            queue = None if open_ is None else self._queues.get(open_.req_id)
             if queue is None:
                 continue  # aborted here already; the scheduler had not seen it yet
-            out = convert.request_output_from_proto(msg)
+            out = open_.seen(convert.request_output_from_proto(msg))
             queue.put_nowait(out)
             if out.finished:
-                del self._queues[msg.request_id]
+                del self._queues[open_.req_id]
+                self._forget(open_.req_id)
         for rejection in response.rejections:
-            queue = self._queues.pop(rejection.request_id, None)
+            open_ = self._wire.get(rejection.request_id)
+            if open_ is None:
+                continue
+            self._forget(open_.req_id)
+            queue = self._queues.pop(open_.req_id, None)
             if queue is not None:
                 queue.put_nowait(EngineError.from_number(rejection.status.code,
                                                          rejection.status.message))
 
     def _fail_all(self, error: EngineError) -> None:
+        self._resume_deadline = None
         queues, self._queues = self._queues, {}
+        self._open.clear()
+        self._wire.clear()
         for queue in queues.values():
             queue.put_nowait(error)
+
+    # ---- scheduler loss (docs/resilience.md)
+
+    def _suspend_all(self) -> None:
+        """The session is gone: keep every open request for the next session, and
+        give up on them if none opens in time."""
+        self._wire.clear()
+        self._lost.inc()
+        if self._open:
+            log.warning("scheduler lost; open requests wait for it", count=len(self._open),
+                        resume_timeout_s=RESUME_TIMEOUT_S)
+            self._arm_resume_deadline()
+
+    def _arm_resume_deadline(self) -> None:
+        if self._resume_deadline is None:
+            self._resume_deadline = asyncio.get_running_loop().call_later(
+                RESUME_TIMEOUT_S, self._fail_all, EngineError(
+                    grpc.StatusCode.UNAVAILABLE,
+                    f"the scheduler was lost and did not come back within "
+                    f"{RESUME_TIMEOUT_S:g} s"))
+
+    def _resume_all(self, outbox: asyncio.Queue) -> None:
+        """A new session: re-submit every open request as a continuation, in order."""
+        if self._resume_deadline is not None:
+            self._resume_deadline.cancel()
+            self._resume_deadline = None
+        for open_ in self._open.values():
+            self._wire[open_.next_wire_id()] = open_
+            outbox.put_nowait(engine_pb2.EngineRequest(add=open_.add_message()))
+        if self._open:
+            self.num_resumed += len(self._open)
+            self._resumed.inc(len(self._open))
+            log.info("open requests re-submitted to the scheduler", count=len(self._open))
 
     # ---- unary calls
 

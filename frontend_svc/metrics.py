@@ -49,6 +49,12 @@ E2E_REQUEST_LATENCY = Histogram("gapserve:e2e_request_latency_seconds",
                                 "End-to-end request latency.", _M, buckets=REQUEST_TIME_BUCKETS)
 PROMPT_TOKENS = Counter("gapserve:prompt_tokens", "Prompt tokens processed.", _M)
 GENERATION_TOKENS = Counter("gapserve:generation_tokens", "Output tokens generated.", _M)
+SCHEDULER_SESSIONS_LOST = Counter(
+    "gapserve:scheduler_sessions_lost", "Times the session to the scheduler was lost "
+    "(docs/resilience.md).", _M)
+REQUESTS_RESUMED = Counter(
+    "gapserve:requests_resumed", "Open requests re-submitted as continuations to a new "
+    "scheduler session after the old one was lost.", _M)
 REQUEST_PROMPT_TOKENS = Histogram("gapserve:request_prompt_tokens",
                                   "Prompt tokens per finished request.", _M,
                                   buckets=TOKEN_BUCKETS)

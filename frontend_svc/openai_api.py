@@ -41,12 +41,26 @@ def build_app(fe: Frontend) -> FastAPI:
 
     @app.get("/health")
     async def health() -> Response:
-        if not fe.ready:
-            return JSONResponse(error_body("the scheduler is not connected", 503), 503)
+        """Liveness: fails until the whole stack was ready once, then stays up while
+        the scheduler or a worker is away (this process holds their requests)."""
+        if not fe.engine.ever_ready:
+            return JSONResponse(error_body("the scheduler and workers are not connected "
+                                           "yet", 503), 503)
         return Response(status_code=200)
 
-    @app.get("/v1/models")
-    async def models() -> dict:
+    @app.get("/ready")
+    async def ready() -> Response:
+        """Readiness: the scheduler session is open and the scheduler holds its workers."""
+        if not fe.ready:
+            return JSONResponse(error_body("not ready: the scheduler or its workers are "
+                                           "not connected", 503), 503)
+        return Response(status_code=200)
+
+    @app.get("/v1/models", response_model=None)
+    async def models() -> dict | JSONResponse:
+        if not fe.ready:
+            return JSONResponse(error_body("the scheduler or its workers are not connected",
+                                           503), 503)
         info = fe.engine.model_info
         return {"object": "list", "data": [{
             "id": fe.served_model_name, "object": "model", "created": fmt.now(),

@@ -51,7 +51,8 @@ async def serve(args, tokenizer: TextTokenizer, served_model_name: str,
         for service in ("", SERVICE_NAME):
             await health_servicer.set(service, SERVING if serving else NOT_SERVING)
 
-    engine = EngineClient(args.scheduler_address, on_connection=set_health)
+    engine = EngineClient(args.scheduler_address, on_connection=set_health,
+                          model_name=served_model_name)
     fe = Frontend(engine, tokenizer, served_model_name, model_path,
                   observe.Observer(served_model_name))
 
@@ -67,7 +68,7 @@ async def serve(args, tokenizer: TextTokenizer, served_model_name: str,
 
     http = uvicorn.Server(uvicorn.Config(
         build_app(fe), host=args.host, port=args.http_port, log_level="warning",
-        access_log=False, timeout_graceful_shutdown=5))
+        access_log=False, timeout_graceful_shutdown=max(1, round(args.drain_timeout_s))))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -83,7 +84,7 @@ async def serve(args, tokenizer: TextTokenizer, served_model_name: str,
     http.should_exit = True
     engine_task.cancel()
     await set_health(False)
-    await grpc_server.stop(grace=2.0)
+    await grpc_server.stop(grace=args.drain_timeout_s)  # open streams may finish
     await http_task
     await engine.close()
     observe.log.info("frontend stopped")

@@ -2,7 +2,8 @@
 
 Starts them together (the frontend loads its tokenizer while the worker loads the
 model), waits until every one answers grpc.health.v1 SERVING, prints where to
-connect, and stops all of them on Ctrl-C/SIGTERM, or as soon as one of them dies.
+connect, restarts any that dies (the others carry on: docs/resilience.md), and
+stops all of them on Ctrl-C/SIGTERM.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from shared import config as flags
 from shared.grpc_server import check_health
 
 STOP_TIMEOUT_S = 15.0  # per process, after SIGTERM, before SIGKILL
+RESTART_BACKOFF_S = 0.5  # first wait before restarting a child that died; doubles
 
 
 def serve_parser() -> argparse.ArgumentParser:
@@ -63,12 +65,13 @@ def _argv(args: argparse.Namespace, names: Sequence[str]) -> list[str]:
     return out
 
 
-COMMON = ("host", "otlp_traces_endpoint", "log_format", "log_level")
+COMMON = ("host", "otlp_traces_endpoint", "log_format", "log_level", "drain_timeout_s")
 LIMITS = ("max_model_len", "max_num_batched_tokens", "max_num_seqs")
 WORKER = ("model", "tensor_parallel_size", "device", "dtype", "kv_cache_memory",
           "gpu_memory_utilization", "num_gpu_blocks_override", "block_size", "seed")
-SCHEDULER = ("long_prefill_token_threshold", "scheduling_policy", "enable_prefix_caching",
-             "async_scheduling", "enable_chunked_prefill")
+SCHEDULER = ("long_prefill_token_threshold", "long_prefill_exempt_lone_request",
+             "scheduling_policy", "enable_prefix_caching",
+             "async_scheduling", "enable_chunked_prefill", "step_timeout_s")
 FRONTEND = ("http_port", "grpc_port", "model", "served_model_name")
 
 
@@ -126,18 +129,28 @@ def children(args: argparse.Namespace) -> list[Child]:
 class Supervisor:
     children: list[Child]
     stop: threading.Event = field(default_factory=threading.Event)
+    log_dir: Path | None = None
+    env: dict[str, str] | None = None
+    restarts: int = 0
 
     def start(self, log_dir: Path | None = None, env: dict[str, str] | None = None) -> None:
         """Start every child; with log_dir, each writes its output to <name>.log there."""
+        self.log_dir, self.env = log_dir, env
         for child in self.children:
-            out = None if log_dir is None else open(log_dir / f"{child.name}.log", "wb")
-            try:
-                child.process = subprocess.Popen(
-                    [sys.executable, "-m", "gapserve", *child.argv], env=env,
-                    stdout=out, stderr=subprocess.STDOUT if out else None)
-            finally:
-                if out is not None:
-                    out.close()  # the child holds its own descriptor
+            self.launch(child)
+
+    def launch(self, child: Child, env: dict[str, str] | None = None) -> None:
+        """(Re)start one child with the same flags (its log is appended to); env
+        replaces the supervisor's environment for this launch only."""
+        out = None if self.log_dir is None else open(self.log_dir / f"{child.name}.log", "ab")
+        try:
+            child.process = subprocess.Popen(
+                [sys.executable, "-m", "gapserve", *child.argv],
+                env=self.env if env is None else env,
+                stdout=out, stderr=subprocess.STDOUT if out else None)
+        finally:
+            if out is not None:
+                out.close()  # the child holds its own descriptor
 
     def dead(self) -> Child | None:
         return next((c for c in self.children if c.process.poll() is not None), None)
@@ -197,11 +210,18 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"  OpenAI API  http://{host}:{args.http_port}/v1\n"
               f"  gRPC        {host}:{args.grpc_port}  (gapserve.v1.Generation)\n"
               f"  Ctrl-C stops all services", flush=True)
-        while not supervisor.stop.wait(0.5):
-            if (child := supervisor.dead()) is not None:
-                print(f"gapserve serve: {child.name} exited with code "
-                      f"{child.process.returncode}; stopping the others", file=sys.stderr)
-                return 1
+        backoff = RESTART_BACKOFF_S
+        while not supervisor.stop.wait(backoff):
+            if (child := supervisor.dead()) is None:
+                backoff = RESTART_BACKOFF_S
+                continue
+            # The others carry on (docs/resilience.md): a restarted worker is reconnected
+            # by the scheduler, a restarted scheduler by the frontend.
+            print(f"gapserve serve: {child.name} exited with code {child.process.returncode}; "
+                  f"restarting it", file=sys.stderr, flush=True)
+            supervisor.launch(child)
+            supervisor.restarts += 1
+            backoff = min(backoff * 2, 10.0)  # a child that keeps dying is not spun on
         return 0
     finally:
         supervisor.stop_all()

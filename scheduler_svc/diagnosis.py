@@ -1,18 +1,23 @@
 """The capacity diagnosis of SCHEDULING.md, evaluated live.
 
-Preemption is the earliest honest capacity signal, so it decides first; then
-whether RUNNING sits at `max_num_seqs`; then whether anyone waits at all:
+SCHEDULING.md's table, whose problem rows all have requests waiting for capacity; which
+limit stopped admission is read from the scheduler's `admission_blocked_by`, not
+guessed from the counts:
 
-| running          | waiting | preemptions | diagnosis                               |
-|------------------|---------|-------------|-----------------------------------------|
-| any              | any     | rising      | past capacity: shed load or scale out   |
-| at max_num_seqs  | > 0     | 0           | concurrency-capped: raise the cap       |
-| below cap        | > 0     | 0           | memory-capped at admission              |
-| any              | 0       | 0           | healthy                                 |
+| waiting | preemptions | admission blocked by | diagnosis                              |
+|---------|-------------|----------------------|----------------------------------------|
+| 0       | any         | any                  | healthy                                |
+| > 0     | rising      | any                  | past capacity: shed load or scale out  |
+| > 0     | 0           | max_num_seqs         | concurrency-capped: raise the cap      |
+| > 0     | 0           | kv_cache             | memory-capped at admission             |
+| > 0     | 0           | token_budget         | budget-capped: prefills use the budget |
+| > 0     | 0           | nothing (yet)        | healthy: arrived since the last step   |
 
-"rising" = at least one preemption inside the window (default 30 s). Only
-requests waiting for capacity count; a request that is not ready is not a
-capacity problem.
+"rising" = at least one preemption inside the window (default 30 s). Only requests
+waiting for capacity count; a request that is not ready is not a capacity problem. With
+nobody waiting, past preemptions are over (a preempted request waits until it resumes),
+so the window alone never keeps a drained server "past capacity". RUNNING at
+`max_num_seqs` reads concurrency-capped whatever the last step's reason.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ class Diagnosis(str, enum.Enum):
     HEALTHY = "healthy"
     CONCURRENCY_CAPPED = "concurrency_capped"
     MEMORY_CAPPED = "memory_capped"
+    BUDGET_CAPPED = "budget_capped"
     PAST_CAPACITY = "past_capacity"
 
 
@@ -36,6 +42,9 @@ SUMMARY = {
         "concurrency-capped: RUNNING is at --max-num-seqs and requests queue behind it",
     Diagnosis.MEMORY_CAPPED:
         "memory-capped at admission: requests wait because the KV cache has no free blocks",
+    Diagnosis.BUDGET_CAPPED:
+        "budget-capped: requests wait because running prefills take the step's whole "
+        "token budget",
     Diagnosis.PAST_CAPACITY:
         "past capacity: requests are preempted by recomputation, so throughput is falling",
 }
@@ -47,22 +56,29 @@ LEVER = {
     Diagnosis.MEMORY_CAPPED:
         "give the KV cache more memory (--gpu-memory-utilization, --kv-cache-memory) "
         "or shorten requests (--max-model-len); otherwise scale out",
+    Diagnosis.BUDGET_CAPPED:
+        "raise --max-num-batched-tokens (longer steps: more inter-token latency, shorter "
+        "time to first token), or cap long prompts with --long-prefill-token-threshold",
     Diagnosis.PAST_CAPACITY:
         "shed load or scale out; short of that, give the KV cache more memory, "
         "lower --max-num-seqs or --max-num-batched-tokens",
 }
 
 
-def diagnose(running: int, max_num_seqs: int, waiting: int,
-             preemptions_in_window: int) -> Diagnosis:
+def diagnose(running: int, max_num_seqs: int, waiting: int, preemptions_in_window: int,
+             blocked_by: str | None = None) -> Diagnosis:
     """The table above, as a pure function of one reading."""
-    if preemptions_in_window > 0:
-        return Diagnosis.PAST_CAPACITY
     if waiting <= 0:
         return Diagnosis.HEALTHY
-    if running >= max_num_seqs:
+    if preemptions_in_window > 0 or blocked_by == "preemption":
+        return Diagnosis.PAST_CAPACITY
+    if running >= max_num_seqs or blocked_by == "max_num_seqs":
         return Diagnosis.CONCURRENCY_CAPPED
-    return Diagnosis.MEMORY_CAPPED
+    if blocked_by == "kv_cache":
+        return Diagnosis.MEMORY_CAPPED
+    if blocked_by == "token_budget":
+        return Diagnosis.BUDGET_CAPPED
+    return Diagnosis.HEALTHY
 
 
 @dataclass(slots=True)
@@ -74,6 +90,7 @@ class CapacityReading:
     waiting_not_ready: int
     preemptions_total: int
     kv_cache_usage: float  # 0..1
+    admission_blocked_by: str | None = None  # why the last step admitted no more
 
 
 @dataclass(slots=True)
@@ -116,7 +133,8 @@ class CapacityMonitor:
         """The dict behind GetStatus, GET /v1/status and `gapserve status`."""
         r = self._last or CapacityReading(0, 0, 0, 0, 0.0)
         in_window = self.preemptions_in_window(now_s)
-        d = diagnose(r.running, self.max_num_seqs, r.waiting, in_window)
+        d = diagnose(r.running, self.max_num_seqs, r.waiting, in_window,
+                     r.admission_blocked_by)
         return {
             "running": r.running,
             "max_num_seqs": self.max_num_seqs,
@@ -127,6 +145,7 @@ class CapacityMonitor:
             "preemption_rate_per_s": in_window / self.window_s,
             "window_s": self.window_s,
             "kv_cache_usage": r.kv_cache_usage,
+            "admission_blocked_by": r.admission_blocked_by,
             "diagnosis": d.value,
             "summary": SUMMARY[d],
             "lever": LEVER[d],

@@ -62,6 +62,18 @@ class Failure:
 CLOSED = object()  # the last item of a session's outbox
 
 
+def describe(error: BaseException) -> str:
+    """One clean line for a client or a log: never the repr of a gRPC call object."""
+    code, details = getattr(error, "code", None), getattr(error, "details", None)
+    if callable(code) and callable(details):  # a grpc.RpcError
+        try:
+            return f"{code().name}: {details()}"
+        except Exception:  # noqa: BLE001 - not a finished call after all
+            pass
+    text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    return text if text and not text.startswith("<") else type(error).__name__
+
+
 @dataclass(slots=True, eq=False)
 class Session:
     """One frontend's stream. The outbox holds lists of RequestOutput and Failure
@@ -82,19 +94,32 @@ class EngineFailed(RuntimeError):
     """The worker group is gone; the scheduler cannot make progress any more."""
 
 
+class WorkerLost(EngineFailed):
+    """A worker's Step stream ended, or a step passed --step-timeout-s: the workers'
+    state is gone, and the engine recovers by recompute (docs/resilience.md)."""
+
+
 class Engine:
     """`telemetry` (scheduler_svc.metrics.SchedulerTelemetry) is called only from
     the loop thread, like the Scheduler."""
 
     def __init__(self, scheduler, executor: StepExecutor, model_info: ModelInfo,
                  max_model_len: int, *, telemetry=None,
-                 on_failure: Callable[[BaseException], None] | None = None) -> None:
+                 on_failure: Callable[[BaseException], None] | None = None,
+                 on_serving: Callable[[bool], None] | None = None,
+                 reconnect_timeout_s: float = 2.0) -> None:
         self._scheduler = scheduler
         self._executor = executor
         self.model_info = model_info
         self.max_model_len = max_model_len
         self._tel = telemetry
         self._on_failure = on_failure
+        self._on_serving = on_serving  # flips the health status while workers are away
+        self._reconnect_timeout_s = reconnect_timeout_s
+        self.workers_connected = True
+        self.num_worker_reconnects = 0
+        self.num_requests_recovered = 0
+        self._reconnect_delay = 0.05  # doubles per failed attempt; reset by a good step
         self._cond = threading.Condition()
         self._inbox: deque[tuple] = deque()
         self._owners: dict[str, Session] = {}  # req_id -> session; guarded by _cond
@@ -123,7 +148,7 @@ class Engine:
     def open_session(self) -> Session:
         with self._cond:
             if self.failed is not None:
-                raise EngineFailed(str(self.failed))
+                raise EngineFailed(describe(self.failed))
             session = Session(next(self._session_ids))
             self._sessions.add(session)
             return session
@@ -151,7 +176,7 @@ class Engine:
         self.check(request)
         with self._cond:
             if self.failed is not None:
-                raise EngineFailed(str(self.failed))
+                raise EngineFailed(describe(self.failed))
             if session.closed:
                 raise InvalidRequestError("the session is closed")
             if request.req_id in self._owners:
@@ -204,6 +229,12 @@ class Engine:
         with self._cond:
             self._post(("fail", error))
 
+    def post_worker_lost(self, generation: int, error: BaseException) -> None:
+        """A worker's Step stream ended outside a collect (e.g. while idle); the loop
+        recovers unless it has already reconnected since (an older generation)."""
+        with self._cond:
+            self._post(("lost", (generation, error)))
+
     def num_sessions(self) -> int:
         with self._cond:
             return len(self._sessions)
@@ -243,26 +274,36 @@ class Engine:
         idle = False  # the last pass scheduled nothing and collected nothing
         try:
             while True:
-                with self._cond:
-                    while not self._stopping and not self._inbox and not self._in_flight \
-                            and (idle or not self._scheduler.has_unfinished_requests()):
-                        self._cond.wait()
-                    if self._stopping:
+                try:
+                    idle = self._pass(idle)
+                except WorkerLost as e:  # recompute everything on the reconnected workers
+                    idle = False
+                    if not self._recover(e):
                         return
-                    commands = list(self._inbox)
-                    self._inbox.clear()
-                self._apply(commands)
-                submitted = collected = False
-                if len(self._in_flight) < self._depth \
-                        and self._scheduler.has_unfinished_requests():
-                    submitted = self._submit_next()
-                # Collect when the pipe is full, or when there was nothing more to send.
-                if self._in_flight and (len(self._in_flight) >= self._depth or not submitted):
-                    self._collect_oldest()
-                    collected = True  # a result may free blocks or end a wait: schedule again
-                idle = not submitted and not collected
-        except BaseException as e:  # noqa: BLE001 - a lost worker ends the engine
+                if idle is None:
+                    return
+        except BaseException as e:  # noqa: BLE001 - anything else ends the engine
             self._fail(e)
+
+    def _pass(self, idle: bool) -> bool | None:
+        """One pass of the loop; whether it was idle, or None when stopping."""
+        with self._cond:
+            while not self._stopping and not self._inbox and not self._in_flight \
+                    and (idle or not self._scheduler.has_unfinished_requests()):
+                self._cond.wait()
+            if self._stopping:
+                return None
+            commands = list(self._inbox)
+            self._inbox.clear()
+        self._apply(commands)
+        submitted = collected = False
+        if len(self._in_flight) < self._depth and self._scheduler.has_unfinished_requests():
+            submitted = self._submit_next()
+        # Collect when the pipe is full, or when there was nothing more to send.
+        if self._in_flight and (len(self._in_flight) >= self._depth or not submitted):
+            self._collect_oldest()
+            collected = True  # a result may free blocks or end a wait: schedule again
+        return not submitted and not collected
 
     def _apply(self, commands: list[tuple]) -> None:
         failures: list[Failure] = []
@@ -285,6 +326,10 @@ class Engine:
                 arg()
             elif kind == "fail":
                 raise arg
+            elif kind == "lost":
+                generation, error = arg
+                if generation == getattr(self._executor, "generation", generation):
+                    raise error  # otherwise an older link's news: reconnected since
         ends = self._scheduler.abort_requests(aborted) if aborted else []
         if self._tel is not None and ends:
             self._tel.request_outputs(ends)
@@ -323,6 +368,7 @@ class Engine:
         if result.step_id != step.step_id:
             raise EngineFailed(f"worker answered step {result.step_id} to step {step.step_id}")
         outputs = self._scheduler.update_from_output(step, result)
+        self._reconnect_delay = 0.05
         self.counters.num_steps += 1
         self.counters.num_tokens_scheduled += step.total_num_scheduled_tokens
         if tel is not None:
@@ -347,10 +393,10 @@ class Engine:
                 session.outbox.put(items)
 
     def _fail(self, error: BaseException) -> None:
-        log.error("engine_failed", error=repr(error))
+        log.error("engine_failed", error=describe(error), error_type=type(error).__name__)
         with self._cond:
             self.failed = error
-            failures = [Failure(r, ErrorCode.UNAVAILABLE, f"the engine failed: {error}")
+            failures = [Failure(r, ErrorCode.UNAVAILABLE, f"the engine failed: {describe(error)}")
                         for r in self._owners]
         self._route([], failures)
         # answer callers waiting on run_on_loop so they do not hang
@@ -361,3 +407,47 @@ class Engine:
             call()
         if self._on_failure is not None:
             self._on_failure(error)
+
+    # ---------------------------------------------------------------- worker loss
+
+    def _recover(self, error: WorkerLost) -> bool:
+        """The workers lost every request: requeue them all by recompute (prompt and
+        tokens so far are kept here) and reconnect with backoff, applying the inbox
+        meanwhile (adds queue, aborts end). False if told to stop first."""
+        log.warning("worker_lost", error=str(error), in_flight_steps=len(self._in_flight))
+        self._set_workers_connected(False)
+        tel = self._tel
+        self._in_flight.clear()  # their results will never come; telemetry drops them below
+        recovered = self._scheduler.requeue_all_for_recompute()
+        self.num_requests_recovered += len(recovered)
+        if tel is not None:
+            tel.worker_lost(len(recovered))
+            tel.refresh(self._scheduler.stats())
+        delay = self._reconnect_delay  # kept across losses: a flapping worker backs off
+        while True:
+            with self._cond:
+                if self._stopping:
+                    return False
+                commands = [c for c in self._inbox if c[0] not in ("lost", "fail")]
+                self._inbox.clear()
+            self._apply(commands)
+            try:
+                self._executor.reconnect(self._reconnect_timeout_s)
+                break
+            except WorkerLost as e:
+                log.info("worker_reconnect_failed", error=str(e), retry_in_s=delay)
+                with self._cond:
+                    self._cond.wait_for(lambda: self._stopping, timeout=delay)
+                delay = self._reconnect_delay = min(delay * 2, 2.0)
+        self.num_worker_reconnects += 1
+        if tel is not None:
+            tel.worker_reconnected()
+        log.info("worker_reconnected", requests_recovered=len(recovered),
+                 waiting=len(self._scheduler.waiting))
+        self._set_workers_connected(True)
+        return True
+
+    def _set_workers_connected(self, connected: bool) -> None:
+        self.workers_connected = connected
+        if self._on_serving is not None:
+            self._on_serving(connected)

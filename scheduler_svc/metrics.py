@@ -79,6 +79,14 @@ REQUEST_DECODE_TIME = Histogram("gapserve:request_decode_time_seconds",
 REQUEST_INFERENCE_TIME = Histogram("gapserve:request_inference_time_seconds",
                                    "From first scheduled to finished.", _M,
                                    buckets=REQUEST_TIME_BUCKETS)
+WORKER_RECONNECTS = Counter("gapserve:worker_reconnects",
+                            "Times the scheduler reconnected to its workers after losing "
+                            "them (docs/resilience.md).", _M)
+REQUESTS_RECOVERED = Counter("gapserve:requests_recovered",
+                             "Running requests requeued by recompute when a worker was lost.",
+                             _M)
+WORKERS_CONNECTED = Gauge("gapserve:workers_connected",
+                          "1 while the scheduler holds a Step stream to its workers.", _M)
 CAPACITY_DIAGNOSIS = Gauge("gapserve:capacity_diagnosis",
                            "1 for the current capacity diagnosis, 0 for the others.",
                            _M + ["diagnosis"])
@@ -89,6 +97,10 @@ PREEMPTION_ADVICE = (
     "(--gpu-memory-utilization, --kv-cache-memory, --num-gpu-blocks-override), run fewer "
     "concurrent sequences (--max-num-seqs) or use a smaller token budget "
     "(--max-num-batched-tokens)")
+
+# vLLM's rate: the first preemption and every 50th are logged, with the cumulative
+# count; every one is counted (gapserve:num_preemptions) and is an event on its span.
+PREEMPTION_LOG_EVERY = 50
 
 _tracer = get_tracer("gapserve.scheduler")
 
@@ -109,6 +121,7 @@ def reading_from_stats(stats: Any) -> CapacityReading:
         waiting_not_ready=not_ready,
         preemptions_total=int(_stat(stats, "num_preemptions_total")),
         kv_cache_usage=float(_stat(stats, "kv_usage", 0.0)),
+        admission_blocked_by=_stat(stats, "admission_blocked_by", None),
     )
 
 
@@ -177,6 +190,10 @@ class SchedulerTelemetry:
         self._monitor = CapacityMonitor(self.max_num_seqs, self.diagnosis_window_s)
         self._log = get_logger()
         self._series = _Series.of(self.model_name)
+        # made at start, so dashboards see 0 rather than no series
+        WORKER_RECONNECTS.labels(self.model_name)
+        REQUESTS_RECOVERED.labels(self.model_name)
+        WORKERS_CONNECTED.labels(self.model_name).set(1)
 
     # -- requests ------------------------------------------------------------
 
@@ -357,9 +374,11 @@ class SchedulerTelemetry:
             if ctx.is_valid:  # the line belongs to the request's trace, not the step's
                 ids = {"trace_id": format(ctx.trace_id, "032x"),
                        "span_id": format(ctx.span_id, "016x")}
-        self._log.warning(
-            f"request {req_id} was {PREEMPTION_ADVICE}", request_id=req_id,
-            num_preemptions=count, preemptions_total=self._preemptions_total, **ids)
+        total = self._preemptions_total
+        if total == 1 or total % PREEMPTION_LOG_EVERY == 0:  # the counter and span have each
+            self._log.warning(
+                f"request {req_id} was {PREEMPTION_ADVICE}", request_id=req_id,
+                num_preemptions=count, preemptions_total=total, **ids)
 
     def _record_gauges(self, reading: CapacityReading, stats: Any, now: float) -> None:
         c = self._series
@@ -379,7 +398,8 @@ class SchedulerTelemetry:
         self._prefix_seen = (max(queries, seen_q), max(hits, seen_h))
         self._monitor.observe(reading, now)
         self._set_diagnosis(diagnose(reading.running, self.max_num_seqs, reading.waiting,
-                                     self._monitor.preemptions_in_window(now)))
+                                     self._monitor.preemptions_in_window(now),
+                                     reading.admission_blocked_by))
 
     def _set_diagnosis(self, d: Diagnosis) -> None:
         if d is self._diagnosis:
@@ -392,6 +412,19 @@ class SchedulerTelemetry:
         self._diagnosis = d
 
     # -- status --------------------------------------------------------------
+
+    # -- worker loss (docs/resilience.md) -------------------------------------------
+
+    def worker_lost(self, num_recovered: int) -> None:
+        m = self.model_name
+        WORKERS_CONNECTED.labels(m).set(0)
+        REQUESTS_RECOVERED.labels(m).inc(num_recovered)
+        for step_id in list(self._steps):  # their results will never come
+            self.step_finished(step_id, None)
+
+    def worker_reconnected(self) -> None:
+        WORKER_RECONNECTS.labels(self.model_name).inc()
+        WORKERS_CONNECTED.labels(self.model_name).set(1)
 
     def refresh(self, stats: Any) -> None:
         """Set the gauges and the diagnosis from current stats: after a step's result

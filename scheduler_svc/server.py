@@ -22,7 +22,8 @@ from scheduler_svc.core.config import ConfigError, SchedulerConfig
 from scheduler_svc.core.request import Request
 from scheduler_svc.core.scheduler import Scheduler
 from scheduler_svc.metrics import SchedulerTelemetry
-from scheduler_svc.engine import CLOSED, Engine, EngineFailed, ErrorCode, Failure, Session
+from scheduler_svc.engine import (CLOSED, Engine, EngineFailed, ErrorCode, Failure, Session,
+                                  WorkerLost, describe)
 from shared import config as flags
 from shared import proto_convert as pc
 from shared.grpc_server import CHANNEL_OPTIONS, ServiceServer
@@ -43,47 +44,99 @@ _CODES = {ErrorCode.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
 
 
 class WorkerGroup:
-    def __init__(self, addresses: Sequence[str]) -> None:
+    def __init__(self, addresses: Sequence[str], step_timeout_s: float | None = None) -> None:
         self.addresses = list(addresses)
+        self.step_timeout_s = step_timeout_s  # None: wait for a step's answer forever
         self._channels = [grpc.insecure_channel(a, options=CHANNEL_OPTIONS)
                           for a in self.addresses]
         self._stubs = [worker_pb2_grpc.WorkerStub(c) for c in self._channels]
         self._outboxes: list[queue.SimpleQueue] = []
         self._closing = False
         self._replies: list = []
+        self._answers: list[queue.SimpleQueue] = []  # per rank: replies, then a WorkerLost
+        self.generation = 0  # one per set of open streams; a lost signal names its own
+        self.model_info: ModelInfo | None = None
+        self._on_lost = None
 
-    def handshake(self, timeout_s: float) -> ModelInfo:
+    def handshake(self, timeout_s: float, max_num_batched_tokens: int | None = None) -> ModelInfo:
         """Wait for every rank (they may still be loading the model) and check that
-        they form one group; returns rank 0's model facts."""
+        they form one group that agrees on the step token budget (None: adopt the
+        workers'); returns rank 0's model facts."""
         tp = len(self.addresses)
         infos = []
+        ask = worker_pb2.HandshakeRequest(tensor_parallel_size=tp,
+                                          max_num_batched_tokens=max_num_batched_tokens or 0)
         for rank, (address, stub) in enumerate(zip(self.addresses, self._stubs)):
-            reply = stub.Handshake(worker_pb2.HandshakeRequest(tensor_parallel_size=tp),
-                                   timeout=timeout_s, wait_for_ready=True)
+            reply = stub.Handshake(ask, timeout=timeout_s, wait_for_ready=True)
             if reply.rank != rank or reply.tensor_parallel_size != tp:
                 raise ConfigError(
                     f"worker {address} is rank {reply.rank} of {reply.tensor_parallel_size}, "
                     f"but --worker-addresses lists it as rank {rank} of {tp}")
             infos.append(pc.model_info_from_proto(reply.model_info))
         for address, info in zip(self.addresses[1:], infos[1:]):
-            if (info.num_kv_blocks, info.block_size, info.model_name) != (
-                    infos[0].num_kv_blocks, infos[0].block_size, infos[0].model_name):
+            if (info.num_kv_blocks, info.block_size, info.model_name,
+                    info.max_num_batched_tokens) != (
+                    infos[0].num_kv_blocks, infos[0].block_size, infos[0].model_name,
+                    infos[0].max_num_batched_tokens):
                 raise ConfigError(f"worker {address} reports {info}, rank 0 {infos[0]}")
+        self.model_info = infos[0]
         return infos[0]
 
     def open_streams(self, on_lost=None) -> None:
-        """Open one Step stream per rank; on_lost(error) is called if one ends
-        while the group is open (a worker died), even when no step is in flight."""
+        """Open one Step stream per rank; on_lost(generation, error) is called if one
+        ends while the group is open (a worker died), even when no step is in flight."""
+        self._on_lost = on_lost if on_lost is not None else self._on_lost
+        self.generation += 1
+        self._outboxes, self._replies, self._answers = [], [], []
         for address, stub in zip(self.addresses, self._stubs):
             outbox: queue.SimpleQueue = queue.SimpleQueue()
+            answers: queue.SimpleQueue = queue.SimpleQueue()
             self._outboxes.append(outbox)
+            self._answers.append(answers)
             replies = stub.Step(iter(outbox.get, None))
-            if on_lost is not None:
-                replies.add_done_callback(
-                    lambda call, a=address: None if self._closing else on_lost(
-                        EngineFailed(f"the Step stream to worker {a} ended: "
-                                     f"{call.code().name} {call.details()}")))
             self._replies.append(replies)
+            threading.Thread(target=self._read, args=(address, replies, answers, self.generation),
+                             name=f"step-replies-{address}", daemon=True).start()
+
+    def _read(self, address: str, replies, answers: queue.SimpleQueue, generation: int) -> None:
+        # A reader per rank, so collect() can give up after --step-timeout-s.
+        try:
+            for reply in replies:
+                answers.put(reply)
+            error = WorkerLost(f"worker {address} closed its Step stream")
+        except grpc.RpcError as e:
+            error = WorkerLost(f"the Step stream to worker {address} ended: "
+                               f"{e.code().name}: {e.details()}")
+        answers.put(error)
+        if not self._closing and generation == self.generation and self._on_lost is not None:
+            self._on_lost(generation, error)
+
+    def reconnect(self, timeout_s: float) -> ModelInfo:
+        """Drop the current streams and connect afresh (the same addresses: a restarted
+        worker comes back on its port). Raises WorkerLost if the workers do not answer
+        or are not the group we had (another model or KV pool would break the core)."""
+        self._end_streams()
+        old = self.model_info
+        try:  # the same step budget as before: the core was built with it
+            info = self.handshake(timeout_s, old.max_num_batched_tokens if old else None)
+        except grpc.RpcError as e:
+            raise WorkerLost(f"worker handshake: {e.code().name}: {e.details()}") from None
+        except ConfigError as e:
+            raise WorkerLost(str(e)) from None
+        same = ("model_name", "num_kv_blocks", "block_size", "vocab_size",
+                "max_num_batched_tokens")
+        if old is not None and any(getattr(info, f) != getattr(old, f) for f in same):
+            self.model_info = old
+            raise WorkerLost(f"the worker that answered is not the one that was lost: it "
+                             f"reports {info}, the scheduler was built for {old}")
+        self.open_streams()
+        return info
+
+    def _end_streams(self) -> None:
+        for outbox in self._outboxes:
+            outbox.put(None)
+        for replies in self._replies:
+            replies.cancel()
 
     def submit(self, step: SchedulerOutput) -> None:
         msg = pc.scheduler_output_to_proto(step)
@@ -92,7 +145,21 @@ class WorkerGroup:
             outbox.put(msg)
 
     def collect(self) -> ModelRunnerOutput:
-        answers = [next(replies) for replies in self._replies]  # RpcError if a rank is gone
+        """The oldest step's answer from every rank; WorkerLost if a stream ended or
+        an answer did not come within the step timeout (a hung or stopped worker)."""
+        deadline = None if self.step_timeout_s is None else time.monotonic() + self.step_timeout_s
+        answers = []
+        for address, box in zip(self.addresses, self._answers):
+            try:
+                item = box.get(timeout=None if deadline is None
+                               else max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise WorkerLost(f"worker {address} did not answer a step within "
+                                 f"--step-timeout-s {self.step_timeout_s:g} s") from None
+            if isinstance(item, WorkerLost):
+                box.put(item)  # every later collect of this generation fails too
+                raise item
+            answers.append(item)
         if len({a.step_id for a in answers}) != 1:
             raise EngineFailed(f"ranks answered different steps: {[a.step_id for a in answers]}")
         return pc.runner_output_from_proto(answers[0])
@@ -153,7 +220,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         if engine is None:
             context.abort(grpc.StatusCode.UNAVAILABLE, "the scheduler is shutting down")
         if engine.failed is not None:
-            context.abort(grpc.StatusCode.UNAVAILABLE, f"the engine failed: {engine.failed}")
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"the engine failed: {describe(engine.failed)}")
         return engine
 
     def GetModelInfo(self, request, context):
@@ -218,7 +285,8 @@ def engine_status(engine: Engine, scheduler: Scheduler,
         prefix_cache_queries=stats.prefix_cache_queries,
         prefix_cache_hits=stats.prefix_cache_hits, num_steps_total=engine.counters.num_steps,
         num_sessions=engine.num_sessions(), diagnosis=diag["diagnosis"],
-        summary=diag["summary"], lever=diag["lever"])
+        summary=diag["summary"], lever=diag["lever"],
+        admission_blocked_by=diag["admission_blocked_by"] or "")
 
 
 # ---------------------------------------------------------------------------
@@ -234,14 +302,17 @@ def scheduler_config(args, info: ModelInfo) -> SchedulerConfig:
         block_size=info.block_size,
         max_model_len=args.max_model_len or info.max_model_len,
         long_prefill_token_threshold=args.long_prefill_token_threshold,
+        long_prefill_exempt_lone_request=args.long_prefill_exempt_lone_request,
         policy=args.scheduling_policy,
         enable_chunked_prefill=args.enable_chunked_prefill,
         enable_prefix_caching=args.enable_prefix_caching,
         async_scheduling=args.async_scheduling)
     if args.max_num_seqs is not None:
         cfg.max_num_seqs = args.max_num_seqs
-    if args.max_num_batched_tokens is not None:
-        cfg.max_num_batched_tokens = args.max_num_batched_tokens
+    # The worker's budget: it profiled its memory with it (the handshake checked a flag).
+    budget = args.max_num_batched_tokens or info.max_num_batched_tokens
+    if budget:
+        cfg.max_num_batched_tokens = budget
     cfg.validate()
     return cfg
 
@@ -260,11 +331,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.metrics_port:
         start_metrics_server(args.metrics_port, args.host)
     log.info("scheduler_listening", port=port, workers=args.worker_addresses)
-    group = WorkerGroup(args.worker_addresses)
+    group = WorkerGroup(args.worker_addresses, step_timeout_s=args.step_timeout_s or None)
     engine = None
     failed = threading.Event()
     try:
-        info = _handshake(group, stop)
+        info = _handshake(group, stop, args.max_num_batched_tokens)
         if info is None:
             return 0
         cfg = scheduler_config(args, info)
@@ -272,8 +343,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         telemetry = SchedulerTelemetry(info.model_name, cfg.max_num_seqs,
                                        cfg.max_num_batched_tokens)
         engine = Engine(scheduler, group, info, cfg.max_model_len, telemetry=telemetry,
-                        on_failure=lambda e: (failed.set(), stop.set()))
-        group.open_streams(on_lost=engine.post_failure)
+                        on_failure=lambda e: (failed.set(), stop.set()),
+                        on_serving=server.set_serving)
+        group.open_streams(on_lost=engine.post_worker_lost)
         engine.start()
         servicer.ready(engine, lambda: engine_status(engine, scheduler, telemetry))
         server.set_serving()
@@ -282,6 +354,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                  max_num_seqs=cfg.max_num_seqs,
                  max_num_batched_tokens=cfg.max_num_batched_tokens)
         stop.wait()
+        if not failed.is_set():
+            _drain(engine, scheduler, server, args.drain_timeout_s)
     except ConfigError as e:
         log.error("bad_configuration", error=str(e))
         print(f"gapserve scheduler: {e}", file=sys.stderr)
@@ -295,11 +369,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 1 if failed.is_set() else 0
 
 
-def _handshake(group: WorkerGroup, stop: threading.Event) -> ModelInfo | None:
+def _drain(engine: Engine, scheduler: Scheduler, server: ServiceServer,
+           timeout_s: float) -> None:
+    """SIGTERM: report NOT_SERVING (frontends see it and stop routing new work) and let
+    what is running finish, for at most timeout_s. Requests still open then are
+    handed back: their frontends re-submit them to the next scheduler."""
+    server.set_serving(False)
+    deadline = time.monotonic() + timeout_s
+    left = engine.run_on_loop(scheduler.get_num_unfinished_requests)
+    log.info("draining", unfinished=left, drain_timeout_s=timeout_s)
+    pause = threading.Event()
+    while left and time.monotonic() < deadline and engine.failed is None:
+        pause.wait(0.05)  # shutdown only: a short poll of the loop is enough
+        left = engine.run_on_loop(scheduler.get_num_unfinished_requests)
+    log.info("drained", unfinished=left, handed_back=left)
+
+
+def _handshake(group: WorkerGroup, stop: threading.Event,
+               max_num_batched_tokens: int | None = None) -> ModelInfo | None:
     """Retry until every worker answers (they load the model first) or we are told to stop."""
     while not stop.is_set():
         try:
-            return group.handshake(timeout_s=2.0)
+            return group.handshake(timeout_s=2.0, max_num_batched_tokens=max_num_batched_tokens)
         except grpc.RpcError as e:
             if e.code() not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
                 raise ConfigError(f"worker handshake failed: {e.code().name}: {e.details()}")

@@ -74,6 +74,13 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+def non_negative_float(text: str) -> float:
+    value = float(text)
+    if not value >= 0.0 or value == float("inf"):  # also rejects nan
+        raise argparse.ArgumentTypeError(f"must be a non-negative number, got {text}")
+    return value
+
+
 def port(text: str) -> int:
     value = int(text)
     if not 0 <= value <= 65535:
@@ -112,6 +119,11 @@ def add_common_flags(parser: argparse.ArgumentParser) -> None:
                    help="auto: console on a TTY, JSON lines otherwise")
     g.add_argument("--log-level", default="info",
                    choices=("debug", "info", "warning", "error"))
+    # resilience (docs/resilience.md)
+    g.add_argument("--drain-timeout-s", type=non_negative_float, default=10.0,
+                   help="on SIGTERM: stop admitting and let running requests finish for at "
+                        "most this long; what is left is handed back (the frontend "
+                        "re-submits it to the next scheduler)")
 
 
 def add_model_flag(parser: argparse.ArgumentParser) -> None:
@@ -125,7 +137,8 @@ def add_limit_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--max-model-len", type=positive_int, default=None,
                    help="longest prompt + output (default: the model's)")
     g.add_argument("--max-num-batched-tokens", type=positive_int, default=None,
-                   help="token budget of one step (default 2048; 8192 on big GPUs)")
+                   help="token budget of one step (default: 8192 on GPUs with 70 GiB or "
+                        "more, else 2048); the scheduler and the workers must agree")
     g.add_argument("--max-num-seqs", type=positive_int, default=None,
                    help="most requests running at once (default 256)")
 
@@ -159,6 +172,10 @@ def add_scheduler_flags(parser: argparse.ArgumentParser, *, with_ports: bool = T
                        default=["127.0.0.1:50053"],
                        help="comma list of host:port, one per tensor-parallel rank")
     g.add_argument("--long-prefill-token-threshold", type=non_negative_int, default=0)
+    g.add_argument("--long-prefill-exempt-lone-request", action=argparse.BooleanOptionalAction,
+                   default=True,
+                   help="the threshold does not cap a request that is alone (running + "
+                        "waiting); --no-... applies it always, as vLLM does")
     g.add_argument("--scheduling-policy", choices=("fcfs", "priority"), default="fcfs")
     g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                    default=True)
@@ -166,6 +183,11 @@ def add_scheduler_flags(parser: argparse.ArgumentParser, *, with_ports: bool = T
                    default=True)
     g.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction,
                    default=True)
+    # resilience (docs/resilience.md)
+    g.add_argument("--step-timeout-s", type=non_negative_float, default=120.0,
+                   help="a step not answered within this many seconds means the worker is "
+                        "lost (hung or stopped): requests are recomputed on a reconnected "
+                        "one; 0 waits forever")
 
 
 def add_frontend_flags(parser: argparse.ArgumentParser, *, with_model: bool = True,

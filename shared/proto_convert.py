@@ -45,7 +45,7 @@ def model_info_to_proto(info: t.ModelInfo) -> common_pb2.ModelInfo:
         max_model_len=info.max_model_len, eos_token_ids=info.eos_token_ids,
         num_layers=info.num_layers, num_kv_heads=info.num_kv_heads,
         head_dim=info.head_dim, dtype=info.dtype, num_kv_blocks=info.num_kv_blocks,
-        block_size=info.block_size)
+        block_size=info.block_size, max_num_batched_tokens=info.max_num_batched_tokens)
 
 
 def model_info_from_proto(msg: common_pb2.ModelInfo) -> t.ModelInfo:
@@ -54,7 +54,7 @@ def model_info_from_proto(msg: common_pb2.ModelInfo) -> t.ModelInfo:
         max_model_len=msg.max_model_len, eos_token_ids=list(msg.eos_token_ids),
         num_layers=msg.num_layers, num_kv_heads=msg.num_kv_heads,
         head_dim=msg.head_dim, dtype=msg.dtype, num_kv_blocks=msg.num_kv_blocks,
-        block_size=msg.block_size)
+        block_size=msg.block_size, max_num_batched_tokens=msg.max_num_batched_tokens)
 
 
 # ---------------------------------------------------------------------------
@@ -85,13 +85,16 @@ def scheduler_output_to_proto(out: t.SchedulerOutput) -> worker_pb2.SchedulerOut
                 req_id=r.req_id, prompt_token_ids=r.prompt_token_ids,
                 sampling_params=sampling_to_proto(r.sampling_params),
                 block_ids=r.block_ids, num_computed_tokens=r.num_computed_tokens,
-                trace_context=r.trace_context)
+                trace_context=r.trace_context, output_token_ids=r.output_token_ids)
             for r in out.scheduled_new_reqs],
         scheduled_cached_reqs=worker_pb2.CachedRequestData(
             req_ids=cached.req_ids,
             resumed_from_preemption=cached.resumed_from_preemption,
             new_block_ids=[worker_pb2.BlockIds(ids=b) for b in cached.new_block_ids],
-            num_computed_tokens=cached.num_computed_tokens),
+            num_computed_tokens=cached.num_computed_tokens,
+            resumed_token_checks={
+                r: worker_pb2.TokenCheck(num_tokens=n, checksum=c)
+                for r, (n, c) in cached.resumed_token_checks.items()}),
         scheduled_req_ids=list(out.num_scheduled_tokens.keys()),
         num_scheduled_tokens=list(out.num_scheduled_tokens.values()),
         total_num_scheduled_tokens=out.total_num_scheduled_tokens,
@@ -109,13 +112,16 @@ def scheduler_output_from_proto(msg: worker_pb2.SchedulerOutput) -> t.SchedulerO
                 req_id=r.req_id, prompt_token_ids=list(r.prompt_token_ids),
                 sampling_params=sampling_from_proto(r.sampling_params),
                 block_ids=list(r.block_ids), num_computed_tokens=r.num_computed_tokens,
-                trace_context=dict(r.trace_context))
+                trace_context=dict(r.trace_context),
+                output_token_ids=list(r.output_token_ids))
             for r in msg.scheduled_new_reqs],
         scheduled_cached_reqs=t.CachedRequestData(
             req_ids=list(cached.req_ids),
             resumed_from_preemption=list(cached.resumed_from_preemption),
             new_block_ids=[list(b.ids) for b in cached.new_block_ids],
-            num_computed_tokens=list(cached.num_computed_tokens)),
+            num_computed_tokens=list(cached.num_computed_tokens),
+            resumed_token_checks={r: (c.num_tokens, c.checksum)
+                                  for r, c in cached.resumed_token_checks.items()}),
         num_scheduled_tokens=dict(zip(msg.scheduled_req_ids, msg.num_scheduled_tokens)),
         total_num_scheduled_tokens=msg.total_num_scheduled_tokens,
         finished_req_ids=set(msg.finished_req_ids),

@@ -113,6 +113,9 @@ class NewRequestData:
     num_computed_tokens: int  # prefix-cache hit: KV already in these blocks
     # W3C trace context of the request's scheduler span, so worker spans join its trace
     trace_context: dict[str, str] = field(default_factory=dict)
+    # tokens generated before these workers saw it (resent after a worker was lost):
+    # the worker's token ids are prompt + these, and it samples after them
+    output_token_ids: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -126,13 +129,17 @@ class CachedRequestData:
     resumed_from_preemption: list[bool] = field(default_factory=list)
     new_block_ids: list[list[int]] = field(default_factory=list)
     num_computed_tokens: list[int] = field(default_factory=list)
+    # resumed request -> (number of token ids, token_checksum of them) the scheduler holds
+    resumed_token_checks: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     def append(self, req_id: str, resumed: bool, new_block_ids: list[int],
-               num_computed_tokens: int) -> None:
+               num_computed_tokens: int, token_check: tuple[int, int] | None = None) -> None:
         self.req_ids.append(req_id)
         self.resumed_from_preemption.append(resumed)
         self.new_block_ids.append(new_block_ids)
         self.num_computed_tokens.append(num_computed_tokens)
+        if token_check is not None:
+            self.resumed_token_checks[req_id] = token_check
 
     def __len__(self) -> int:
         return len(self.req_ids)
@@ -232,3 +239,4 @@ class ModelInfo:
     dtype: str
     num_kv_blocks: int
     block_size: int
+    max_num_batched_tokens: int = 0  # the budget the worker profiled its memory with

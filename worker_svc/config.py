@@ -17,7 +17,7 @@ class WorkerConfig:
     kv_cache_memory: int | None = None  # bytes of KV cache on CPU; None = sized for the machine
     gpu_memory_utilization: float = 0.9
     max_model_len: int | None = None  # None = the model's max_position_embeddings
-    max_num_batched_tokens: int = 2048
+    max_num_batched_tokens: int | None = None  # None: 8192 on GPUs of >= 70 GiB, else 2048
     max_num_seqs: int = 256
     seed: int = 0  # seeds the sampling of requests that bring no seed of their own
     tensor_parallel_rank: int = 0
@@ -34,7 +34,8 @@ class WorkerConfig:
             raise ValueError("num_gpu_blocks_override must be at least 2 (block 0 is reserved)")
         if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
             raise ValueError(f"kv_cache_memory must be positive, got {self.kv_cache_memory}")
-        if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
+        if self.max_num_seqs < 1 or (self.max_num_batched_tokens is not None
+                                     and self.max_num_batched_tokens < 1):
             raise ValueError("max_num_seqs and max_num_batched_tokens must be positive")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype}")

@@ -45,6 +45,8 @@ class ModelRunner:
         self.model_config = cfg = load_model_config(self.model_dir)
         self.max_model_len = _resolve_max_model_len(config.max_model_len, cfg)
         self.block_size = config.block_size
+        self.max_num_batched_tokens = config.max_num_batched_tokens \
+            or default_max_num_batched_tokens(self.device)
         with torch.inference_mode():
             weights = load_weights(self.model_dir, cfg, self.dtype, self.device)
             self.model = DecoderModel(cfg, weights, select_backend(self.device),
@@ -66,7 +68,8 @@ class ModelRunner:
             eos_token_ids=list(cfg.eos_token_ids), num_layers=cfg.num_layers,
             num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
             dtype=str(self.dtype).removeprefix("torch."),
-            num_kv_blocks=self.num_kv_blocks, block_size=self.block_size)
+            num_kv_blocks=self.num_kv_blocks, block_size=self.block_size,
+            max_num_batched_tokens=self.max_num_batched_tokens)
 
     def compute_paths(self) -> dict[str, str]:
         """Which kernels this worker runs, for its start-up log line: a CPU worker
@@ -149,16 +152,23 @@ class ModelRunner:
         generator = None
         if params.seed is not None:
             generator = torch.Generator(self.device).manual_seed(params.seed)
-        state = RequestState(req_id=new.req_id, token_ids=list(new.prompt_token_ids),
+        output = new.output_token_ids  # non-empty: resent after a worker was lost
+        state = RequestState(req_id=new.req_id, token_ids=[*new.prompt_token_ids, *output],
                              num_prompt_tokens=len(new.prompt_token_ids),
                              block_ids=list(new.block_ids),
                              num_computed_tokens=new.num_computed_tokens, params=params,
                              row=self.free_rows.pop(), generator=generator)
+        if output:  # inputs read a request's last sampled token from this row
+            self.last_sampled[state.row] = output[-1]
         if state.has_penalties:
             vocab = self.model_config.vocab_size
             state.prompt_mask = torch.zeros(vocab, dtype=torch.bool, device=self.device)
             state.prompt_mask[torch.tensor(new.prompt_token_ids, device=self.device)] = True
             state.output_counts = torch.zeros(vocab, dtype=torch.long, device=self.device)
+            if output:
+                state.output_counts.index_add_(
+                    0, torch.tensor(output, device=self.device),
+                    torch.ones(len(output), dtype=torch.long, device=self.device))
         return state
 
     def _grow_rows(self) -> None:
@@ -196,7 +206,7 @@ class ModelRunner:
     def _profile_run(self) -> None:
         """A forward pass at the largest step (max_num_batched_tokens tokens, logits
         for max_num_seqs rows), so the peak activation memory is measured."""
-        num_tokens = min(self.config.max_num_batched_tokens, self.max_model_len)
+        num_tokens = min(self.max_num_batched_tokens, self.max_model_len)
         num_blocks = -(-num_tokens // self.block_size) + 1
         caches = self.model.allocate_kv_caches(num_blocks, self.block_size)
         dev = self.device
@@ -220,6 +230,17 @@ class ModelRunner:
 
 def _ms(t0: float) -> float:
     return (time.perf_counter() - t0) * 1e3
+
+
+BIG_GPU_BYTES = 70 << 30
+
+
+def default_max_num_batched_tokens(device: torch.device) -> int:
+    """SCHEDULING.md's default budget: 8,192 on GPUs with 70 GiB or more, else 2,048."""
+    if device.type == "cuda" and \
+            torch.cuda.get_device_properties(device).total_memory >= BIG_GPU_BYTES:
+        return 8192
+    return 2048
 
 
 def _resolve_device(name: str) -> torch.device:

@@ -25,6 +25,7 @@ from shared.telemetry import get_logger, setup_telemetry, start_metrics_server
 from shared.types import InvalidRequestError, ModelRunnerOutput, SchedulerOutput
 from worker_svc import compute
 from worker_svc.config import WorkerConfig
+from worker_svc import fault_injection
 
 log = get_logger(service="worker")
 
@@ -102,6 +103,7 @@ class StepPipe:
             result.timings.idle_ms = 0.0 if last_end is None else (start - last_end) * 1e3
             last_end = time.perf_counter()
             self.results.put((step, result))
+            fault_injection.step_done()
         self.results.put(_END)
 
 
@@ -126,6 +128,13 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                           f"this worker is rank {self.rank} of a group of "
                           f"{self.tensor_parallel_size}, the scheduler expects {tp}")
+        budget = request.max_num_batched_tokens
+        if budget and budget != runner.max_num_batched_tokens:
+            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
+                          f"the scheduler's --max-num-batched-tokens is {budget}, but this "
+                          f"worker sized its memory for steps of "
+                          f"{runner.max_num_batched_tokens} tokens; give both services the "
+                          f"same --max-num-batched-tokens")
         return worker_pb2.HandshakeResponse(
             model_info=pc.model_info_to_proto(runner.model_info()), rank=self.rank,
             tensor_parallel_size=self.tensor_parallel_size)
@@ -165,6 +174,16 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 self._forget_all(runner)
             finally:
                 self._stream_lock.release()
+
+    def drain(self, server, timeout_s: float) -> None:
+        """SIGTERM: NOT_SERVING, then keep executing steps while a scheduler still
+        streams them (it is draining its running requests), for at most timeout_s."""
+        server.set_serving(False)
+        if self._stream_lock.acquire(timeout=timeout_s):
+            self._stream_lock.release()
+            log.info("drained")
+        else:
+            log.info("drain_timeout", drain_timeout_s=timeout_s)
 
     @staticmethod
     def _forget_all(runner) -> None:
@@ -234,6 +253,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                  block_size=info.block_size, max_model_len=info.max_model_len, dtype=info.dtype,
                  **runner.compute_paths())
         stop.wait()
+        servicer.drain(server, args.drain_timeout_s)
     except (ValueError, FileNotFoundError) as e:
         log.error("worker_failed_to_start", error=str(e))
         print(f"gapserve worker: {e}", file=sys.stderr)

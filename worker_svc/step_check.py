@@ -4,6 +4,7 @@ exactly as it was."""
 
 from __future__ import annotations
 
+from shared.token_checksum import token_checksum
 from shared.types import InvalidRequestError, SchedulerOutput
 from worker_svc.request_state import RequestState
 
@@ -20,7 +21,8 @@ def check_step(step: SchedulerOutput, requests: dict[str, RequestState], *, voca
     for new in step.scheduled_new_reqs:
         _check_new(new, requests, finished, after, vocab_size, max_model_len)
         _check_blocks(new.req_id, new.block_ids, num_blocks)
-        after[new.req_id] = (len(new.prompt_token_ids), len(new.block_ids),
+        after[new.req_id] = (len(new.prompt_token_ids) + len(new.output_token_ids),
+                             len(new.block_ids),
                              new.num_computed_tokens)
     cached = step.scheduled_cached_reqs
     columns = (cached.resumed_from_preemption, cached.new_block_ids, cached.num_computed_tokens)
@@ -32,6 +34,8 @@ def check_step(step: SchedulerOutput, requests: dict[str, RequestState], *, voca
             raise StepError(f"cached request {req_id!r} is not held by this worker "
                             "(unknown, finished, or also sent as new)")
         _check_blocks(req_id, cached.new_block_ids[i], num_blocks)
+        if cached.resumed_from_preemption[i]:
+            _check_tokens(req_id, state, cached.resumed_token_checks.get(req_id))
         held = 0 if cached.resumed_from_preemption[i] or req_id in step.preempted_req_ids \
             else len(state.block_ids)
         after[req_id] = (len(state.token_ids), held + len(cached.new_block_ids[i]),
@@ -57,6 +61,20 @@ def check_step(step: SchedulerOutput, requests: dict[str, RequestState], *, voca
                             f"{end} tokens")
 
 
+def _check_tokens(req_id: str, state: RequestState, check: tuple[int, int] | None) -> None:
+    """The scheduler's token ids of a resumed request must be this worker's: the KV is
+    about to be recomputed from them, and every later token depends on it."""
+    if check is None:
+        raise StepError(f"resumed request {req_id!r} carries no token check")
+    num_tokens, checksum = check
+    mine = len(state.token_ids)
+    if num_tokens != mine or checksum != token_checksum(state.token_ids):
+        raise StepError(
+            f"request {req_id!r}: token ids drifted between scheduler and worker at its "
+            f"resume: the scheduler holds {num_tokens} tokens (checksum {checksum:016x}), "
+            f"this worker {mine} (checksum {token_checksum(state.token_ids):016x})")
+
+
 def _check_new(new, requests, finished, after, vocab_size: int, max_model_len: int) -> None:
     if (new.req_id in requests and new.req_id not in finished) or new.req_id in after:
         raise StepError(f"new request {new.req_id!r} is already held by this worker")
@@ -70,9 +88,16 @@ def _check_new(new, requests, finished, after, vocab_size: int, max_model_len: i
     if min(prompt) < 0 or max(prompt) >= vocab_size:
         raise InvalidRequestError(f"request {new.req_id!r}: prompt token ids must be in "
                                   f"[0, {vocab_size})")
-    if not 0 <= new.num_computed_tokens < len(prompt):
+    num_tokens = len(prompt) + len(new.output_token_ids)
+    if num_tokens > max_model_len:
+        raise InvalidRequestError(f"request {new.req_id!r}: {num_tokens} tokens exceed "
+                                  f"max_model_len {max_model_len}")
+    if new.output_token_ids and not all(0 <= t < vocab_size for t in new.output_token_ids):
+        raise InvalidRequestError(f"request {new.req_id!r}: output token ids must be in "
+                                  f"[0, {vocab_size})")
+    if not 0 <= new.num_computed_tokens < num_tokens:
         raise StepError(f"request {new.req_id!r}: num_computed_tokens "
-                        f"{new.num_computed_tokens} outside [0, {len(prompt)})")
+                        f"{new.num_computed_tokens} outside [0, {num_tokens})")
 
 
 def _check_blocks(req_id: str, block_ids: list[int], num_blocks: int) -> None:

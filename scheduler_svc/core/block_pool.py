@@ -131,6 +131,16 @@ class BlockPool:
             block.block_hash = block_hash
             self.cached[block_hash] = block
 
+    def reset_prefix_cache(self) -> bool:
+        """Forget every hash (the KV they point at is gone, e.g. a new worker started
+        with an empty cache). Only possible while no block is held; returns success."""
+        if self.free_queue.num_free != self.num_blocks - 1:
+            return False
+        for block in self.cached.values():
+            block.block_hash = None
+        self.cached.clear()
+        return True
+
     def free_blocks(self, blocks_in_eviction_order: Iterable[KVBlock]) -> None:
         for block in blocks_in_eviction_order:
             block.ref_cnt -= 1
@@ -139,3 +149,10 @@ class BlockPool:
                     self.free_queue.appendleft(block)
                 else:
                     self.free_queue.append(block)
+
+    def forget_cached(self) -> None:
+        """Drop every prefix-cache entry: the workers' KV contents are gone (a worker
+        was replaced). Held blocks stay held; only their hashes go."""
+        for block in self.blocks:
+            block.block_hash = None
+        self.cached.clear()

@@ -20,6 +20,9 @@ class SchedulerConfig:
     max_model_len: int = 8192
     block_size: int = 16
     long_prefill_token_threshold: int = 0  # 0 = off
+    # SCHEDULING.md: the threshold does not apply while only one request is eligible.
+    # False = vLLM's rule: it always applies (docs/scheduling.md, deviations).
+    long_prefill_exempt_lone_request: bool = True
     policy: str = "fcfs"
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = True

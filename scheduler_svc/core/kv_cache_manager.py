@@ -70,8 +70,6 @@ class KVCacheManager:
         num_total = min(num_computed + num_new_tokens + num_lookahead_tokens, self.max_model_len)
         num_needed = -(-num_total // self.block_size) - num_held - len(new_computed_blocks)
         if num_needed <= 0 and not new_computed_blocks:  # the common decode step: no new block
-            if len(request.block_hashes) > self.num_cached_blocks.get(req_id, 0):
-                self._cache_full_blocks(request, blocks, num_computed + num_new_tokens)
             return []
         num_needed = max(num_needed, 0)
         # Prefix-hit blocks sitting in the free queue are taken out of it, so they count.
@@ -93,18 +91,22 @@ class KVCacheManager:
             self.num_cached_blocks[req_id] = len(blocks)  # already in the cache
         new_blocks = self.pool.get_new_blocks(num_needed)
         blocks.extend(new_blocks)
-        self._cache_full_blocks(request, blocks, num_computed + num_new_tokens)
         return new_blocks
 
-    def _cache_full_blocks(self, request: Request, blocks: list[KVBlock] | None,
-                           num_tokens: int) -> None:
-        """Register newly full blocks; only hashes of committed tokens exist, so a block
-        holding a placeholder waits until its token arrives."""
-        if not self.enable_prefix_caching or blocks is None:
+    def cache_computed_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        """Register the request's blocks that are full within its first
+        `num_computed_tokens` tokens. Called only when the step that computed them is
+        committed (its output applied): a hash must never point at KV that was not
+        written, and a refunded or dropped step writes nothing. Only hashes of committed
+        tokens exist, so a block that ends in a placeholder waits for its token."""
+        if not self.enable_prefix_caching:
             return
         req_id = request.req_id
+        blocks = self.req_to_blocks.get(req_id)
+        if blocks is None:
+            return
         done = self.num_cached_blocks[req_id]
-        upto = min(num_tokens // self.block_size, len(request.block_hashes), len(blocks))
+        upto = min(num_computed_tokens // self.block_size, len(request.block_hashes), len(blocks))
         if upto <= done:
             return
         hashes = request.block_hashes

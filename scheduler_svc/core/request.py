@@ -34,7 +34,7 @@ class Request:
         "num_computed_tokens", "num_output_placeholders", "status", "stop_token_id",
         "num_preemptions", "num_cached_tokens", "ready", "block_hashes", "block_hasher",
         "max_tokens", "min_tokens", "stop_token_ids", "ignore_eos", "next_hash_at",
-        "num_lost_tokens", "stop_check_ids", "max_num_tokens",
+        "num_lost_tokens", "stop_check_ids", "max_num_tokens", "worker_forgot",
     )
 
     def __init__(self, req_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
@@ -58,6 +58,8 @@ class Request:
         self.num_lost_tokens = 0  # computed tokens dropped by the last preemption
         self.num_cached_tokens = 0  # prompt tokens served from the prefix cache at admission
         self.ready = True  # False while it waits on something outside the scheduler
+        # The workers lost their state (one was replaced): resend it whole, as new.
+        self.worker_forgot = False
         self.block_hashes: list[bytes] = []  # hashes of the full blocks of committed tokens
         self.block_hasher: Callable[[Request], None] | None = None
         self.next_hash_at = 1 << 62  # token count at which the next block fills (set by the hasher)

@@ -5,6 +5,7 @@ Rules: ../shared/docs/SCHEDULING.md (vLLM V1 semantics); deviations: docs/schedu
 
 from __future__ import annotations
 
+from typing import NamedTuple
 
 from scheduler_svc.core.block_hash import BlockHasher
 from scheduler_svc.core.block_pool import KVBlock
@@ -13,6 +14,7 @@ from scheduler_svc.core.kv_cache_manager import KVCacheManager
 from scheduler_svc.core.queues import make_queue
 from scheduler_svc.core.request import Request, RequestStatus
 from scheduler_svc.core.stats import SchedulerStats
+from shared.token_checksum import token_checksum
 from shared.types import (
     InvalidRequestError,
     ModelRunnerOutput,
@@ -25,6 +27,15 @@ from shared.types import (
 # A third step would let a preempted request be re-admitted before the output of its
 # last in-flight step is applied, and the worker's token ids would then differ from ours.
 MAX_STEPS_IN_FLIGHT = 2
+
+
+class InFlight(NamedTuple):
+    """One request's share of a step in flight."""
+
+    request: Request
+    samples: bool  # the step reaches the end of its tokens and samples one
+    num_computed_after: int  # its num_computed_tokens once the step is done
+    num_preemptions: int  # at scheduling; a preemption since voids the step's KV
 
 
 class Scheduler:
@@ -53,8 +64,8 @@ class Scheduler:
         self.waiting = make_queue(config.policy)
         self.running: list[Request] = []  # in admission order
         self.finished_req_ids: set[str] = set()  # reported in the next SchedulerOutput
-        # step id -> {req_id: (request, whether the step samples a token for it)}
-        self.in_flight: dict[int, dict[str, tuple[Request, bool]]] = {}
+        # step id -> {req_id: InFlight}: what each step computes, committed on its output
+        self.in_flight: dict[int, dict[str, InFlight]] = {}
         self.next_step_id = 0
         self._stats = SchedulerStats(num_total_blocks=num_blocks)
 
@@ -123,8 +134,10 @@ class Scheduler:
         budget = cfg.max_num_batched_tokens
         max_len = cfg.max_model_len
         threshold = cfg.long_prefill_token_threshold
-        # The per-request cap does not apply when only one request is eligible.
-        cap = threshold if threshold and len(running) + len(waiting) > 1 else 0
+        # The per-request cap does not apply when only one request is eligible (unless
+        # configured to follow vLLM, which always applies it).
+        cap = threshold if threshold and (len(running) + len(waiting) > 1
+                                          or not cfg.long_prefill_exempt_lone_request) else 0
 
         num_scheduled: dict[str, int] = {}
         new_blocks_of: dict[str, list[KVBlock]] = {}
@@ -239,9 +252,13 @@ class Scheduler:
                 block_ids=kv.get_block_ids(request.req_id),
                 num_computed_tokens=request.num_computed_tokens))
         cached = out.scheduled_cached_reqs
-        for request in resumed:  # the worker replaces its block table
+        for request in resumed:  # the worker replaces its block table, checks its tokens
+            if request.worker_forgot:
+                out.scheduled_new_reqs.append(self._resend(request))
+                continue
+            tokens = request.all_token_ids  # all committed: placeholders went at preemption
             cached.append(request.req_id, True, kv.get_block_ids(request.req_id),
-                          request.num_computed_tokens)
+                          request.num_computed_tokens, (len(tokens), token_checksum(tokens)))
         # Column-wise appends inlined: this loop runs once per running request per step.
         ids, flags, block_ids, computed = (cached.req_ids, cached.resumed_from_preemption,
                                            cached.new_block_ids, cached.num_computed_tokens)
@@ -254,7 +271,7 @@ class Scheduler:
 
         # Work counts as done when scheduled; a step that reaches the end samples a token.
         async_ = self.config.async_scheduling
-        step: dict[str, tuple[Request, bool]] = {}
+        step: dict[str, InFlight] = {}
         total = 0
         for req_id, n in num_scheduled.items():
             request = self.requests[req_id]
@@ -263,7 +280,8 @@ class Scheduler:
             request.num_computed_tokens += n
             if samples and async_:
                 request.num_output_placeholders += 1
-            step[req_id] = (request, samples)
+            step[req_id] = InFlight(request, samples, request.num_computed_tokens,
+                                    request.num_preemptions)
             total += n
         if step:  # an empty step computes nothing: its update may be skipped
             self.in_flight[out.step_id] = step
@@ -307,6 +325,38 @@ class Scheduler:
         self.waiting.prepend(request)
         # the warning an operator reads is logged at the edge (scheduler_svc/metrics.py)
 
+    # ------------------------------------------------------------------ worker loss
+
+    def requeue_all_for_recompute(self) -> list[str]:
+        """The workers lost every request's state and KV (one died or was replaced):
+        preempt everything RUNNING to the front of WAITING in admission order, drop
+        in-flight steps with their placeholders and the prefix cache (its blocks'
+        contents are gone), and mark every request the workers had seen to be resent
+        whole. Generated tokens are kept, so greedy output continues unchanged.
+        Returns the ids that were running, in admission order."""
+        running, self.running = self.running, []
+        for request in reversed(running):  # each goes to the front: the first ends first
+            self._preempt(request)
+        # not KV pressure: the preemption counters (and their advice) stay for that
+        self._stats.num_preemptions_total -= len(running)
+        for request in self.requests.values():
+            if request.status is RequestStatus.PREEMPTED:  # now, or by an earlier preemption
+                request.worker_forgot = True
+        self.in_flight.clear()  # their results will never come
+        self.finished_req_ids = set()  # a fresh worker holds none of them
+        self.kv.pool.forget_cached()
+        return [r.req_id for r in running]
+
+    def _resend(self, request: Request) -> NewRequestData:
+        """A re-admitted request the workers do not hold: all of its data as new."""
+        request.worker_forgot = False
+        return NewRequestData(
+            req_id=request.req_id, prompt_token_ids=request.prompt_token_ids,
+            sampling_params=request.sampling_params,
+            block_ids=self.kv.get_block_ids(request.req_id),
+            num_computed_tokens=request.num_computed_tokens,
+            output_token_ids=list(request.output_token_ids))
+
     # ------------------------------------------------------------------ results
 
     def update_from_output(self, scheduler_output: SchedulerOutput,
@@ -331,10 +381,11 @@ class Scheduler:
             entry = step.get(req_id)
             if entry is None:
                 raise ValueError(f"worker output names request {req_id!r}, not in step {step_id}")
-            if sampled and not entry[1]:
+            if sampled and not entry.samples:
                 raise ValueError(f"worker sampled for request {req_id!r} in step {step_id}, "
                                  f"whose chunk there did not reach the end of its tokens")
         del self.in_flight[step_id]
+        self._commit_kv(step)
 
         logprobs = model_runner_output.logprobs
         outputs = []
@@ -343,7 +394,7 @@ class Scheduler:
         for k, (req_id, sampled) in enumerate(zip(req_ids, sampled_ids)):
             if not sampled:  # a non-final prefill chunk
                 continue
-            request = step[req_id][0]
+            request = step[req_id].request
             # Finished meanwhile (EOS in the previous step, or aborted): the token
             # computed after the end is discarded.
             if request.status >= finished_status:
@@ -373,6 +424,19 @@ class Scheduler:
         if any_finished_running:
             self.running = [r for r in self.running if not r.is_finished]
         return outputs
+
+    def _commit_kv(self, step: dict[str, InFlight]) -> None:
+        """The step's KV is written: register its newly full blocks in the prefix
+        cache. Not for requests finished or preempted since it was scheduled: their
+        blocks were freed (and may have a new owner)."""
+        if self.hasher is None:
+            return
+        cache = self.kv.cache_computed_blocks
+        for entry in step.values():
+            request = entry.request
+            if request.status is RequestStatus.RUNNING \
+                    and request.num_preemptions == entry.num_preemptions:
+                cache(request, entry.num_computed_after)
 
     def _check_stop(self, request: Request, token_id: int) -> RequestStatus | None:
         # Order of SCHEDULING.md: EOS, stop token id, max_tokens, max_model_len. vLLM

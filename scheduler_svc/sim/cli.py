@@ -60,6 +60,7 @@ BOOLEANS = {
     "enable-prefix-caching": "enable_prefix_caching",
     "async-scheduling": "async_scheduling",
     "check-whole-prompt-fits": "check_whole_prompt_fits",
+    "long-prefill-exempt-lone-request": "long_prefill_exempt_lone_request",
 }
 STEP_FIELDS = {"fixed_ms", "per_seq_ms", "per_prefill_token_ms"}
 

@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from shared.proto import common_pb2 as gapserve_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18gapserve/v1/worker.proto\x12\x0bgapserve.v1\x1a\x18gapserve/v1/common.proto\"0\n\x10HandshakeRequest\x12\x1c\n\x14tensor_parallel_size\x18\x01 \x01(\x05\"k\n\x11HandshakeResponse\x12*\n\nmodel_info\x18\x01 \x01(\x0b\x32\x16.gapserve.v1.ModelInfo\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x1c\n\x14tensor_parallel_size\x18\x03 \x01(\x05\"\x9b\x02\n\x0eNewRequestData\x12\x0e\n\x06req_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x34\n\x0fsampling_params\x18\x03 \x01(\x0b\x32\x1b.gapserve.v1.SamplingParams\x12\x11\n\tblock_ids\x18\x04 \x03(\x05\x12\x1b\n\x13num_computed_tokens\x18\x05 \x01(\x05\x12\x44\n\rtrace_context\x18\x06 \x03(\x0b\x32-.gapserve.v1.NewRequestData.TraceContextEntry\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x17\n\x08\x42lockIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"\x90\x01\n\x11\x43\x61\x63hedRequestData\x12\x0f\n\x07req_ids\x18\x01 \x03(\t\x12\x1f\n\x17resumed_from_preemption\x18\x02 \x03(\x08\x12,\n\rnew_block_ids\x18\x03 \x03(\x0b\x32\x15.gapserve.v1.BlockIds\x12\x1b\n\x13num_computed_tokens\x18\x04 \x03(\x05\"\xa8\x03\n\x0fSchedulerOutput\x12\x0f\n\x07step_id\x18\x01 \x01(\x03\x12\x37\n\x12scheduled_new_reqs\x18\x02 \x03(\x0b\x32\x1b.gapserve.v1.NewRequestData\x12=\n\x15scheduled_cached_reqs\x18\x03 \x01(\x0b\x32\x1e.gapserve.v1.CachedRequestData\x12\x19\n\x11scheduled_req_ids\x18\x04 \x03(\t\x12\x1c\n\x14num_scheduled_tokens\x18\x05 \x03(\x05\x12\"\n\x1atotal_num_scheduled_tokens\x18\x06 \x01(\x05\x12\x18\n\x10\x66inished_req_ids\x18\x07 \x03(\t\x12\x19\n\x11preempted_req_ids\x18\x08 \x03(\t\x12\x45\n\rtrace_context\x18\t \x03(\x0b\x32..gapserve.v1.SchedulerOutput.TraceContextEntry\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x83\x01\n\x0bStepTimings\x12\x12\n\nprepare_ms\x18\x01 \x01(\x01\x12\x12\n\nforward_ms\x18\x02 \x01(\x01\x12\x11\n\tsample_ms\x18\x03 \x01(\x01\x12\x0f\n\x07idle_ms\x18\x04 \x01(\x01\x12\x14\n\x0cstart_unix_s\x18\x05 \x01(\x01\x12\x12\n\nend_unix_s\x18\x06 \x01(\x01\"f\n\rSampledTokens\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x14\n\x0chas_logprobs\x18\x02 \x01(\x08\x12,\n\x08logprobs\x18\x03 \x03(\x0b\x32\x1a.gapserve.v1.TokenLogprobs\"\x8d\x01\n\x11ModelRunnerOutput\x12\x0f\n\x07step_id\x18\x01 \x01(\x03\x12\x0f\n\x07req_ids\x18\x02 \x03(\t\x12+\n\x07sampled\x18\x03 \x03(\x0b\x32\x1a.gapserve.v1.SampledTokens\x12)\n\x07timings\x18\x04 \x01(\x0b\x32\x18.gapserve.v1.StepTimings2\x9e\x01\n\x06Worker\x12J\n\tHandshake\x12\x1d.gapserve.v1.HandshakeRequest\x1a\x1e.gapserve.v1.HandshakeResponse\x12H\n\x04Step\x12\x1c.gapserve.v1.SchedulerOutput\x1a\x1e.gapserve.v1.ModelRunnerOutput(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18gapserve/v1/worker.proto\x12\x0bgapserve.v1\x1a\x18gapserve/v1/common.proto\"P\n\x10HandshakeRequest\x12\x1c\n\x14tensor_parallel_size\x18\x01 \x01(\x05\x12\x1e\n\x16max_num_batched_tokens\x18\x02 \x01(\x05\"k\n\x11HandshakeResponse\x12*\n\nmodel_info\x18\x01 \x01(\x0b\x32\x16.gapserve.v1.ModelInfo\x12\x0c\n\x04rank\x18\x02 \x01(\x05\x12\x1c\n\x14tensor_parallel_size\x18\x03 \x01(\x05\"\xb5\x02\n\x0eNewRequestData\x12\x0e\n\x06req_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x34\n\x0fsampling_params\x18\x03 \x01(\x0b\x32\x1b.gapserve.v1.SamplingParams\x12\x11\n\tblock_ids\x18\x04 \x03(\x05\x12\x1b\n\x13num_computed_tokens\x18\x05 \x01(\x05\x12\x44\n\rtrace_context\x18\x06 \x03(\x0b\x32-.gapserve.v1.NewRequestData.TraceContextEntry\x12\x18\n\x10output_token_ids\x18\x07 \x03(\x05\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x17\n\x08\x42lockIds\x12\x0b\n\x03ids\x18\x01 \x03(\x05\"\xba\x02\n\x11\x43\x61\x63hedRequestData\x12\x0f\n\x07req_ids\x18\x01 \x03(\t\x12\x1f\n\x17resumed_from_preemption\x18\x02 \x03(\x08\x12,\n\rnew_block_ids\x18\x03 \x03(\x0b\x32\x15.gapserve.v1.BlockIds\x12\x1b\n\x13num_computed_tokens\x18\x04 \x03(\x05\x12T\n\x14resumed_token_checks\x18\x05 \x03(\x0b\x32\x36.gapserve.v1.CachedRequestData.ResumedTokenChecksEntry\x1aR\n\x17ResumedTokenChecksEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12&\n\x05value\x18\x02 \x01(\x0b\x32\x17.gapserve.v1.TokenCheck:\x02\x38\x01\"2\n\nTokenCheck\x12\x12\n\nnum_tokens\x18\x01 \x01(\x05\x12\x10\n\x08\x63hecksum\x18\x02 \x01(\x06\"\xa8\x03\n\x0fSchedulerOutput\x12\x0f\n\x07step_id\x18\x01 \x01(\x03\x12\x37\n\x12scheduled_new_reqs\x18\x02 \x03(\x0b\x32\x1b.gapserve.v1.NewRequestData\x12=\n\x15scheduled_cached_reqs\x18\x03 \x01(\x0b\x32\x1e.gapserve.v1.CachedRequestData\x12\x19\n\x11scheduled_req_ids\x18\x04 \x03(\t\x12\x1c\n\x14num_scheduled_tokens\x18\x05 \x03(\x05\x12\"\n\x1atotal_num_scheduled_tokens\x18\x06 \x01(\x05\x12\x18\n\x10\x66inished_req_ids\x18\x07 \x03(\t\x12\x19\n\x11preempted_req_ids\x18\x08 \x03(\t\x12\x45\n\rtrace_context\x18\t \x03(\x0b\x32..gapserve.v1.SchedulerOutput.TraceContextEntry\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x83\x01\n\x0bStepTimings\x12\x12\n\nprepare_ms\x18\x01 \x01(\x01\x12\x12\n\nforward_ms\x18\x02 \x01(\x01\x12\x11\n\tsample_ms\x18\x03 \x01(\x01\x12\x0f\n\x07idle_ms\x18\x04 \x01(\x01\x12\x14\n\x0cstart_unix_s\x18\x05 \x01(\x01\x12\x12\n\nend_unix_s\x18\x06 \x01(\x01\"f\n\rSampledTokens\x12\x11\n\ttoken_ids\x18\x01 \x03(\x05\x12\x14\n\x0chas_logprobs\x18\x02 \x01(\x08\x12,\n\x08logprobs\x18\x03 \x03(\x0b\x32\x1a.gapserve.v1.TokenLogprobs\"\x8d\x01\n\x11ModelRunnerOutput\x12\x0f\n\x07step_id\x18\x01 \x01(\x03\x12\x0f\n\x07req_ids\x18\x02 \x03(\t\x12+\n\x07sampled\x18\x03 \x03(\x0b\x32\x1a.gapserve.v1.SampledTokens\x12)\n\x07timings\x18\x04 \x01(\x0b\x32\x18.gapserve.v1.StepTimings2\x9e\x01\n\x06Worker\x12J\n\tHandshake\x12\x1d.gapserve.v1.HandshakeRequest\x1a\x1e.gapserve.v1.HandshakeResponse\x12H\n\x04Step\x12\x1c.gapserve.v1.SchedulerOutput\x1a\x1e.gapserve.v1.ModelRunnerOutput(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -34,30 +34,36 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_NEWREQUESTDATA_TRACECONTEXTENTRY']._loaded_options = None
   _globals['_NEWREQUESTDATA_TRACECONTEXTENTRY']._serialized_options = b'8\001'
+  _globals['_CACHEDREQUESTDATA_RESUMEDTOKENCHECKSENTRY']._loaded_options = None
+  _globals['_CACHEDREQUESTDATA_RESUMEDTOKENCHECKSENTRY']._serialized_options = b'8\001'
   _globals['_SCHEDULEROUTPUT_TRACECONTEXTENTRY']._loaded_options = None
   _globals['_SCHEDULEROUTPUT_TRACECONTEXTENTRY']._serialized_options = b'8\001'
   _globals['_HANDSHAKEREQUEST']._serialized_start=67
-  _globals['_HANDSHAKEREQUEST']._serialized_end=115
-  _globals['_HANDSHAKERESPONSE']._serialized_start=117
-  _globals['_HANDSHAKERESPONSE']._serialized_end=224
-  _globals['_NEWREQUESTDATA']._serialized_start=227
-  _globals['_NEWREQUESTDATA']._serialized_end=510
-  _globals['_NEWREQUESTDATA_TRACECONTEXTENTRY']._serialized_start=459
-  _globals['_NEWREQUESTDATA_TRACECONTEXTENTRY']._serialized_end=510
-  _globals['_BLOCKIDS']._serialized_start=512
-  _globals['_BLOCKIDS']._serialized_end=535
-  _globals['_CACHEDREQUESTDATA']._serialized_start=538
-  _globals['_CACHEDREQUESTDATA']._serialized_end=682
-  _globals['_SCHEDULEROUTPUT']._serialized_start=685
-  _globals['_SCHEDULEROUTPUT']._serialized_end=1109
-  _globals['_SCHEDULEROUTPUT_TRACECONTEXTENTRY']._serialized_start=459
-  _globals['_SCHEDULEROUTPUT_TRACECONTEXTENTRY']._serialized_end=510
-  _globals['_STEPTIMINGS']._serialized_start=1112
-  _globals['_STEPTIMINGS']._serialized_end=1243
-  _globals['_SAMPLEDTOKENS']._serialized_start=1245
-  _globals['_SAMPLEDTOKENS']._serialized_end=1347
-  _globals['_MODELRUNNEROUTPUT']._serialized_start=1350
-  _globals['_MODELRUNNEROUTPUT']._serialized_end=1491
-  _globals['_WORKER']._serialized_start=1494
-  _globals['_WORKER']._serialized_end=1652
+  _globals['_HANDSHAKEREQUEST']._serialized_end=147
+  _globals['_HANDSHAKERESPONSE']._serialized_start=149
+  _globals['_HANDSHAKERESPONSE']._serialized_end=256
+  _globals['_NEWREQUESTDATA']._serialized_start=259
+  _globals['_NEWREQUESTDATA']._serialized_end=568
+  _globals['_NEWREQUESTDATA_TRACECONTEXTENTRY']._serialized_start=517
+  _globals['_NEWREQUESTDATA_TRACECONTEXTENTRY']._serialized_end=568
+  _globals['_BLOCKIDS']._serialized_start=570
+  _globals['_BLOCKIDS']._serialized_end=593
+  _globals['_CACHEDREQUESTDATA']._serialized_start=596
+  _globals['_CACHEDREQUESTDATA']._serialized_end=910
+  _globals['_CACHEDREQUESTDATA_RESUMEDTOKENCHECKSENTRY']._serialized_start=828
+  _globals['_CACHEDREQUESTDATA_RESUMEDTOKENCHECKSENTRY']._serialized_end=910
+  _globals['_TOKENCHECK']._serialized_start=912
+  _globals['_TOKENCHECK']._serialized_end=962
+  _globals['_SCHEDULEROUTPUT']._serialized_start=965
+  _globals['_SCHEDULEROUTPUT']._serialized_end=1389
+  _globals['_SCHEDULEROUTPUT_TRACECONTEXTENTRY']._serialized_start=517
+  _globals['_SCHEDULEROUTPUT_TRACECONTEXTENTRY']._serialized_end=568
+  _globals['_STEPTIMINGS']._serialized_start=1392
+  _globals['_STEPTIMINGS']._serialized_end=1523
+  _globals['_SAMPLEDTOKENS']._serialized_start=1525
+  _globals['_SAMPLEDTOKENS']._serialized_end=1627
+  _globals['_MODELRUNNEROUTPUT']._serialized_start=1630
+  _globals['_MODELRUNNEROUTPUT']._serialized_end=1771
+  _globals['_WORKER']._serialized_start=1774
+  _globals['_WORKER']._serialized_end=1932
 # @@protoc_insertion_point(module_scope)

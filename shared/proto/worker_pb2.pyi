@@ -8,10 +8,12 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class HandshakeRequest(_message.Message):
-    __slots__ = ("tensor_parallel_size",)
+    __slots__ = ("tensor_parallel_size", "max_num_batched_tokens")
     TENSOR_PARALLEL_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MAX_NUM_BATCHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     tensor_parallel_size: int
-    def __init__(self, tensor_parallel_size: _Optional[int] = ...) -> None: ...
+    max_num_batched_tokens: int
+    def __init__(self, tensor_parallel_size: _Optional[int] = ..., max_num_batched_tokens: _Optional[int] = ...) -> None: ...
 
 class HandshakeResponse(_message.Message):
     __slots__ = ("model_info", "rank", "tensor_parallel_size")
@@ -24,7 +26,7 @@ class HandshakeResponse(_message.Message):
     def __init__(self, model_info: _Optional[_Union[_common_pb2.ModelInfo, _Mapping]] = ..., rank: _Optional[int] = ..., tensor_parallel_size: _Optional[int] = ...) -> None: ...
 
 class NewRequestData(_message.Message):
-    __slots__ = ("req_id", "prompt_token_ids", "sampling_params", "block_ids", "num_computed_tokens", "trace_context")
+    __slots__ = ("req_id", "prompt_token_ids", "sampling_params", "block_ids", "num_computed_tokens", "trace_context", "output_token_ids")
     class TraceContextEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -38,13 +40,15 @@ class NewRequestData(_message.Message):
     BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
     NUM_COMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    OUTPUT_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     req_id: str
     prompt_token_ids: _containers.RepeatedScalarFieldContainer[int]
     sampling_params: _common_pb2.SamplingParams
     block_ids: _containers.RepeatedScalarFieldContainer[int]
     num_computed_tokens: int
     trace_context: _containers.ScalarMap[str, str]
-    def __init__(self, req_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling_params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., block_ids: _Optional[_Iterable[int]] = ..., num_computed_tokens: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    output_token_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, req_id: _Optional[str] = ..., prompt_token_ids: _Optional[_Iterable[int]] = ..., sampling_params: _Optional[_Union[_common_pb2.SamplingParams, _Mapping]] = ..., block_ids: _Optional[_Iterable[int]] = ..., num_computed_tokens: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., output_token_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class BlockIds(_message.Message):
     __slots__ = ("ids",)
@@ -53,16 +57,33 @@ class BlockIds(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class CachedRequestData(_message.Message):
-    __slots__ = ("req_ids", "resumed_from_preemption", "new_block_ids", "num_computed_tokens")
+    __slots__ = ("req_ids", "resumed_from_preemption", "new_block_ids", "num_computed_tokens", "resumed_token_checks")
+    class ResumedTokenChecksEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: TokenCheck
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[TokenCheck, _Mapping]] = ...) -> None: ...
     REQ_IDS_FIELD_NUMBER: _ClassVar[int]
     RESUMED_FROM_PREEMPTION_FIELD_NUMBER: _ClassVar[int]
     NEW_BLOCK_IDS_FIELD_NUMBER: _ClassVar[int]
     NUM_COMPUTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    RESUMED_TOKEN_CHECKS_FIELD_NUMBER: _ClassVar[int]
     req_ids: _containers.RepeatedScalarFieldContainer[str]
     resumed_from_preemption: _containers.RepeatedScalarFieldContainer[bool]
     new_block_ids: _containers.RepeatedCompositeFieldContainer[BlockIds]
     num_computed_tokens: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, req_ids: _Optional[_Iterable[str]] = ..., resumed_from_preemption: _Optional[_Iterable[bool]] = ..., new_block_ids: _Optional[_Iterable[_Union[BlockIds, _Mapping]]] = ..., num_computed_tokens: _Optional[_Iterable[int]] = ...) -> None: ...
+    resumed_token_checks: _containers.MessageMap[str, TokenCheck]
+    def __init__(self, req_ids: _Optional[_Iterable[str]] = ..., resumed_from_preemption: _Optional[_Iterable[bool]] = ..., new_block_ids: _Optional[_Iterable[_Union[BlockIds, _Mapping]]] = ..., num_computed_tokens: _Optional[_Iterable[int]] = ..., resumed_token_checks: _Optional[_Mapping[str, TokenCheck]] = ...) -> None: ...
+
+class TokenCheck(_message.Message):
+    __slots__ = ("num_tokens", "checksum")
+    NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    CHECKSUM_FIELD_NUMBER: _ClassVar[int]
+    num_tokens: int
+    checksum: int
+    def __init__(self, num_tokens: _Optional[int] = ..., checksum: _Optional[int] = ...) -> None: ...
 
 class SchedulerOutput(_message.Message):
     __slots__ = ("step_id", "scheduled_new_reqs", "scheduled_cached_reqs", "scheduled_req_ids", "num_scheduled_tokens", "total_num_scheduled_tokens", "finished_req_ids", "preempted_req_ids", "trace_context")

@@ -111,9 +111,10 @@ class Stack:
 
 
 def start_stack(model_dir: Path, log_dir: Path, *, services=ALL_SERVICES,
-                flags: list[str] = ()) -> Stack:
-    """Start the named services with `gapserve serve`'s flags; raise (with the
-    services' logs) if they are not all healthy in time."""
+                flags: list[str] = (), env: dict[str, str] | None = None) -> Stack:
+    """Start the named services with `gapserve serve`'s flags (and env added to
+    their environment); raise (with the services' logs) if they are not all
+    healthy in time."""
     http, grpc_port, sched, worker = free_ports(4)
     argv = ["--model", str(model_dir), "--http-port", str(http), "--grpc-port", str(grpc_port),
             "--scheduler-port", str(sched), "--worker-port", str(worker),
@@ -123,9 +124,11 @@ def start_stack(model_dir: Path, log_dir: Path, *, services=ALL_SERVICES,
     chosen = [c for c in children(args) if c.name.split("-")[0] in services]
     supervisor = Supervisor(chosen)
     log_dir.mkdir(parents=True, exist_ok=True)
+    extra_env = env or {}
     env = {k: v for k, v in os.environ.items() if not k.startswith("GAPSERVE_")}
     env.update(OMP_NUM_THREADS="1", GAPSERVE_CACHE_DIR=os.environ.get(
         "GAPSERVE_CACHE_DIR", str(Path.home() / ".cache" / "gapserve")))
+    env.update(extra_env)
     supervisor.start(log_dir, env)
     stack = Stack(model_dir, log_dir, http, grpc_port, sched, worker, supervisor)
     problem = supervisor.wait_healthy(STARTUP_TIMEOUT_S)

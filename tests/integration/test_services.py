@@ -238,7 +238,7 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-def _start_serve(model_dir: Path, log: Path) -> tuple[subprocess.Popen, list[int]]:
+def _start_serve(model_dir: Path, log: Path) -> tuple[subprocess.Popen, list[int], int]:
     http, grpc_port, sched, worker = free_ports(4)
     env = {k: v for k, v in os.environ.items() if not k.startswith("GAPSERVE_")}
     env["OMP_NUM_THREADS"] = "1"
@@ -259,7 +259,7 @@ def _start_serve(model_dir: Path, log: Path) -> tuple[subprocess.Popen, list[int
     assert proc.poll() is None, log.read_text()[-3000:]
     kids = _children(proc.pid)
     assert len(kids) == 3
-    return proc, kids
+    return proc, kids, http
 
 
 def _gone(pid: int) -> bool:
@@ -270,15 +270,28 @@ def _gone(pid: int) -> bool:
 
 
 def test_serve_stops_all_three_services_cleanly_on_sigterm(tiny_model_dir, tmp_path):
-    proc, kids = _start_serve(tiny_model_dir, tmp_path / "serve.log")
+    proc, kids, _ = _start_serve(tiny_model_dir, tmp_path / "serve.log")
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(60) == 0, (tmp_path / "serve.log").read_text()[-3000:]
     assert all(_gone(k) for k in kids)
 
 
-def test_serve_stops_the_others_when_one_service_dies(tiny_model_dir, tmp_path):
-    proc, kids = _start_serve(tiny_model_dir, tmp_path / "serve.log")
+def test_serve_restarts_a_dead_service_and_keeps_serving(tiny_model_dir, tmp_path):
+    log = tmp_path / "serve.log"
+    proc, kids, http = _start_serve(tiny_model_dir, log)
     worker = next(k for k in kids if b"worker" in Path(f"/proc/{k}/cmdline").read_bytes())
     os.kill(worker, signal.SIGKILL)
-    assert proc.wait(60) == 1
-    assert all(_gone(k) for k in kids)
+    wait_for(lambda: b"worker-0 exited with code -9; restarting it" in log.read_bytes(),
+             timeout_s=30, what="serve to restart the worker")
+    assert proc.poll() is None  # the others carried on
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{http}/v1", api_key="x",
+                           max_retries=0, timeout=120)
+    # the scheduler reconnects to the new worker; the request waits for it, no error
+    done = client.completions.create(model=tiny_model_dir.name, prompt="Hello",
+                                     max_tokens=4, temperature=0.0)
+    assert done.choices[0].finish_reason in ("length", "stop")
+    new_kids = _children(proc.pid)
+    assert worker not in new_kids and len(new_kids) == 3
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(60) == 0, log.read_text()[-3000:]
+    assert all(_gone(k) for k in new_kids)

@@ -109,7 +109,7 @@ def test_preemption_is_an_event_with_the_cumulative_count_and_a_warning(captured
     assert ("preempted", {"gapserve.request.num_preemptions": 2}) in events
     assert [name for name, _ in events].count("resumed") == 1
     warnings = [line for line in out.logs() if line["level"] == "warning"]
-    assert [w["num_preemptions"] for w in warnings] == [1, 2]
+    assert [w["preemptions_total"] for w in warnings] == [1]  # the first is logged
     assert all(w["request_id"] == "b" and w["service"] == "scheduler" for w in warnings)
     text = warnings[0]["event"]
     for phrase in ("preempted by recomputation", "KV cache", "--max-num-seqs",
@@ -117,6 +117,17 @@ def test_preemption_is_an_event_with_the_cumulative_count_and_a_warning(captured
         assert phrase in text
     assert sample("gapserve:request_preemptions_count", model_name="preempt-test") == 1
     assert sample("gapserve:request_preemptions_sum", model_name="preempt-test") == 2
+
+
+def test_preemption_warning_is_logged_for_the_first_and_every_50th(captured):
+    out = captured("scheduler")
+    tel = telemetry(model="preempt-rate")
+    for i in range(120):
+        tel.step_scheduled(new_step(i, preempted=[f"r{i}"]),
+                           Stats(num_waiting=1, num_preemptions_total=i + 1))
+    warnings = [line for line in out.logs() if line["level"] == "warning"]
+    assert [w["preemptions_total"] for w in warnings] == [1, 50, 100]
+    assert [w["request_id"] for w in warnings] == ["r0", "r49", "r99"]
 
 
 def test_gauges_follow_stats_and_kv_usage_returns_to_zero_when_idle(captured):
@@ -164,7 +175,7 @@ def test_diagnosis_metric_flips_to_past_capacity_and_back(captured):
 
     def state() -> str:
         return next(d for d in ("healthy", "concurrency_capped", "memory_capped",
-                                "past_capacity")
+                                "budget_capped", "past_capacity")
                     if sample("gapserve:capacity_diagnosis", model_name="diag", diagnosis=d))
 
     tel.status(Stats(num_running=1))
@@ -173,8 +184,11 @@ def test_diagnosis_metric_flips_to_past_capacity_and_back(captured):
     tel.step_scheduled(new_step(1, cached=["a"], preempted=["b"]),
                        Stats(num_running=1, num_waiting=1, num_preemptions_total=1, kv_usage=1))
     assert state() == "past_capacity"
-    assert tel.status(Stats(num_running=1, num_preemptions_total=1))["diagnosis"] == "past_capacity"
+    waiting = Stats(num_running=1, num_waiting=1, num_preemptions_total=1,
+                    admission_blocked_by="kv_cache")
+    assert tel.status(waiting)["diagnosis"] == "past_capacity"
     clock.now += 6
+    assert tel.status(waiting)["diagnosis"] == "memory_capped"
     status = tel.status(Stats(num_preemptions_total=1))
     assert status["diagnosis"] == "healthy" and state() == "healthy"
 

@@ -8,6 +8,7 @@ from collections import Counter
 from collections.abc import Callable
 
 from scheduler_svc.core import Request, Scheduler, SchedulerConfig
+from shared.token_checksum import token_checksum
 from shared.types import ModelRunnerOutput, SamplingParams, SchedulerOutput
 
 EOS = 2
@@ -43,11 +44,16 @@ class FakeWorker:
             self.tokens.pop(req_id, None)
         computed = {}
         for new in so.scheduled_new_reqs:
-            self.tokens[new.req_id] = list(new.prompt_token_ids)
+            self.tokens[new.req_id] = [*new.prompt_token_ids, *new.output_token_ids]
             computed[new.req_id] = new.num_computed_tokens
         cached = so.scheduled_cached_reqs
-        for req_id, num in zip(cached.req_ids, cached.num_computed_tokens):
+        for req_id, resumed, num in zip(cached.req_ids, cached.resumed_from_preemption,
+                                        cached.num_computed_tokens):
             computed[req_id] = num
+            if resumed:  # as a real worker checks: the scheduler's tokens are ours
+                tokens = self.tokens[req_id]
+                assert cached.resumed_token_checks[req_id] == (len(tokens),
+                                                               token_checksum(tokens))
         out = ModelRunnerOutput(step_id=so.step_id)
         for req_id, n in so.num_scheduled_tokens.items():
             tokens = self.tokens[req_id]
@@ -59,6 +65,62 @@ class FakeWorker:
             out.req_ids.append(req_id)
             out.sampled_token_ids.append(sampled)
         return out
+
+
+class KVWorker(FakeWorker):
+    """A FakeWorker that also keeps a paged KV cache: each slot written by a step holds
+    (cache salt, token ids up to and including its position), which is what real KV at
+    that slot depends on. Block tables follow the step's increments as a worker's do."""
+
+    def __init__(self, next_token=None, salts: dict[str, str | None] | None = None) -> None:
+        super().__init__(next_token)
+        self.block_size = 0
+        self.salts = salts if salts is not None else {}
+        self.block_tables: dict[str, list[int]] = {}
+        self.kv: dict[tuple[int, int], tuple[str | None, tuple[int, ...]]] = {}
+
+    def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        for req_id in so.finished_req_ids:
+            self.block_tables.pop(req_id, None)
+        for req_id in so.preempted_req_ids:
+            self.block_tables[req_id] = []
+        computed = {}
+        for new in so.scheduled_new_reqs:
+            self.block_tables[new.req_id] = list(new.block_ids)
+            computed[new.req_id] = new.num_computed_tokens
+        cached = so.scheduled_cached_reqs
+        for req_id, resumed, blocks, num in zip(cached.req_ids, cached.resumed_from_preemption,
+                                                cached.new_block_ids, cached.num_computed_tokens):
+            table = self.block_tables.setdefault(req_id, [])
+            if resumed:
+                table.clear()
+            table.extend(blocks)
+            computed[req_id] = num
+        out = super().execute(so)  # token ids first: a step may compute a just-sampled token
+        size = self.block_size
+        for req_id, n in so.num_scheduled_tokens.items():
+            tokens = self.tokens[req_id]
+            table = self.block_tables[req_id]
+            for pos in range(computed[req_id], computed[req_id] + n):
+                self.kv[(table[pos // size], pos % size)] = (self.salts.get(req_id),
+                                                             tuple(tokens[:pos + 1]))
+        return out
+
+
+def check_prefix_cache_holds_written_kv(sched: Scheduler, worker: KVWorker) -> None:
+    """Every cached hash points at a block whose every slot holds the KV of exactly the
+    tokens that hash names: a prefix hit never serves KV that was not written."""
+    size = sched.config.block_size
+    for block_hash, block in sched.kv.pool.cached.items():
+        last = worker.kv.get((block.block_id, size - 1))
+        assert last is not None, f"cached block {block.block_id} was never written"
+        salt, prefix = last
+        probe = Request("probe", list(prefix), SamplingParams(max_tokens=1), cache_salt=salt)
+        sched.hasher(probe)
+        assert len(prefix) % size == 0 and probe.block_hashes[-1] == block_hash, \
+            f"cached block {block.block_id} holds KV of other tokens than its hash names"
+        for j in range(size - 1):
+            assert worker.kv.get((block.block_id, j)) == (salt, prefix[:len(prefix) - size + j + 1])
 
 
 def check_invariants(sched: Scheduler, so: SchedulerOutput | None = None) -> None:

@@ -100,12 +100,15 @@ def test_only_committed_tokens_are_hashed_into_the_prefix_cache():
     so1 = s.schedule()  # computes positions 0..14
     m1 = w.execute(so1)
     so2 = s.schedule()  # computes position 15 with a placeholder token: block 0 full
+    m2 = w.execute(so2)
     assert len(s.kv.pool.cached) == 0
-    s.update_from_output(so1, m1)  # the token at position 15 is now committed
+    s.update_from_output(so1, m1)  # the token at position 15 is now committed ...
+    assert len(s.kv.pool.cached) == 0  # ... but the step writing its KV is not
     so3 = s.schedule()
+    s.update_from_output(so2, m2)  # block 0's KV is written: now it may be hit
     assert len(s.kv.pool.cached) == 1
     assert s.requests["a"].block_hashes[0] in s.kv.pool.cached
-    del so2, so3
+    del so3
 
 
 def test_at_most_two_steps_are_in_flight():

@@ -16,6 +16,14 @@ def hashed(req_id, prompt):
     return req
 
 
+def compute(kv, req, n):
+    """Allocate for n tokens, then commit them as a finished step does."""
+    blocks = kv.allocate_slots(req, n)
+    req.num_computed_tokens += n
+    kv.cache_computed_blocks(req, req.num_computed_tokens)
+    return blocks
+
+
 def test_allocates_blocks_for_new_tokens_only_when_a_block_fills():
     kv = manager()
     req = hashed("a", list(range(6)))
@@ -42,7 +50,7 @@ def test_allocation_that_does_not_fit_returns_none_and_changes_nothing():
 def test_prefix_hit_is_longest_chain_of_cached_full_blocks():
     kv = manager()
     a = hashed("a", list(range(10)))
-    kv.allocate_slots(a, 10)  # blocks 0, 1 full and cached
+    compute(kv, a, 10)  # blocks 0, 1 full and cached
     b = hashed("b", list(range(8)) + [99, 98, 97])
     blocks, n = kv.get_computed_blocks(b)
     assert n == 8 and blocks == kv.req_to_blocks["a"][:2]
@@ -53,7 +61,7 @@ def test_prefix_hit_is_longest_chain_of_cached_full_blocks():
 def test_prefix_hit_never_covers_the_last_token():
     kv = manager()
     a = hashed("a", list(range(9)))
-    kv.allocate_slots(a, 9)
+    compute(kv, a, 9)
     same = hashed("b", list(range(8)))  # exactly two full cached blocks
     assert kv.get_computed_blocks(same)[1] == 4
 
@@ -69,7 +77,7 @@ def test_no_prefix_hits_when_prefix_caching_is_disabled():
 def test_prefix_hit_on_free_cached_blocks_takes_them_back():
     kv = manager(num_blocks=5)
     a = hashed("a", list(range(9)))
-    kv.allocate_slots(a, 9)
+    compute(kv, a, 9)
     kv.free(a)
     b = hashed("b", list(range(9)))
     hit, n = kv.get_computed_blocks(b)
@@ -84,7 +92,7 @@ def test_prefix_hit_on_free_cached_blocks_takes_them_back():
 def test_evictable_hit_blocks_count_against_free_blocks():
     kv = manager(num_blocks=4)  # 3 usable
     a = hashed("a", list(range(9)))
-    kv.allocate_slots(a, 9)
+    compute(kv, a, 9)
     kv.free(a)
     b = hashed("b", list(range(8)) + list(range(50, 55)))  # hit 2 (free), needs 2 more
     hit, _ = kv.get_computed_blocks(b)
@@ -95,7 +103,7 @@ def test_evictable_hit_blocks_count_against_free_blocks():
 def test_free_releases_deepest_blocks_first():
     kv = manager(num_blocks=8)
     a = hashed("a", list(range(12)))
-    kv.allocate_slots(a, 12)
+    compute(kv, a, 12)
     ids = kv.get_block_ids("a")
     kv.free(a)
     queue = [b.block_id for b in kv.pool.free_queue]
@@ -118,14 +126,21 @@ def test_whole_prompt_check_requires_blocks_for_the_whole_prompt():
     assert kv.allocate_slots(a, 4, admission=True) is not None
 
 
+def test_allocation_alone_registers_no_block():
+    kv = manager()
+    a = hashed("a", list(range(9)))
+    kv.allocate_slots(a, 9)  # scheduled, not computed: its KV may never be written
+    assert not kv.pool.cached
+    assert kv.get_computed_blocks(hashed("b", list(range(9))))[1] == 0
+
+
 def test_only_blocks_of_committed_tokens_are_cached():
     kv = manager()
     a = hashed("a", list(range(7)))
-    kv.allocate_slots(a, 7)
-    a.num_computed_tokens = 7
-    kv.allocate_slots(a, 1)  # a placeholder at position 7 fills block 1: not hashed yet
+    compute(kv, a, 7)
     assert len(kv.pool.cached) == 1
-    a.num_computed_tokens = 8
-    a.append_output_token(50)
-    kv.allocate_slots(a, 1)  # the next step catches up
+    compute(kv, a, 1)  # a placeholder at position 7 fills block 1: not hashed yet
+    assert len(kv.pool.cached) == 1
+    a.append_output_token(50)  # its token is committed: the block's hash exists now
+    compute(kv, a, 1)  # the next committed step catches up
     assert len(kv.pool.cached) == 2

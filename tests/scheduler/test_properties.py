@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from scheduler_svc.core import Request, Scheduler, SchedulerConfig
 from shared.types import FinishReason, ModelRunnerOutput, SamplingParams, SchedulerOutput
-from tests.scheduler.helpers import EOS, FakeWorker, check_invariants
+from tests.scheduler.helpers import (EOS, KVWorker, check_invariants,
+                                     check_prefix_cache_holds_written_kv)
 
 # Derandomized, so the suite is deterministic; SCHED_PROP_EXAMPLES=2000 for a deep run.
 PROPERTY_SETTINGS = settings(
@@ -89,7 +90,9 @@ def expected_tokens(req: Request, eos_every: int, max_model_len: int) -> tuple[l
 
 def serve(cfg: SchedulerConfig, num_blocks: int, reqs, eos_every: int):
     sched = Scheduler(cfg, num_blocks)
-    worker = FakeWorker(lambda rid, pos: token_at(rid, pos, eos_every))
+    worker = KVWorker(lambda rid, pos: token_at(rid, pos, eos_every),
+                      {spec["req"].req_id: spec["req"].cache_salt for spec in reqs})
+    worker.block_size = cfg.block_size
     outputs: dict[str, list] = {}
     in_flight: list[tuple[SchedulerOutput, ModelRunnerOutput]] = []
     depth = 2 if cfg.async_scheduling else 1
@@ -118,6 +121,8 @@ def serve(cfg: SchedulerConfig, num_blocks: int, reqs, eos_every: int):
             for out in sched.update_from_output(*in_flight.pop(0)):
                 outputs.setdefault(out.req_id, []).append(out)
             check_invariants(sched)
+            if cfg.enable_prefix_caching:
+                check_prefix_cache_holds_written_kv(sched, worker)
     return sched, outputs, in_flight
 
 

@@ -92,6 +92,13 @@ def test_long_prefill_threshold_not_applied_when_only_one_request_is_eligible():
     assert s.schedule().num_scheduled_tokens == {"a": 100}
 
 
+def test_long_prefill_threshold_caps_a_lone_request_too_with_vllms_rule():
+    s = make_scheduler(num_blocks=100, max_num_batched_tokens=256, max_num_seqs=4,
+                       long_prefill_token_threshold=32, long_prefill_exempt_lone_request=False)
+    s.add_request(make_request("a", 100))
+    assert s.schedule().num_scheduled_tokens == {"a": 32}
+
+
 def test_request_never_grows_past_max_model_len():
     s = make_scheduler(max_model_len=40, max_num_batched_tokens=64)
     w = FakeWorker()

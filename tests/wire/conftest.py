@@ -53,14 +53,19 @@ class WireStack:
         self.worker.stop(0)
 
 
-def start_wire_stack(runner, **scheduler_flags) -> WireStack:
-    worker = ServiceServer(max_workers=4)
+def start_worker(runner, max_workers: int = 4) -> tuple[ServiceServer, int]:
+    """A worker servicer over `runner` on a free loopback port: (server, port)."""
+    worker = ServiceServer(max_workers=max_workers)
     servicer = WorkerServicer(rank=0, tensor_parallel_size=1)
     worker.add(worker_pb2_grpc.add_WorkerServicer_to_server, servicer, "gapserve.v1.Worker")
-    worker_port = worker.start("127.0.0.1", 0)
+    port = worker.start("127.0.0.1", 0)
     servicer.runner = runner
     worker.set_serving()
+    return worker, port
 
+
+def start_wire_stack(runner, **scheduler_flags) -> WireStack:
+    worker, worker_port = start_worker(runner)
     group = WorkerGroup([f"127.0.0.1:{worker_port}"])
     info = group.handshake(timeout_s=10)
     cfg = SchedulerConfig(block_size=info.block_size, max_model_len=info.max_model_len,

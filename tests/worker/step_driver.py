@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from shared.token_checksum import token_checksum
 from shared.types import (CachedRequestData, NewRequestData, SamplingParams,
                           SchedulerOutput)
 
@@ -66,11 +67,13 @@ class StepDriver:
             new_blocks = [self.free.pop() for _ in range(max(need, 0))]
             req.blocks.extend(new_blocks)
             if not req.sent:
-                out.scheduled_new_reqs.append(NewRequestData(
-                    req_id, list(req.prompt), req.params, list(req.blocks), req.computed))
+                out.scheduled_new_reqs.append(NewRequestData(  # output: resent after a loss
+                    req_id, list(req.prompt), req.params, list(req.blocks), req.computed,
+                    output_token_ids=list(req.output)))
                 req.sent = True
             else:
-                cached.append(req_id, req.resumed, new_blocks, req.computed)
+                check = (len(req.tokens), token_checksum(req.tokens)) if req.resumed else None
+                cached.append(req_id, req.resumed, new_blocks, req.computed, check)
                 req.resumed = False
             out.num_scheduled_tokens[req_id] = n
             req.computed += n

@@ -92,3 +92,26 @@ def test_partial_prefill_samples_nothing_and_the_last_chunk_samples_one(runner):
     assert len(out.sampled_token_ids[0]) == 1
     assert runner.requests["r"].token_ids[-1] == out.sampled_token_ids[0][0]
     assert out.timings.forward_ms > 0 and out.timings.prepare_ms > 0
+
+
+def _resume_step(step_id, check):
+    cached = CachedRequestData()
+    cached.append("r", True, [3], 0, check)
+    return _step((), {"r": 4}, step_id, cached)
+
+
+def test_resumed_request_whose_tokens_drifted_fails_the_step_loudly(runner):
+    from shared.token_checksum import token_checksum
+    runner.execute(_step([_new("r", [5, 6, 7])]))  # samples a 4th token
+    tokens = list(runner.requests["r"].token_ids)
+    runner.execute(SchedulerOutput(step_id=1, preempted_req_ids={"r"}))
+    before = _snapshot(runner)
+    drifted = [tokens[:-1] + [(tokens[-1] + 1) % 100], tokens[:-1], tokens + [1]]
+    for i, wrong in enumerate(drifted):
+        with pytest.raises(StepError, match="drifted"):
+            runner.execute(_resume_step(2 + i, (len(wrong), token_checksum(wrong))))
+        _assert_unchanged(runner, before)
+    with pytest.raises(StepError, match="no token check"):
+        runner.execute(_resume_step(5, None))
+    runner.execute(_resume_step(6, (len(tokens), token_checksum(tokens))))  # agrees: runs
+    assert runner.requests["r"].num_computed_tokens == 4
