@@ -1,8 +1,9 @@
-# syntax=docker/dockerfile:1
 # One image for every gapserve service: `gapserve worker|scheduler|frontend|serve`.
+# No `# syntax=` line: that makes BuildKit pull a frontend image, which a machine
+# without an image registry cannot; this file builds with BuildKit and the legacy builder.
 #
 #   docker build -t gapserve .                                  # CPU build of torch
-#   docker build -t gapserve:cuda \
+#   docker build -t gapserve:cuda --build-arg EXTRAS=cuda \
 #     --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128 .
 #
 # The default model (SmolLM2-135M-Instruct) is converted at build time from the
@@ -11,12 +12,19 @@
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS build
-# The index torch comes from decides the build: CPU by default, a CUDA index for GPUs.
+# torch comes from TORCH_INDEX_URL (the CPU wheel index by default); its dependencies
+# and everything else from PIP_INDEX_URL. Where TORCH_INDEX_URL has a +cpu/+cuXXX
+# build that one wins (a local version sorts above the plain one), so a plain PyPI
+# mirror works as either URL, and an index holding only the torch wheel works too.
 ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
+ARG PIP_INDEX_URL=https://pypi.org/simple
 ARG TORCH_VERSION=2.13.0
+# Extras of the gapserve package: empty for CPU; `cuda` adds triton (GPU kernels).
+ARG EXTRAS=
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PATH=/opt/venv/bin:$PATH
 RUN python -m venv /opt/venv \
- && pip install --index-url "${TORCH_INDEX_URL}" "torch==${TORCH_VERSION}"
+ && pip install --index-url "${TORCH_INDEX_URL}" --extra-index-url "${PIP_INDEX_URL}" \
+      "torch==${TORCH_VERSION}"
 WORKDIR /src
 # Sources only (see .dockerignore); tests and benchmarks stay out of the image.
 COPY pyproject.toml ./
@@ -26,26 +34,25 @@ COPY worker_svc worker_svc
 COPY scheduler_svc scheduler_svc
 COPY frontend_svc frontend_svc
 COPY gapserve gapserve
-RUN pip install .
+RUN pip install --index-url "${PIP_INDEX_URL}" ".${EXTRAS:+[$EXTRAS]}"
 
 FROM build AS model
 ENV GAPSERVE_CACHE_DIR=/opt/gapserve/cache
 # Run outside /src so the installed package is the one converting.
 WORKDIR /tmp
 RUN python -m shared.default_model
-# Build the CPU C kernels (paged decode, fused layer ops) into the cache for this
-# machine's CPU flags; the runtime image has no compiler and falls back to the torch
-# path on other CPUs.
+# The CPU C kernels (paged decode, fused layer ops) for a baseline ISA (x86-64-v2)
+# and each level up to this build machine's CPU (AVX2, AVX-512); the worker picks the
+# best its CPU runs (the runtime image has no compiler), so another CPU keeps the C path.
 RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
- && python -c "from worker_svc.attention import cpu_kernel; from worker_svc.model import \
-fused_ops; assert cpu_kernel.load() and fused_ops.load()"
+ && python -m worker_svc.build_kernels
 
 FROM ${PYTHON_IMAGE} AS runtime
 RUN useradd --create-home --uid 10001 gapserve
 COPY --from=build /opt/venv /opt/venv
 COPY --from=model /opt/gapserve/cache /opt/gapserve/cache
 WORKDIR /app
-# The grpc.health.v1 probe that docker-compose.yml's health checks run.
+# The probe that docker-compose.yml's health checks run (gRPC health, or HTTP GET).
 COPY deploy/healthcheck.py deploy/healthcheck.py
 ENV PATH=/opt/venv/bin:$PATH \
     GAPSERVE_CACHE_DIR=/opt/gapserve/cache \

@@ -16,13 +16,42 @@ def bytes_per_block(cfg: ModelConfig, block_size: int, dtype: torch.dtype) -> in
     return cfg.num_layers * 2 * block_size * cfg.num_kv_heads * cfg.head_dim * element
 
 
+# cgroup v2, then v1: (limit, usage) files. A container's /proc/meminfo shows the
+# host's memory, not its limit.
+CGROUP_FILES = (("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+                ("/sys/fs/cgroup/memory/memory.limit_in_bytes",
+                 "/sys/fs/cgroup/memory/memory.usage_in_bytes"))
+
+
+def cgroup_available(files: tuple[tuple[str, str], ...] | None = None) -> int | None:
+    """Bytes left under this process's cgroup memory limit, or None without one."""
+    for limit_path, usage_path in CGROUP_FILES if files is None else files:
+        try:
+            with open(limit_path) as f:
+                limit = f.read().strip()
+            with open(usage_path) as f:
+                usage = int(f.read().strip())
+        except (OSError, ValueError):
+            continue
+        if limit == "max" or not limit.isdigit() or int(limit) >= 1 << 60:
+            return None  # v2 "max"; v1 reports no limit as a huge number
+        return max(int(limit) - usage, 0)
+    return None
+
+
 def default_cpu_kv_memory() -> int:
-    """min(2 GiB, a quarter of available memory): roomy, yet polite on a shared host."""
+    """min(2 GiB, a quarter of available memory): roomy, yet polite on a shared host.
+    Available is the lesser of MemAvailable and what the cgroup limit leaves."""
     try:
         with open("/proc/meminfo") as f:
             info = dict(line.split(":", 1) for line in f)
         available = int(info["MemAvailable"].split()[0]) * 1024
     except (OSError, KeyError, ValueError):
+        available = None
+    in_cgroup = cgroup_available()
+    if in_cgroup is not None:
+        available = in_cgroup if available is None else min(available, in_cgroup)
+    if available is None:
         return DEFAULT_CPU_KV_BYTES
     return min(DEFAULT_CPU_KV_BYTES, int(available * DEFAULT_CPU_KV_SHARE))
 

@@ -1,57 +1,102 @@
 """Build a C source of the worker (worker_svc/csrc) into a shared library once.
 
 The library goes into the cache directory under a name that hashes the source and
-the compiler flags, so a changed source or another CPU's flags build anew, and a
+the compiler flags, so a changed source or another ISA's flags build anew, and a
 library built earlier (e.g. at image build time) loads without a compiler.
-Without a compiler and without a built library, `build` returns None and callers
-keep their torch path.
+
+Each source builds for an ISA level ("variant"): a baseline every x86-64 CPU of the
+last 15 years runs (x86-64-v2), AVX2 + FMA, AVX-512. At run time the best variant
+this CPU supports is used: built if a compiler is there, else the best one already
+built (the image ships the baseline and every level up to its build CPU's), so an
+image moved to another CPU runs the C kernels at that CPU's best prebuilt level
+instead of falling back to torch. `build` returns None only when no usable variant exists or can be
+built; callers then keep their torch path, and a warning says so.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 
 SOURCE_DIR = Path(__file__).parent / "csrc"
+# -O3; no trapping math and no errno: lets loops with float compares and exp vectorize.
+COMMON_FLAGS = ("-O3", "-fopenmp-simd", "-fno-trapping-math", "-fno-math-errno", "-shared",
+                "-fPIC")
+log = logging.getLogger(__name__)
 
 
-def cpu_flags() -> list[str]:
-    """-O3 plus the vector extensions this CPU has (AVX2 + FMA, AVX-512 where present:
-    1.5x on the decode kernel here). No trapping math and no errno: lets loops with
-    float compares and exp vectorize."""
-    flags = ["-O3", "-fopenmp-simd", "-fno-trapping-math", "-fno-math-errno", "-shared",
-             "-fPIC"]
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    flags: tuple[str, ...]
+    needs: frozenset[str]  # /proc/cpuinfo flags a CPU must have to run it
+
+
+# Best first. AVX-512 is 1.5x AVX2 on the decode kernel here.
+X86_VARIANTS = (
+    Variant("avx512", ("-mavx2", "-mfma", "-mavx512f", "-mavx512vl"),
+            frozenset({"avx2", "fma", "avx512f", "avx512vl"})),
+    Variant("avx2", ("-mavx2", "-mfma"), frozenset({"avx2", "fma"})),
+    Variant("x86-64-v2", ("-march=x86-64-v2",),
+            frozenset({"sse4_2", "sse4_1", "ssse3", "popcnt", "cx16"})),
+)
+GENERIC = Variant("generic", (), frozenset())
+
+
+def _cpu_features() -> frozenset[str]:
     try:
-        cpuinfo = next(line for line in open("/proc/cpuinfo") if line.startswith("flags"))
-        if " avx2 " in cpuinfo and " fma " in cpuinfo:
-            flags += ["-mavx2", "-mfma"]
-            if " avx512f " in cpuinfo and " avx512vl " in cpuinfo:
-                flags += ["-mavx512f", "-mavx512vl"]
+        with open("/proc/cpuinfo") as cpuinfo:
+            line = next(line for line in cpuinfo if line.startswith("flags"))
     except (OSError, StopIteration):
-        pass
-    return flags
+        return frozenset()
+    return frozenset(line.split(":", 1)[1].split())
 
 
-def build(name: str, extra_flags: tuple[str, ...] = ()) -> Path | None:
-    """The library built from csrc/<name>.c (building it if needed), or None if it
-    cannot be. Its cache name hashes the source, csrc's headers and the flags."""
+def all_variants() -> tuple[Variant, ...]:
+    """Every variant this architecture builds, best first; the last is the baseline."""
+    if platform.machine() in ("x86_64", "AMD64"):
+        return X86_VARIANTS
+    return (GENERIC,)
+
+
+def supported_variants(features: frozenset[str] | None = None) -> list[Variant]:
+    """The variants a CPU with these features (default: this one) runs, best first."""
+    features = _cpu_features() if features is None else features
+    return [v for v in all_variants() if v.needs <= features]
+
+
+def library_path(name: str, variant: Variant, extra_flags: tuple[str, ...] = ()) -> Path:
+    """Where csrc/<name>.c built for `variant` lives: the name hashes the source,
+    csrc's headers and the flags."""
     source = SOURCE_DIR / f"{name}.c"
-    flags = [*cpu_flags(), *extra_flags]
+    flags = [*COMMON_FLAGS, *variant.flags, *extra_flags]
     hashed = source.read_bytes() + b"".join(h.read_bytes()
                                             for h in sorted(SOURCE_DIR.glob("*.h")))
     digest = hashlib.sha256(hashed + " ".join(flags).encode()).hexdigest()[:16]
     from shared.default_model import cache_dir
-    target = cache_dir() / "kernels" / f"{source.stem}-{digest}.so"
+    return cache_dir() / "kernels" / f"{source.stem}-{digest}.so"
+
+
+def compile_variant(name: str, variant: Variant,
+                    extra_flags: tuple[str, ...] = ()) -> Path | None:
+    """csrc/<name>.c built for `variant` (compiled now if not there yet), or None
+    without a compiler or when the compiler fails."""
+    target = library_path(name, variant, extra_flags)
     if target.is_file():
         return target
     compiler = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
     if compiler is None:
         return None
+    source = SOURCE_DIR / f"{name}.c"
+    flags = [*COMMON_FLAGS, *variant.flags, *extra_flags]
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
@@ -59,6 +104,42 @@ def build(name: str, extra_flags: tuple[str, ...] = ()) -> Path | None:
             subprocess.run([compiler, *flags, "-o", str(built), str(source), "-lm"],
                            check=True, capture_output=True)
             os.replace(built, target)  # atomic: a concurrent builder loses nothing
-    except (OSError, subprocess.CalledProcessError):
+    except (OSError, subprocess.CalledProcessError) as exc:
+        log.warning("building %s for %s failed: %s", name, variant.name, exc)
         return None
     return target
+
+
+def build(name: str, extra_flags: tuple[str, ...] = ()) -> Path | None:
+    """The library of csrc/<name>.c for the best variant this CPU runs: that one
+    (built if needed and a compiler is there), else the best one already built."""
+    supported = supported_variants()
+    if not supported:
+        log.warning("C kernel %s: this CPU lacks even the baseline ISA; torch path", name)
+        return None
+    best = compile_variant(name, supported[0], extra_flags)
+    if best is not None:
+        log.info("C kernel %s: %s build", name, supported[0].name)
+        return best
+    for variant in supported[1:]:
+        path = library_path(name, variant, extra_flags)
+        if path.is_file():
+            log.warning("C kernel %s: no %s build and no compiler; using the %s build",
+                        name, supported[0].name, variant.name)
+            return path
+    log.warning("C kernel %s: no build for this CPU and no compiler; torch path", name)
+    return None
+
+
+def build_for_image(name: str, extra_flags: tuple[str, ...] = ()) -> list[Path]:
+    """Build, as an image ships them, the baseline variant and every level this (build)
+    CPU runs: another CPU then finds its own best level if it is at most the build
+    CPU's. Raises if one cannot be built: an image without its kernels would be slow."""
+    wanted = [*supported_variants(), all_variants()[-1]]
+    built = []
+    for variant in dict.fromkeys(wanted):
+        path = compile_variant(name, variant, extra_flags)
+        if path is None:
+            raise RuntimeError(f"could not build C kernel {name} for {variant.name}")
+        built.append(path)
+    return built

@@ -1,6 +1,7 @@
 """Reading docker-compose.yml and the Dockerfile the way Docker does, for the tests:
-normalized environment and depends_on, start order, the image's entry point, health
-checks as argv, and moving the stack's container ports onto free loopback ports."""
+variables interpolated and profiles applied from an env file, normalized environment
+and depends_on, start order, the image's entry point, health checks as argv, and
+moving the stack's container ports onto free loopback ports."""
 
 from __future__ import annotations
 
@@ -16,24 +17,54 @@ ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_PATH = ROOT / "docker-compose.yml"
 DOCKERFILE_PATH = ROOT / "Dockerfile"
 PROMETHEUS_PATH = ROOT / "deploy" / "prometheus.yml"
+OBSERVABILITY_ENV = ROOT / "deploy" / "observability.env"
+
+# ${NAME}, ${NAME:-default}, ${NAME-default}; `$$` is compose's escape, left for the
+# container's shell (healthcheck_argv turns it into `$`).
+_VARIABLE = re.compile(r"\$\$|\$\{(\w+)(?:(:?-)([^}]*))?\}")
 
 
 TP2_ENV_PATH = ROOT / "deploy" / "tp2.env"
-_VARIABLE = re.compile(r"(?<!\$)\$\{(\w+)(?::-([^}]*))?\}")  # ${NAME} / ${NAME:-default}
 
 
-def load_compose(env_file: Path | None = None) -> dict:
-    """The file as `docker compose [--env-file env_file] config` sees it: variables
-    interpolated from env_file (else their defaults), only the services whose
-    profiles COMPOSE_PROFILES turns on."""
-    env = dict(line.split("=", 1) for line in env_file.read_text().splitlines()
-               if "=" in line and not line.startswith("#")) if env_file else {}
-    text = _VARIABLE.sub(lambda m: env.get(m.group(1), m.group(2) or ""),
-                         COMPOSE_PATH.read_text())
-    doc = yaml.safe_load(text)  # resolves anchors and `<<` merges
-    active = set(filter(None, env.get("COMPOSE_PROFILES", "").split(",")))
-    doc["services"] = {name: svc for name, svc in doc["services"].items()
-                       if not svc.get("profiles") or active & set(svc["profiles"])}
+def read_env_file(path: Path | None) -> dict[str, str]:
+    """KEY=VALUE lines as `docker compose --env-file` reads them; None: no variables."""
+    if path is None:
+        return {}
+    pairs = (line.split("=", 1) for line in path.read_text().splitlines()
+             if "=" in line and not line.lstrip().startswith("#"))
+    return {k.strip(): v.strip() for k, v in pairs}
+
+
+def interpolate(value, env: dict[str, str]):
+    if isinstance(value, dict):
+        return {k: interpolate(v, env) for k, v in value.items()}
+    if isinstance(value, list):
+        return [interpolate(v, env) for v in value]
+    if not isinstance(value, str):
+        return value
+
+    def sub(m: re.Match) -> str:
+        if m.group(0) == "$$":
+            return "$$"
+        name, op, default = m.groups()
+        if name in env and (env[name] or op != ":-"):
+            return env[name]
+        return default if op else ""
+
+    return _VARIABLE.sub(sub, value)
+
+
+def load_compose(env_file: Path | None = None, *, all_profiles: bool = False) -> dict:
+    """The file as `docker compose [--env-file F] config` sees it: anchors and `<<`
+    merged, variables from F interpolated (the shell environment is ignored, for
+    repeatable tests), and only the services of COMPOSE_PROFILES (unless all_profiles)."""
+    env = read_env_file(env_file)
+    doc = interpolate(yaml.safe_load(COMPOSE_PATH.read_text()), env)
+    active = {p for p in env.get("COMPOSE_PROFILES", "").split(",") if p}
+    if not all_profiles:
+        doc["services"] = {name: svc for name, svc in doc["services"].items()
+                           if not svc.get("profiles") or active & set(svc["profiles"])}
     return doc
 
 
@@ -125,6 +156,17 @@ def duration_s(text: str | int | float | None, default: float) -> float:
     if not parts or "".join(n + u for n, u in parts) != text:
         raise ValueError(f"bad duration {text!r}")
     return sum(float(n) * units[u] for n, u in parts)
+
+
+def memory_limit_bytes(svc: dict) -> int | None:
+    """deploy.resources.limits.memory ("3g", "512m", "1024k", bytes) in bytes."""
+    text = svc.get("deploy", {}).get("resources", {}).get("limits", {}).get("memory")
+    if text is None:
+        return None
+    m = re.fullmatch(r"(\d+)([kmg]?)b?", str(text).lower())
+    if m is None:
+        raise ValueError(f"bad memory size {text!r}")
+    return int(m.group(1)) * {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}[m.group(2)]
 
 
 def published_ports(svc: dict) -> list[tuple[str, int, int]]:

@@ -12,7 +12,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from concurrent import futures
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -150,3 +152,17 @@ class LocalStack:
         for receiver in self.receivers.values():
             receiver.close()
         return codes
+
+
+@contextmanager
+def running_stack(doc: dict, log_dir: Path) -> Iterator[LocalStack]:
+    """The stack of `doc` with the real default model, up until its frontend is healthy."""
+    from shared.default_model import ensure_default_model
+    ensure_default_model()  # the image converts it at build time
+    stack = LocalStack(doc, log_dir)
+    try:
+        stack.start()
+        stack.wait_healthy("frontend")
+        yield stack
+    finally:
+        stack.stop()

@@ -14,10 +14,10 @@ from compose_spec import compose_spec as spec_parser
 
 from shared import config
 
-from .compose_file import (COMPOSE_PATH, PROMETHEUS_PATH, ROOT, depends_on,
-                           dockerfile_entrypoint, dockerfile_instructions, environment,
-                           gapserve_services, healthcheck_argv, load_compose,
-                           published_ports, start_order)
+from .compose_file import (COMPOSE_PATH, OBSERVABILITY_ENV, PROMETHEUS_PATH, ROOT,
+                           depends_on, dockerfile_entrypoint, dockerfile_instructions,
+                           environment, gapserve_services, healthcheck_argv, load_compose,
+                           memory_limit_bytes, published_ports, start_order)
 from .cli_parsers import subcommand_parsers
 
 
@@ -39,7 +39,9 @@ def _flag_env_names(parser: argparse.ArgumentParser) -> set[str]:
     return names
 
 
-DOC = load_compose()
+DOC = load_compose()  # `docker compose up`: no profile
+OBSERVED = load_compose(OBSERVABILITY_ENV)  # `--env-file deploy/observability.env`
+EVERY = load_compose(all_profiles=True)
 GAPSERVE = gapserve_services(DOC)
 
 
@@ -60,13 +62,49 @@ def test_the_specification_check_rejects_a_broken_file(breakage):
         _validate(yaml.safe_dump(doc))
 
 
-def test_every_depends_on_names_a_service_and_nothing_depends_on_itself():
-    for name, svc in DOC["services"].items():
+ENV_FILES = sorted((ROOT / "deploy").glob("*.env"))
+
+
+@pytest.mark.parametrize("env_file", [None, *ENV_FILES],
+                         ids=["default", *(p.name for p in ENV_FILES)])
+def test_every_depends_on_names_an_active_service_and_nothing_depends_on_itself(env_file):
+    # a dependency on a service of an inactive profile fails `docker compose up`, so
+    # each way of starting the stack (no env file, each deploy/*.env) is checked
+    doc = load_compose(env_file)
+    for name, svc in doc["services"].items():
         for dep, condition in depends_on(svc).items():
-            assert dep in DOC["services"] and dep != name, f"{name} depends on {dep!r}"
+            assert dep in doc["services"] and dep != name, f"{name} depends on {dep!r}"
             if condition == "service_healthy":
-                assert "healthcheck" in DOC["services"][dep], f"{dep} has no healthcheck"
-    start_order(DOC)  # raises on a cycle
+                assert "healthcheck" in doc["services"][dep], f"{dep} has no healthcheck"
+    start_order(doc)  # raises on a cycle
+
+
+def test_without_a_profile_only_gapserve_runs_and_nothing_is_pulled_or_traced():
+    assert set(DOC["services"]) == set(GAPSERVE) == {"worker", "scheduler", "frontend"}
+    for name, svc in GAPSERVE.items():
+        assert environment(svc)["GAPSERVE_OTLP_TRACES_ENDPOINT"] == "", name
+    stock = {n for n, svc in EVERY["services"].items() if "build" not in svc}
+    assert stock and all(EVERY["services"][n].get("profiles") == ["observability"]
+                         for n in stock)
+
+
+def test_the_observability_env_file_turns_on_the_profile_and_tracing():
+    assert set(OBSERVED["services"]) == set(GAPSERVE) | {"jaeger", "prometheus"}
+    assert "COMPOSE_PROFILES=observability" in OBSERVABILITY_ENV.read_text().splitlines()
+
+
+def test_no_health_check_needs_a_newer_engine_than_20_10():
+    # healthcheck.start_interval needs Docker Engine >= 25 (compose refuses it below)
+    for name, svc in EVERY["services"].items():
+        assert "start_interval" not in svc.get("healthcheck", {}), name
+
+
+def test_every_service_has_a_memory_limit_that_fits_what_it_holds():
+    limits = {name: memory_limit_bytes(svc) for name, svc in EVERY["services"].items()}
+    assert all(limits.values()), limits
+    worker = environment(GAPSERVE["worker"])
+    # the KV cache plus fp32 SmolLM2 weights (~0.55 GB) and torch itself
+    assert limits["worker"] >= int(worker["GAPSERVE_KV_CACHE_MEMORY"]) + (1 << 30)
 
 
 def test_the_stack_is_worker_scheduler_frontend_and_the_frontend_starts_last_of_them():
@@ -110,13 +148,16 @@ def test_the_cli_checks_catch_a_misspelt_variable_and_an_unknown_flag():
 
 
 @pytest.mark.parametrize("name", sorted(GAPSERVE))
-def test_healthcheck_probes_the_grpc_port_the_service_listens_on(name):
+def test_healthcheck_probes_the_port_the_service_listens_on(name):
+    # the frontend over the HTTP API its users call, the others over gRPC health
     svc = GAPSERVE[name]
-    argv = healthcheck_argv(svc)
-    assert "deploy/healthcheck.py" in " ".join(argv)
-    ports = set(re.findall(r"\$\{?(GAPSERVE_[A-Z_]+)\}?", " ".join(argv)))
-    grpc_port = "GAPSERVE_GRPC_PORT" if svc["command"][0] == "frontend" else "GAPSERVE_PORT"
-    assert ports == {grpc_port} and grpc_port in environment(svc)
+    argv = " ".join(healthcheck_argv(svc))
+    assert "deploy/healthcheck.py" in argv
+    ports = set(re.findall(r"\$\{?(GAPSERVE_[A-Z_]+)\}?", argv))
+    port = "GAPSERVE_HTTP_PORT" if svc["command"][0] == "frontend" else "GAPSERVE_PORT"
+    assert ports == {port} and port in environment(svc)
+    if port == "GAPSERVE_HTTP_PORT":
+        assert f"http://127.0.0.1:${{{port}}}/health" in argv
 
 
 def test_addresses_name_a_service_and_a_port_it_listens_on():
@@ -129,16 +170,15 @@ def test_addresses_name_a_service_and_a_port_it_listens_on():
     assert GAPSERVE[host]["command"][0] == "scheduler" and env[host]["GAPSERVE_PORT"] == port
 
 
-def test_every_service_traces_to_the_otlp_port_of_a_service_in_the_file():
-    for name, svc in GAPSERVE.items():
+def test_with_the_profile_every_service_traces_to_the_otlp_port_of_a_service_in_it():
+    for name, svc in gapserve_services(OBSERVED).items():
         endpoint = environment(svc)["GAPSERVE_OTLP_TRACES_ENDPOINT"]
         host, port = re.fullmatch(r"http://([\w.-]+):(\d+)", endpoint).groups()
-        assert host in DOC["services"] and port == "4317", f"{name}: {endpoint}"
-        assert depends_on(svc).get(host) == "service_started"
+        assert host in OBSERVED["services"] and port == "4317", f"{name}: {endpoint}"
 
 
 def test_the_tracing_backend_takes_otlp_from_other_containers():
-    command = DOC["services"]["jaeger"]["command"]
+    command = OBSERVED["services"]["jaeger"]["command"]
     assert "receivers.otlp.protocols.grpc.endpoint=0.0.0.0:4317" in command
 
 
@@ -153,20 +193,26 @@ def test_prometheus_scrapes_every_gapserve_service_on_its_metrics_port():
                    else "GAPSERVE_METRICS_PORT"]
         expected.add(f"{name}:{port}")
     assert targets == expected
-    mounts = DOC["services"]["prometheus"]["volumes"]
+    mounts = OBSERVED["services"]["prometheus"]["volumes"]
     assert "./deploy/prometheus.yml:/etc/prometheus/prometheus.yml:ro" in mounts
 
 
-def test_only_the_user_facing_ports_are_published_and_only_on_loopback():
-    published = {(name, container) for name, svc in DOC["services"].items()
-                 for ip, _, container in published_ports(svc) if ip == "127.0.0.1"}
-    every = {(name, container) for name, svc in DOC["services"].items()
+def _published(doc: dict) -> set[tuple[str, int]]:
+    loopback = {(name, container) for name, svc in doc["services"].items()
+                for ip, _, container in published_ports(svc) if ip == "127.0.0.1"}
+    every = {(name, container) for name, svc in doc["services"].items()
              for _, _, container in published_ports(svc)}
-    assert published == every
+    assert loopback == every, "a port published beyond loopback"
+    return every
+
+
+def test_only_the_frontends_ports_are_published_and_only_on_loopback():
     frontend = environment(GAPSERVE["frontend"])
-    assert published == {("frontend", int(frontend["GAPSERVE_HTTP_PORT"])),
-                         ("frontend", int(frontend["GAPSERVE_GRPC_PORT"])),
-                         ("jaeger", 16686), ("prometheus", 9090)}
+    user_facing = {("frontend", int(frontend["GAPSERVE_HTTP_PORT"])),
+                   ("frontend", int(frontend["GAPSERVE_GRPC_PORT"]))}
+    assert _published(DOC) == user_facing
+    # the observability profile adds its two web UIs, nothing of the inner services
+    assert _published(OBSERVED) == user_facing | {("jaeger", 16686), ("prometheus", 9090)}
 
 
 def _dockerignored(path: str) -> bool:
@@ -190,9 +236,30 @@ def test_dockerfile_builds_cpu_torch_by_default_with_a_build_argument_for_cuda()
     args = dict(rest.split("=", 1) for word, rest in dockerfile_instructions()
                 if word == "ARG" and "=" in rest)
     assert args["TORCH_INDEX_URL"].endswith("/whl/cpu")
+    assert args["EXTRAS"] == ""  # the CPU image: no triton
     runs = " ".join(rest for word, rest in dockerfile_instructions() if word == "RUN")
-    assert '--index-url "${TORCH_INDEX_URL}"' in runs
+    # torch's dependencies come from PIP_INDEX_URL: an index holding only torch works
+    assert '--index-url "${TORCH_INDEX_URL}" --extra-index-url "${PIP_INDEX_URL}"' in runs
     assert "python -m shared.default_model" in runs  # weights baked in, never fetched at start
+    assert "python -m worker_svc.build_kernels" in runs  # baseline ISA + the build CPU's
+
+
+def test_dockerfile_needs_no_image_but_its_base_to_build():
+    # `# syntax=` makes BuildKit pull a frontend image first
+    assert not re.search(r"^#\s*syntax\s*=", (ROOT / "Dockerfile").read_text(), re.M)
+    bases = [rest.split()[0] for word, rest in dockerfile_instructions() if word == "FROM"]
+    stages = {rest.split()[-1] for word, rest in dockerfile_instructions()
+              if word == "FROM" and " AS " in rest.upper()}
+    assert set(bases) - stages == {"${PYTHON_IMAGE}"}
+
+
+def test_triton_is_an_extra_the_cpu_install_does_not_bring():
+    import tomllib
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert not any(d.startswith("triton") for d in project["dependencies"])
+    assert any(d.startswith("triton") for d in project["optional-dependencies"]["cuda"])
+    # tests/kernels run the Triton kernels under TRITON_INTERPRET=1
+    assert any(d.startswith("triton") for d in project["optional-dependencies"]["test"])
 
 
 def test_the_healthcheck_script_is_where_the_image_runs_it():

@@ -1,11 +1,15 @@
 """The C element-wise decoder ops compute what transformers' layers compute: RoPE
 and the residual adds bit for bit, RMSNorm to within a few ulp (its mean of squares is
 summed in another order), SiLU * up within a few ulp (its own exp), and the KV write
-lands in the right slots."""
+lands in the right slots. Each ISA build this CPU runs is checked, as an image ships
+them all (worker_svc/native.py)."""
+
+import ctypes
 
 import pytest
 import torch
 
+from worker_svc import native
 from worker_svc.model import fused_ops
 
 pytestmark = pytest.mark.skipif(
@@ -13,9 +17,12 @@ pytestmark = pytest.mark.skipif(
     reason="no C compiler here: the torch ops run instead")
 
 
-@pytest.fixture
-def ops():
-    return fused_ops.active(torch.float32, torch.device("cpu"), 64)
+@pytest.fixture(params=[v.name for v in native.supported_variants()])
+def ops(request):
+    variant = next(v for v in native.supported_variants() if v.name == request.param)
+    path = native.compile_variant("decoder_ops", variant, fused_ops.FLAGS)
+    assert path is not None  # a compiler is here: active() built the best one above
+    return fused_ops.FusedOps(ctypes.PyDLL(str(path)))
 
 
 def hf_rms_norm(x, weight, eps):  # LlamaRMSNorm.forward, fp32

@@ -1,5 +1,6 @@
 """The CPU attention backend writes K/V to the right slots and matches the reference,
-with the C decode kernel and with the pure torch path."""
+with the C decode kernel (each ISA build this CPU runs, as an image ships them) and
+with the pure torch path."""
 
 import dataclasses
 import shutil
@@ -8,6 +9,7 @@ import pytest
 import torch
 
 from tests.worker.attention_cases import random_case
+from worker_svc import native
 from worker_svc.attention import cpu_kernel, torch_backend
 from worker_svc.attention.reference import reference_attention
 
@@ -20,11 +22,19 @@ CASES = {
 }
 
 
-@pytest.fixture(params=["c_kernel", "torch"])
+@pytest.fixture(params=[*(f"c_kernel-{v.name}" for v in native.supported_variants()),
+                        "torch"])
 def decode_path(request, monkeypatch):
     if request.param == "torch":
         monkeypatch.setenv("GAPSERVE_CPU_ATTENTION", "torch")
-    elif cpu_kernel.active() is None:
+        return request.param
+    # this ISA level's build, as on a CPU whose best it is
+    variant = next(v for v in native.supported_variants()
+                   if request.param == f"c_kernel-{v.name}")
+    monkeypatch.setattr(native, "_cpu_features", lambda: variant.needs)
+    cpu_kernel.load.cache_clear()
+    request.addfinalizer(cpu_kernel.load.cache_clear)
+    if cpu_kernel.active() is None:
         pytest.skip("no C compiler here: the torch path serves decodes")
     return request.param
 

@@ -3,9 +3,12 @@ the torch path everywhere else."""
 
 from __future__ import annotations
 
+import logging
 import types
 
 import torch
+
+log = logging.getLogger(__name__)
 
 
 def select_backend(device: torch.device) -> types.ModuleType:
@@ -13,7 +16,8 @@ def select_backend(device: torch.device) -> types.ModuleType:
         try:
             from worker_svc.attention import triton_backend
             return triton_backend
-        except ImportError:  # no triton in this environment: the torch path still works
-            pass
+        except ImportError as exc:  # no triton here: the torch path still works, slower
+            log.warning("Triton attention kernels unavailable on %s (%s); using the torch "
+                        "path. Install gapserve[cuda] for them.", device, exc)
     from worker_svc.attention import torch_backend
     return torch_backend

@@ -1,0 +1,63 @@
+"""The C kernels build per ISA level and the worker picks the best one its CPU runs:
+an image built on one CPU (baseline + its own level) keeps the C path on another CPU
+instead of silently falling back to torch."""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import platform
+
+import pytest
+
+from worker_svc import native
+from worker_svc.model import fused_ops
+
+pytestmark = pytest.mark.skipif(platform.machine() != "x86_64", reason="x86-64 ISA levels")
+
+V2 = frozenset({"sse4_2", "sse4_1", "ssse3", "popcnt", "cx16"})
+AVX2 = V2 | {"avx2", "fma"}
+AVX512 = AVX2 | {"avx512f", "avx512vl"}
+
+
+def test_a_cpu_runs_its_level_and_every_lower_one_best_first():
+    names = lambda feats: [v.name for v in native.supported_variants(feats)]  # noqa: E731
+    assert names(AVX512) == ["avx512", "avx2", "x86-64-v2"]
+    assert names(AVX2) == ["avx2", "x86-64-v2"]
+    assert names(V2) == ["x86-64-v2"]
+    assert names(frozenset({"sse2"})) == []  # older than the baseline: no C kernel
+
+
+def test_the_image_build_makes_the_baseline_and_each_level_up_to_the_build_cpus(
+        tmp_path, monkeypatch):
+    monkeypatch.setenv("GAPSERVE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(native, "_cpu_features", lambda: AVX2)  # no AVX-512 build
+    built = native.build_for_image("decoder_ops", fused_ops.FLAGS)
+    assert [p.name for p in built] == [
+        native.library_path("decoder_ops", v, fused_ops.FLAGS).name
+        for v in (native.X86_VARIANTS[1], native.X86_VARIANTS[2])]
+    for path in built:
+        ctypes.PyDLL(str(path))
+
+
+def test_without_a_compiler_another_cpu_loads_the_best_prebuilt_level(tmp_path, monkeypatch,
+                                                                       caplog):
+    monkeypatch.setenv("GAPSERVE_CACHE_DIR", str(tmp_path))
+    baseline = native.compile_variant("paged_decode", native.X86_VARIANTS[2])
+    assert baseline is not None
+    # now an AVX-512 CPU in a runtime image: no compiler, only the baseline built
+    monkeypatch.setattr(native, "_cpu_features", lambda: AVX512)
+    monkeypatch.setattr(native.shutil, "which", lambda name: None)
+    with caplog.at_level(logging.WARNING, logger=native.__name__):
+        assert native.build("paged_decode") == baseline
+    assert "using the x86-64-v2 build" in caplog.text
+    ctypes.CDLL(str(baseline)).paged_decode_f32  # the symbol the worker calls
+
+
+def test_without_a_compiler_and_without_a_build_it_says_the_torch_path_runs(tmp_path,
+                                                                           monkeypatch, caplog):
+    monkeypatch.setenv("GAPSERVE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(native.shutil, "which", lambda name: None)
+    with caplog.at_level(logging.WARNING, logger=native.__name__):
+        assert native.build("paged_decode") is None
+    assert "torch path" in caplog.text
