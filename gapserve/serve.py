@@ -66,7 +66,8 @@ def _argv(args: argparse.Namespace, names: Sequence[str]) -> list[str]:
 COMMON = ("host", "otlp_traces_endpoint", "log_format", "log_level")
 LIMITS = ("max_model_len", "max_num_batched_tokens", "max_num_seqs")
 WORKER = ("model", "tensor_parallel_size", "device", "dtype", "kv_cache_memory",
-          "gpu_memory_utilization", "num_gpu_blocks_override", "block_size", "seed")
+          "gpu_memory_utilization", "num_gpu_blocks_override", "block_size", "seed",
+          "load_format", "zero_cost_steps")
 SCHEDULER = ("long_prefill_token_threshold", "scheduling_policy", "enable_prefix_caching",
              "async_scheduling", "enable_chunked_prefill")
 FRONTEND = ("http_port", "grpc_port", "model", "served_model_name")

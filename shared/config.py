@@ -148,6 +148,16 @@ def add_worker_flags(parser: argparse.ArgumentParser, *, with_ports: bool = True
     g.add_argument("--num-gpu-blocks-override", type=positive_int, default=None)
     g.add_argument("--block-size", type=positive_int, default=16)
     g.add_argument("--seed", type=int, default=0)
+    add_worker_benchmark_flags(g)
+
+
+def add_worker_benchmark_flags(g) -> None:
+    """Measuring the stack without a model's cost (issue 16; docs/benchmarks.md)."""
+    g.add_argument("--load-format", default="auto", choices=("auto", "safetensors", "dummy"),
+                   help="dummy: random weights of the checkpoint's shapes (config.json only)")
+    g.add_argument("--zero-cost-steps", action=argparse.BooleanOptionalAction, default=False,
+                   help="benchmarks only, needs --load-format dummy: steps skip the forward "
+                        "pass and answer made-up tokens (benchmarks/stack_ceiling.py)")
 
 
 def add_scheduler_flags(parser: argparse.ArgumentParser, *, with_ports: bool = True) -> None:

@@ -22,6 +22,10 @@ class WorkerConfig:
     seed: int = 0  # seeds the sampling of requests that bring no seed of their own
     tensor_parallel_rank: int = 0
     tensor_parallel_size: int = 1
+    # benchmarks of the stack itself: random weights of the real shapes (vLLM's
+    # --load-format dummy), and steps that skip the forward pass (zero_cost.py)
+    load_format: str = "auto"
+    zero_cost_steps: bool = False
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad setting."""
@@ -38,5 +42,11 @@ class WorkerConfig:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be positive")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype}")
+        if self.load_format not in ("auto", "safetensors", "dummy"):
+            raise ValueError("load_format must be auto, safetensors or dummy, "
+                             f"got {self.load_format}")
+        if self.zero_cost_steps and self.load_format != "dummy":
+            raise ValueError("zero_cost_steps answers with made-up tokens: it needs "
+                             "load_format dummy, so no real deployment turns it on by mistake")
         if self.tensor_parallel_size != 1:
             raise ValueError("tensor parallelism is not implemented; use tensor_parallel_size 1")

@@ -26,11 +26,14 @@ from worker_svc.config import WorkerConfig
 from worker_svc.inputs import prepare_inputs
 from worker_svc.kv_capacity import bytes_per_block, cpu_num_blocks, cuda_num_blocks
 from worker_svc.model.config import load_model_config
+from worker_svc.model.cpu_dtype import cast_matmul_weights
+from worker_svc.model.dummy_weights import dummy_weights
 from worker_svc.model.llama import DecoderModel
 from worker_svc.model.weights import load_weights
 from worker_svc.request_state import RequestState
 from worker_svc.sampler import sample
 from worker_svc.step_check import check_step
+from worker_svc.zero_cost import zero_cost_step
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -45,10 +48,18 @@ class ModelRunner:
         self.model_config = cfg = load_model_config(self.model_dir)
         self.max_model_len = _resolve_max_model_len(config.max_model_len, cfg)
         self.block_size = config.block_size
+        # bf16 on CPU: bf16 matmul weights, fp32 activations and KV cache (cpu_dtype)
+        split = self.device.type == "cpu" and self.dtype == torch.bfloat16
+        act_dtype = torch.float32 if split else self.dtype
         with torch.inference_mode():
-            weights = load_weights(self.model_dir, cfg, self.dtype, self.device)
+            if config.load_format == "dummy":
+                weights = dummy_weights(cfg, act_dtype, self.device, seed=config.seed)
+            else:
+                weights = load_weights(self.model_dir, cfg, act_dtype, self.device)
+            if split:
+                weights = cast_matmul_weights(weights, self.dtype)
             self.model = DecoderModel(cfg, weights, select_backend(self.device),
-                                      max_positions=self.max_model_len)
+                                      max_positions=self.max_model_len, act_dtype=act_dtype)
             self.num_kv_blocks = self._measure_num_blocks()
             self.kv_caches = self.model.allocate_kv_caches(self.num_kv_blocks, self.block_size)
             # last sampled token per request row, on the device (see module docstring)
@@ -72,7 +83,7 @@ class ModelRunner:
         """Which kernels this worker runs, for its start-up log line: a CPU worker
         without a C compiler (or with the GAPSERVE_CPU_* switches) is much slower."""
         from worker_svc.attention import cpu_kernel
-        cpu_fp32 = self.device.type == "cpu" and self.dtype == torch.float32
+        cpu_fp32 = self.device.type == "cpu" and self.model.dtype == torch.float32
         attention = self.model.backend.__name__.rsplit(".", 1)[-1]
         if attention == "torch_backend" and cpu_fp32:
             attention = "c_decode_kernel" if cpu_kernel.active() else "torch_sdpa"
@@ -96,6 +107,9 @@ class ModelRunner:
                                       end_unix_s=time.time())
             return out
         states = [self.requests[r] for r in order]
+        if self.config.zero_cost_steps:
+            return zero_cost_step(out, states, [step.num_scheduled_tokens[r] for r in order],
+                                  self.model_config.vocab_size, t0, start_unix)
         inputs = self._prepare_inputs(states, [step.num_scheduled_tokens[r] for r in order])
         t1 = time.perf_counter()
         logits = self.model.forward(inputs.input_ids, inputs.positions, self.kv_caches,
@@ -174,7 +188,7 @@ class ModelRunner:
 
     def _measure_num_blocks(self) -> int:
         cfg, config = self.model_config, self.config
-        per_block = bytes_per_block(cfg, self.block_size, self.dtype)
+        per_block = bytes_per_block(cfg, self.block_size, self.model.dtype)
         blocks_per_seq = -(-self.max_model_len // self.block_size)
         if config.num_gpu_blocks_override is not None:
             num_blocks = config.num_gpu_blocks_override

@@ -188,7 +188,8 @@ def worker_config(args) -> WorkerConfig:
         kv_cache_memory=args.kv_cache_memory,
         gpu_memory_utilization=args.gpu_memory_utilization, max_model_len=args.max_model_len,
         seed=args.seed, tensor_parallel_rank=args.rank,
-        tensor_parallel_size=args.tensor_parallel_size)
+        tensor_parallel_size=args.tensor_parallel_size, load_format=args.load_format,
+        zero_cost_steps=args.zero_cost_steps)
     if args.max_num_batched_tokens is not None:
         cfg.max_num_batched_tokens = args.max_num_batched_tokens
     if args.max_num_seqs is not None:

@@ -19,12 +19,14 @@ from worker_svc.model.weights import ModelWeights
 
 class DecoderModel:
     def __init__(self, cfg: ModelConfig, weights: ModelWeights, backend,
-                 max_positions: int) -> None:
+                 max_positions: int, act_dtype: torch.dtype | None = None) -> None:
         self.cfg = cfg
         self.w = weights
         self.backend = backend  # module with write_kv() and attention()
         self.scale = cfg.head_dim ** -0.5
-        device, dtype = weights.embed.device, weights.embed.dtype
+        # activations and KV cache; bf16 matmul weights on CPU keep them fp32 (cpu_dtype)
+        device, dtype = weights.embed.device, act_dtype or weights.embed.dtype
+        self.dtype = dtype
         # cos/sin per position, computed in fp32 like the reference, then cast once
         freqs = torch.arange(max_positions, dtype=torch.float).unsqueeze(1) * cfg.inv_freq
         emb = torch.cat((freqs, freqs), dim=-1)
@@ -38,7 +40,7 @@ class DecoderModel:
     def allocate_kv_caches(self, num_blocks: int, block_size: int) -> list[torch.Tensor]:
         c, e = self.cfg, self.w.embed
         return [torch.zeros(2, num_blocks, block_size, c.num_kv_heads, c.head_dim,
-                            dtype=e.dtype, device=e.device) for _ in range(c.num_layers)]
+                            dtype=self.dtype, device=e.device) for _ in range(c.num_layers)]
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[torch.Tensor], meta: AttentionMetadata,
@@ -55,11 +57,11 @@ class DecoderModel:
         eps = c.rms_norm_eps
         write_kv, attention = self.backend.write_kv, self.backend.attention
 
-        x = F.embedding(input_ids, w.embed)
+        x = F.embedding(input_ids, w.embed).to(self.dtype)
         residual = x
         for i, lw in enumerate(w.layers):
             h = _rms_norm(x, lw.input_norm, eps)
-            qkv = F.linear(h, lw.qkv, lw.qkv_bias)
+            qkv = _linear(h, lw.qkv, lw.qkv_bias)
             # RoPE on the q and k heads together: one pass instead of two
             qk = qkv[:, :nq + nkv].view(n, -1, hd)
             qk = torch.addcmul(qk * cos, qk.roll(half, dims=-1), sin)
@@ -67,16 +69,16 @@ class DecoderModel:
             v = qkv[:, nq + nkv:].view(n, c.num_kv_heads, hd)
             write_kv(k, v, kv_caches[i], meta.slot_mapping)
             attn = attention(q, kv_caches[i], meta, self.scale)
-            x = residual + F.linear(attn.reshape(n, nq), lw.o_proj, lw.o_bias)
+            x = residual + _linear(attn.reshape(n, nq), lw.o_proj, lw.o_bias)
             residual = x
             h = _rms_norm(x, lw.post_norm, eps)
-            gate_up = F.linear(h, lw.gate_up, lw.gate_up_bias)
-            x = residual + F.linear(F.silu(gate_up[:, :c.intermediate_size])
+            gate_up = _linear(h, lw.gate_up, lw.gate_up_bias)
+            x = residual + _linear(F.silu(gate_up[:, :c.intermediate_size])
                                     * gate_up[:, c.intermediate_size:], lw.down, lw.down_bias)
             residual = x
         # only the rows that sample need the norm and the (large) vocabulary projection
         x = _rms_norm(x[logits_indices], w.final_norm, eps)
-        return F.linear(x, w.lm_head).float()
+        return _linear(x, w.lm_head).float()
 
 
     def _forward_fused(self, input_ids: torch.Tensor, positions: torch.Tensor,
@@ -89,24 +91,34 @@ class DecoderModel:
         n = input_ids.shape[0]
         nq, hd, eps = c.num_heads * c.head_dim, c.head_dim, c.rms_norm_eps
         attention = self.backend.attention
-        residual = F.embedding(input_ids, w.embed)  # a fresh tensor: updated in place
+        # a fresh tensor (updated in place); fp32 when the weights are bf16 (cpu_dtype)
+        residual = F.embedding(input_ids, w.embed).to(self.dtype)
         delta = None  # what the last sublayer adds to the residual stream
         for i, lw in enumerate(w.layers):
             h = ops.rms_norm(residual, lw.input_norm, eps) if delta is None \
                 else ops.add_rms_norm(residual, delta, lw.input_norm, eps)
-            qkv = F.linear(h, lw.qkv, lw.qkv_bias)
+            qkv = _linear(h, lw.qkv, lw.qkv_bias)
             ops.rope_write_kv(qkv, c.num_heads, c.num_kv_heads, hd, self.cos, self.sin,
                               positions, kv_caches[i], meta.slot_mapping)
             attn = attention(qkv[:, :nq].view(n, c.num_heads, hd), kv_caches[i], meta,
                              self.scale)
-            o = F.linear(attn.reshape(n, nq), lw.o_proj, lw.o_bias)
+            o = _linear(attn.reshape(n, nq), lw.o_proj, lw.o_bias)
             h = ops.add_rms_norm(residual, o, lw.post_norm, eps)
-            gate_up = F.linear(h, lw.gate_up, lw.gate_up_bias)
-            delta = F.linear(ops.silu_mul(gate_up), lw.down, lw.down_bias)
+            gate_up = _linear(h, lw.gate_up, lw.gate_up_bias)
+            delta = _linear(ops.silu_mul(gate_up), lw.down, lw.down_bias)
         residual += delta
         # only the rows that sample need the norm and the (large) vocabulary projection
         x = ops.rms_norm(residual[logits_indices], w.final_norm, eps)
-        return F.linear(x, w.lm_head).float()
+        return _linear(x, w.lm_head).float()
+
+
+def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+            ) -> torch.Tensor:
+    """F.linear; with bf16 weights under fp32 activations (cpu_dtype) the input is
+    rounded to bf16 and the output widened back, accumulation in fp32 in between."""
+    if weight.dtype == x.dtype:
+        return F.linear(x, weight, bias)
+    return F.linear(x.to(weight.dtype), weight, bias).to(x.dtype)
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
