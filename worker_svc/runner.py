@@ -61,7 +61,9 @@ class ModelRunner:
             self.model = DecoderModel(cfg, weights, select_backend(self.device),
                                       max_positions=self.max_model_len, act_dtype=act_dtype)
             self.num_kv_blocks = self._measure_num_blocks()
-            self.kv_caches = self.model.allocate_kv_caches(self.num_kv_blocks, self.block_size)
+            # zero-cost steps never touch the cache: the block count is all the stack sees
+            self.kv_caches = [] if config.zero_cost_steps else \
+                self.model.allocate_kv_caches(self.num_kv_blocks, self.block_size)
             # last sampled token per request row, on the device (see module docstring)
             self.last_sampled = torch.zeros(config.max_num_seqs, dtype=torch.long,
                                             device=self.device)
