@@ -118,6 +118,9 @@ def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = N
     rounded to bf16 and the output widened back, accumulation in fp32 in between."""
     if weight.dtype == x.dtype:
         return F.linear(x, weight, bias)
+    if weight.is_mkldnn:  # prepacked by cpu_dtype: oneDNN's own layout
+        return torch.ops.mkldnn._linear_pointwise(x.to(weight.dtype), weight, bias, "none",
+                                                  [], "").to(x.dtype)
     return F.linear(x.to(weight.dtype), weight, bias).to(x.dtype)
 
 
