@@ -26,7 +26,7 @@ from worker_svc.config import WorkerConfig
 from worker_svc.inputs import prepare_inputs
 from worker_svc.kv_capacity import bytes_per_block, cpu_num_blocks, cuda_num_blocks
 from worker_svc.model.config import load_model_config
-from worker_svc.model.cpu_dtype import cast_matmul_weights
+from worker_svc.model.cpu_dtype import native_bf16, prepare_matmul_weights
 from worker_svc.model.dummy_weights import dummy_weights
 from worker_svc.model.llama import DecoderModel
 from worker_svc.model.weights import load_weights
@@ -56,8 +56,8 @@ class ModelRunner:
                 weights = dummy_weights(cfg, act_dtype, self.device, seed=config.seed)
             else:
                 weights = load_weights(self.model_dir, cfg, act_dtype, self.device)
-            if split:
-                weights = cast_matmul_weights(weights, self.dtype)
+            if self.device.type == "cpu":  # prepacked; bf16 for the matmuls only
+                weights = prepare_matmul_weights(weights, self.dtype)
             self.model = DecoderModel(cfg, weights, select_backend(self.device),
                                       max_positions=self.max_model_len, act_dtype=act_dtype)
             self.num_kv_blocks = self._measure_num_blocks()
@@ -91,7 +91,9 @@ class ModelRunner:
             attention = "c_decode_kernel" if cpu_kernel.active() else "torch_sdpa"
         return {"attention": attention,
                 "layer_ops": "c_fused" if self.model.fused is not None else "torch",
-                "threads": str(torch.get_num_threads())}
+                "threads": str(torch.get_num_threads()),
+                # bf16 matmul instructions: --dtype bfloat16 runs ~1.8x faster with them
+                "cpu_bf16": native_bf16() or "none"}
 
     # ------------------------------------------------------------------ a step
 

@@ -114,13 +114,13 @@ class DecoderModel:
 
 def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
             ) -> torch.Tensor:
-    """F.linear; with bf16 weights under fp32 activations (cpu_dtype) the input is
-    rounded to bf16 and the output widened back, accumulation in fp32 in between."""
-    if weight.dtype == x.dtype:
-        return F.linear(x, weight, bias)
+    """F.linear, or oneDNN's on a weight prepacked by cpu_dtype; with bf16 weights under
+    fp32 activations the input is rounded to bf16 and the output widened back."""
     if weight.is_mkldnn:  # prepacked by cpu_dtype: oneDNN's own layout
         return torch.ops.mkldnn._linear_pointwise(x.to(weight.dtype), weight, bias, "none",
                                                   [], "").to(x.dtype)
+    if weight.dtype == x.dtype:
+        return F.linear(x, weight, bias)
     return F.linear(x.to(weight.dtype), weight, bias).to(x.dtype)
 
 
