@@ -40,6 +40,7 @@ def test_dummy_load_format_builds_the_real_shapes_from_config_alone(checkpoint, 
     dummy = _runner(tmp_path, load_format="dummy")
     assert _shapes(dummy) == _shapes(_runner(real))
     w = dummy.model.w.layers[0].qkv
+    w = w.to_dense() if w.is_mkldnn else w  # prepacked (cpu_dtype)
     assert float(w.abs().max()) <= 1e-3 and float(w.std()) > 0  # random, small
 
 
@@ -116,3 +117,16 @@ def test_native_bf16_reads_the_cpu_flags(monkeypatch):
     assert cpu_dtype.native_bf16() == "amx_bf16"
     monkeypatch.setattr(cpu_dtype, "cpu_flags", lambda: frozenset({"avx2"}))
     assert cpu_dtype.native_bf16() is None
+
+
+def test_prepacked_fp32_weights_give_the_logits_of_plain_ones(tiny_qwen2_dir, monkeypatch):
+    prompt = list(range(3, 60))
+    from .test_model_matches_transformers import _chunk_logits, _state
+    logits = {}
+    for prepack in ("on", "off"):
+        monkeypatch.setenv("GAPSERVE_CPU_PREPACK", prepack)
+        runner = _runner(tiny_qwen2_dir)
+        assert runner.model.w.layers[0].gate_up.is_mkldnn == \
+            (prepack == "on" and cpu_dtype.prepack_available(torch.float32))
+        logits[prepack] = _chunk_logits(runner, _state(prompt), len(prompt))
+    torch.testing.assert_close(logits["on"], logits["off"], rtol=1e-5, atol=1e-5)
