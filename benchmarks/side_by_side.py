@@ -257,12 +257,19 @@ def run_server(name: str, spec: dict, args: argparse.Namespace, repeat: int,
                 reference_cache(args))
         return result
     finally:
+        stop(proc)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """The server's whole process group; one that already exited is left as it is."""
+    try:
         os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        proc.wait(60)
+    except ProcessLookupError:
+        pass
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
 
 
 def reference_cache(args: argparse.Namespace) -> Path:

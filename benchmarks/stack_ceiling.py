@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -80,12 +79,7 @@ def run(args: argparse.Namespace) -> dict:
             print(f"{conc} streams: {report['output_throughput']:.0f} tok/s, cores "
                   + ", ".join(f"{k} {v:.2f}" for k, v in cores.items()), file=sys.stderr)
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        side_by_side.stop(proc)
         log.close()
     return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "cores": os.cpu_count(), "max_tokens": args.max_tokens, "points": points}

@@ -165,3 +165,11 @@ def test_a_missing_server_binary_fails_with_a_message_not_a_traceback(tmp_path, 
                      "--log-dir", str(tmp_path), "--agreement-prompts", "0"])
     assert code == 2
     assert "side_by_side: llamacpp:" in capsys.readouterr().err
+
+
+def test_a_server_that_died_during_the_run_reports_its_own_error_not_the_stop():
+    proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(4)"],
+                            start_new_session=True)
+    proc.wait(timeout=30)
+    sbs.stop(proc)  # its process group is gone: nothing to stop, no ProcessLookupError
+    assert proc.returncode == 4
