@@ -43,7 +43,7 @@ def serve_argv(args: argparse.Namespace) -> list[str]:
             "--http-port", str(args.port), "--grpc-port", str(args.port + 51),
             "--scheduler-port", str(args.port + 52), "--worker-port", str(args.port + 53),
             "--scheduler-metrics-port", "0", "--worker-metrics-port", "0",
-            "--log-level", "warning"]
+            "--api-server-count", str(args.api_server_count), "--log-level", "warning"]
 
 
 def role(cmd: str) -> str:
@@ -66,12 +66,13 @@ def run(args: argparse.Namespace) -> dict:
             report = side_by_side.bench(base_url, proc.pid, conc, conc * args.rounds,
                                         min(conc, 16), args)
             m = report["machine"]
-            cores = {}
+            cores, frontends = {}, 0
             for key, value in m["server_cores_by_process"].items():
                 name = role(key.split(" ", 1)[1])
                 cores[name] = cores.get(name, 0.0) + value
+                frontends += name == "frontend"
             cores["client"] = m["client_cores"]
-            points.append({"concurrency": conc, "output_tok_s": report["output_throughput"],
+            points.append({"concurrency": conc, "frontends": frontends, "output_tok_s": report["output_throughput"],
                            "ttft_ms": report["ttft_ms"], "itl_ms": report["itl_ms"],
                            "errors": report.get("errors"),
                            "cores": cores, "other_cores": m["other_cores"],
@@ -86,11 +87,11 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def markdown(result: dict) -> str:
-    lines = ["| streams | output tok/s | mean TTFT s | mean ITL ms | frontend | scheduler "
-             "| worker | client | other load | (cores) |", "|" + " --- |" * 10]
+    lines = ["| streams | frontends | output tok/s | mean TTFT s | mean ITL ms | frontend | scheduler "
+             "| worker | client | other load | (cores) |", "|" + " --- |" * 11]
     for p in result["points"]:
         c = p["cores"]
-        lines.append(f"| {p['concurrency']} | {p['output_tok_s']:.0f} | "
+        lines.append(f"| {p['concurrency']} | {p['frontends']} | {p['output_tok_s']:.0f} | "
                      f"{p['ttft_ms']['mean'] / 1e3:.2f} | {p['itl_ms']['mean'] or 0:.1f} | "
                      + " | ".join(f"{c.get(k, 0.0):.2f}" for k in
                                   ("frontend", "scheduler", "worker", "client"))
@@ -107,6 +108,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--model", default=str(Path.home() / ".cache/gapserve/SmolLM2-135M-Instruct"),
                    help="its config.json and tokenizer are used, not its weights")
+    p.add_argument("--api-server-count", type=int, default=1,
+                   help="frontend processes (gapserve serve --api-server-count)")
     p.add_argument("--port", type=int, default=18400)
     p.add_argument("--log-dir", default=tempfile.gettempdir())
     p.add_argument("--json", default=None)
@@ -115,8 +118,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.concurrency = [int(c) for c in args.concurrency.split(",")]
     except ValueError:
         p.error(f"--concurrency takes a comma list of integers, got {args.concurrency!r}")
-    if min(args.concurrency) < 1 or args.max_tokens < 1 or args.rounds < 1:
-        p.error("--concurrency, --max-tokens and --rounds must be at least 1")
+    if min(args.concurrency) < 1 or min(args.max_tokens, args.rounds, args.api_server_count) < 1:
+        p.error("--concurrency, --max-tokens, --rounds and --api-server-count must be at "
+                "least 1")
     # 64-token blocks' worth per stream is plenty for a ~40-token prompt + output
     per_stream = 1024 * 30 * 2 * 3 * 64 * 4  # tokens x the default model's KV bytes/token
     args.kv_blocks_bytes = max(args.concurrency) * per_stream

@@ -70,7 +70,7 @@ WORKER = ("model", "tensor_parallel_size", "device", "dtype", "kv_cache_memory",
           "load_format", "zero_cost_steps")
 SCHEDULER = ("long_prefill_token_threshold", "scheduling_policy", "enable_prefix_caching",
              "async_scheduling", "enable_chunked_prefill")
-FRONTEND = ("http_port", "grpc_port", "model", "served_model_name")
+FRONTEND = ("http_port", "grpc_port", "model", "served_model_name", "api_server_count")
 
 
 def _loopback(host: str) -> str:
@@ -115,12 +115,15 @@ def children(args: argparse.Namespace) -> list[Child]:
          "--metrics-port", str(args.scheduler_metrics_port), "--worker-addresses", addresses,
          *_argv(args, COMMON + SCHEDULER + LIMITS)],
         f"{host}:{args.scheduler_port}")
-    frontend = Child(
-        "frontend",
+    # --api-server-count N: N frontends on the same ports; the kernel spreads connections
+    count = getattr(args, "api_server_count", 1)
+    frontends = [Child(
+        "frontend" if count == 1 else f"frontend-{i}",
         ["frontend", "--scheduler-address", scheduler.health_address,
          *_argv(args, COMMON + FRONTEND)],
         f"{host}:{args.grpc_port}", f"http://{host}:{args.http_port}/health")
-    return [*workers, scheduler, frontend]
+        for i in range(count)]
+    return [*workers, scheduler, *frontends]
 
 
 @dataclass(slots=True)

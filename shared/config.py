@@ -189,6 +189,9 @@ def add_frontend_flags(parser: argparse.ArgumentParser, *, with_model: bool = Tr
         add_model_flag(g)
     g.add_argument("--served-model-name", default=None,
                    help="defaults to the model directory's name")
+    g.add_argument("--api-server-count", type=positive_int, default=1,
+                   help="frontend processes sharing the HTTP and gRPC ports (SO_REUSEPORT), "
+                        "as vLLM's: more CPU for detokenizing and streaming")
 
 
 def worker_parser() -> argparse.ArgumentParser:
