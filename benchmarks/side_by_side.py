@@ -1,15 +1,26 @@
 """gapserve, vLLM's CPU build and llama.cpp's llama-server on the issue's workload, one
-server at a time, in one run:
+server at a time, alternated and repeated:
 
-    python benchmarks/side_by_side.py [--servers gapserve,vllm,llamacpp] [--json out.json]
+    python benchmarks/side_by_side.py [--servers gapserve,vllm,llamacpp] [--repeats 3]
+        [--json out.json]
 
-For each server: start it (its own process group, log under --log-dir), wait until a
-one-token chat request succeeds, run serve_bench.py at --concurrency (64 essay
-requests, 128 tokens, greedy, EOS ignored) and one at a time (--single-requests),
-read its process tree's peak memory (VmHWM) after each, then stop it. Prints a markdown table
-with gapserve/peer ratios from this run. gapserve's and vLLM's KV caches get
---kv-cache-gib; llama-server gets --concurrency slots of a fixed context each (-np, -c),
-since it sizes its cache in tokens, not bytes.
+Fair by construction: every server gets every core of the machine. gapserve and
+llama-server use them by default (-t/-tb = all cores); vLLM's CPU build binds its
+compute threads with VLLM_CPU_OMP_THREADS_BIND, set here to all cores as vLLM's CPU
+docs advise for a dedicated machine (`vllm-default` keeps vLLM's own binding, which on
+a 2-core box is one compute thread). Rows for each server's best dtype on this CPU sit
+next to fp32: `gapserve-bf16` and `vllm-bf16` (--dtype bfloat16), `llamacpp-q8_0`
+(a Q8_0 GGUF of the same checkpoint).
+
+Each repeat starts every listed server in turn (its own process group, log under
+--log-dir), waits until a one-token chat request succeeds, runs serve_bench.py at
+--concurrency (64 essay requests, 128 tokens, greedy, EOS ignored) and one at a time
+(--single-requests), reads its process tree's peak memory (VmHWM), then stops it; so
+slow drifts of the machine hit every server alike. The table gives medians over the
+repeats with min-max, ratios of medians, and each server's greedy agreement with
+transformers' fp32 output (greedy_agreement.py, measured on the first repeat).
+gapserve's and vLLM's KV caches get --kv-cache-gib; llama-server gets --concurrency
+slots of a fixed context each (-np, -c), since it sizes its cache in tokens.
 
 How busy the machine was matters on a shared box, so each run also reports the load
 average and the cores used by processes that are neither the server nor the client.
@@ -25,6 +36,7 @@ import os
 import platform
 import resource
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -39,38 +51,56 @@ GIB = 2**30
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
+SERVERS = ("gapserve", "gapserve-bf16", "vllm", "vllm-bf16", "vllm-default", "llamacpp",
+           "llamacpp-q8_0")
+# each gapserve row against the peers' rows of the same kind: fp32 against fp32, and
+# best dtype against best dtype
+PAIRS = {"gapserve": ("vllm", "vllm-default", "llamacpp"),
+         "gapserve-bf16": ("vllm-bf16", "llamacpp-q8_0")}
+
+
 def server_commands(args: argparse.Namespace) -> dict[str, dict]:
     """name -> argv, env, port, and how to learn its KV cache's size."""
     kv_bytes = int(args.kv_cache_gib * GIB)
+    cores = os.cpu_count() or 1
+
+    def gapserve(dtype: str) -> dict:
+        return {"argv": [sys.executable, "-m", "gapserve", "serve", "--model", args.model,
+                         "--dtype", dtype, "--kv-cache-memory", str(kv_bytes),
+                         "--http-port", str(args.port), "--grpc-port", str(args.port + 51),
+                         "--scheduler-port", str(args.port + 52), "--worker-port",
+                         str(args.port + 53), "--scheduler-metrics-port", "0",
+                         "--worker-metrics-port", "0", "--log-level", "warning"],
+                "env": {}, "port": args.port, "kv_from": f"127.0.0.1:{args.port + 51}"}
+
+    def vllm(dtype: str, bind: bool) -> dict:
+        # vLLM's CPU KV cache is sized in whole or fractional GiB by this variable
+        env = {"VLLM_CPU_KVCACHE_SPACE": f"{args.kv_cache_gib:g}"}
+        if bind:  # all cores for its OpenMP compute threads, as its CPU docs advise
+            env["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{cores - 1}"
+        return {"argv": [args.vllm_python, "-m", "vllm.entrypoints.openai.api_server",
+                         "--model", args.model, "--dtype", dtype, "--port",
+                         str(args.port + 100), "--max-model-len", "2048"],
+                "env": env, "port": args.port + 100, "kv_bytes": kv_bytes}
+
     return {
-        "gapserve": {
-            "argv": [sys.executable, "-m", "gapserve", "serve", "--model", args.model,
-                     "--dtype", "float32", "--kv-cache-memory", str(kv_bytes),
-                     "--http-port", str(args.port), "--grpc-port", str(args.port + 51),
-                     "--scheduler-port", str(args.port + 52), "--worker-port",
-                     str(args.port + 53), "--scheduler-metrics-port", "0",
-                     "--worker-metrics-port", "0", "--log-level", "warning"],
-            "env": {}, "port": args.port, "kv_from": f"127.0.0.1:{args.port + 51}"},
-        "vllm": {
-            "argv": [args.vllm_python, "-m", "vllm.entrypoints.openai.api_server",
-                     "--model", args.model, "--dtype", "float32", "--port",
-                     str(args.port + 100), "--max-model-len", "2048"],
-            # vLLM's CPU KV cache is sized in whole or fractional GiB by this variable
-            "env": {"VLLM_CPU_KVCACHE_SPACE": f"{args.kv_cache_gib:g}"},
-            "port": args.port + 100, "kv_bytes": kv_bytes},
-        "llamacpp": llama_server_spec(args),
+        "gapserve": gapserve("float32"), "gapserve-bf16": gapserve("bfloat16"),
+        "vllm": vllm("float32", True), "vllm-bf16": vllm("bfloat16", True),
+        "vllm-default": vllm("float32", False),
+        "llamacpp": llama_server_spec(args, args.llama_gguf),
+        "llamacpp-q8_0": llama_server_spec(args, args.llama_gguf_q8),
     }
 
 
-def llama_server_spec(args: argparse.Namespace) -> dict:
-    """llama-server on the fp32 GGUF: one slot per concurrent request, continuous
-    batching, every core (-t, -tb), CPU only (--device none)."""
+def llama_server_spec(args: argparse.Namespace, gguf: str) -> dict:
+    """llama-server on a GGUF: one slot per concurrent request, continuous batching,
+    every core (-t, -tb), CPU only (--device none)."""
     slots = args.concurrency
     # per-slot context: the essay prompt (~41 tokens) plus the output, in steps of 256
     slot_ctx = 256 * math.ceil((args.max_tokens + 128) / 256)
     threads = str(os.cpu_count() or 1)
     return {
-        "argv": [args.llama_server, "-m", args.llama_gguf, "--host", "127.0.0.1",
+        "argv": [args.llama_server, "-m", gguf, "--host", "127.0.0.1",
                  "--port", str(args.port + 200), "-a", Path(args.model).name,
                  "-np", str(slots), "-c", str(slots * slot_ctx), "-cb",
                  "-t", threads, "-tb", threads, "--device", "none", "--no-webui"],
@@ -194,78 +224,138 @@ def bench(base_url: str, pid: int, concurrency: int, num_requests: int, warmup: 
     return report
 
 
-def run_server(name: str, spec: dict, args: argparse.Namespace) -> dict:
+def run_server(name: str, spec: dict, args: argparse.Namespace, repeat: int,
+               agreement: bool) -> dict:
+    """Start one server, measure both parts (and its greedy agreement), stop it."""
     base_url = f"http://127.0.0.1:{spec['port']}/v1"
     log_path = Path(args.log_dir) / f"side_by_side-{name}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "wb") as log:
+    with open(log_path, "ab" if repeat else "wb") as log:
         proc = subprocess.Popen(spec["argv"], env={**os.environ, **spec["env"]}, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT)
     try:
         started = time.monotonic()
         wait_ready(base_url, proc, args.startup_timeout)
         print(f"{name}: ready after {time.monotonic() - started:.0f} s", file=sys.stderr)
-        result = {"command": " ".join(spec["argv"]), "env": spec["env"]}
+        result = {"command": " ".join(spec["argv"]), "env": spec["env"],
+                  "load_avg_1m_before": os.getloadavg()[0]}
         for key, conc, num, warm in (("concurrent", args.concurrency, args.concurrency, 2),
                                      ("single", 1, args.single_requests, 1)):
             report = bench(base_url, proc.pid, conc, num, warm, args)
             report["memory"] = stack_memory_now(proc.pid, spec.get("kv_from"),
                                                 spec.get("kv_bytes"))
             result[key] = report
-            print(f"{name} {key}: {report['output_throughput']:.1f} tok/s, mean TTFT "
-                  f"{report['ttft_ms']['mean']:.0f} ms, other load "
+            print(f"{name} #{repeat + 1} {key}: {report['output_throughput']:.1f} tok/s, "
+                  f"mean TTFT {report['ttft_ms']['mean']:.0f} ms, other load "
                   f"{report['machine']['other_cores']:.2f} cores", file=sys.stderr)
+        if agreement:
+            sys.path.insert(0, str(HERE))
+            import greedy_agreement
+
+            result["agreement"] = greedy_agreement.measure(
+                base_url, args.model, args.agreement_prompts, args.agreement_tokens,
+                reference_cache(args))
         return result
     finally:
+        stop(proc)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """The server's whole process group; one that already exited is left as it is."""
+    try:
         os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        proc.wait(60)
+    except ProcessLookupError:
+        pass
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def reference_cache(args: argparse.Namespace) -> Path:
+    return Path(args.log_dir) / "side_by_side-greedy-reference.json"
+
+
+def spread(values: list[float]) -> dict:
+    """median and range of one figure over the repeats."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values),
+            "n": len(values)}
+
+
+def summarize(runs: list[dict]) -> dict:
+    """One server's repeats -> medians and ranges of the figures the table shows."""
+    def part(key: str, fig) -> dict:
+        return spread([fig(r[key]) for r in runs])
+
+    return {
+        "concurrent_tok_s": part("concurrent", lambda r: r["output_throughput"]),
+        "concurrent_ttft_s": part("concurrent", lambda r: r["ttft_ms"]["mean"] / 1e3),
+        "concurrent_itl_ms": part("concurrent", lambda r: r["itl_ms"]["mean"] or 0.0),
+        "single_tok_s": part("single", lambda r: r["output_throughput"]),
+        "single_itl_ms": part("single", lambda r: r["itl_ms"]["mean"] or 0.0),
+        "peak_rss_gb": part("single", lambda r: r["memory"].get("sum_peak_rss_bytes", 0) / 1e9),
+        "other_cores_max": max(max(r["concurrent"]["machine"]["other_cores"],
+                                   r["single"]["machine"]["other_cores"]) for r in runs),
+        "load_avg_1m_max": max(r.get("load_avg_1m_before", 0.0) for r in runs),
+    }
 
 
 def _fmt(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
+def _cell(s: dict, spec: str) -> str:
+    if s["n"] == 1:
+        return format(s["median"], spec)
+    return f"{s['median']:{spec}} ({s['min']:{spec}}-{s['max']:{spec}})"
+
+
 def markdown(results: dict) -> str:
-    """One row per server, then gapserve/peer ratios of throughput (higher is better)."""
-    if not results["servers"]:
+    """One row per server (medians over the repeats, min-max in brackets), then the
+    gapserve/peer ratios of the medians (higher is better)."""
+    servers = results["servers"]
+    if not servers:
         return "(no server was measured)"
-    concurrency = next(iter(results["servers"].values()))["concurrent"]["concurrency"]
-    head = (f"| server | {concurrency} concurrent: tok/s | mean TTFT s | p99 TTFT s | "
-            "mean ITL ms | single tok/s | single ITL ms | peak RSS GB | KV cache GB (share) | "
-            "other load, cores |")
+    first = next(iter(servers.values()))
+    concurrency = first["runs"][0]["concurrent"]["concurrency"]
+    head = (f"| server | {concurrency} concurrent: tok/s | mean TTFT s | mean ITL ms | "
+            "single stream: tok/s | single ITL ms | peak RSS GB | KV cache GB | "
+            "greedy agreement with transformers fp32 | other load, cores (max) |")
     lines = [head, "|" + " --- |" * 10]
-    for name, r in results["servers"].items():
-        c, s = r["concurrent"], r["single"]
-        mem = s.get("memory") or {}  # read after both runs: the peaks of the whole session
-        peak = mem.get("sum_peak_rss_bytes", 0)
-        kv = mem.get("kv_cache_bytes")
-        kv_cell = "-" if kv is None else f"{kv / 1e9:.2f} ({100 * kv / peak:.0f}%)"
+    for name, r in servers.items():
+        m = summarize(r["runs"])
+        kv = r["runs"][-1]["single"].get("memory", {}).get("kv_cache_bytes")
+        agree = r.get("agreement")
+        agree_cell = "-" if not agree else (
+            f"{agree['identical']}/{agree['prompts']} identical, "
+            f"{100 * agree['prefix_share']:.0f}% of tokens before the first difference")
         lines.append(
-            f"| {name} | {c['output_throughput']:.1f} | {c['ttft_ms']['mean'] / 1e3:.2f} | "
-            f"{c['ttft_ms']['p99'] / 1e3:.2f} | {_fmt(c['itl_ms']['mean'], '.0f')} | "
-            f"{s['output_throughput']:.1f} | {_fmt(s['itl_ms']['mean'], '.1f')} | "
-            f"{peak / 1e9:.2f} | {kv_cell} | "
-            f"{c['machine']['other_cores']:.2f} / {s['machine']['other_cores']:.2f} |")
-    ours = results["servers"].get("gapserve")
-    for name, r in results["servers"].items():
-        if ours is None or name == "gapserve":
+            f"| {name} | {_cell(m['concurrent_tok_s'], '.1f')} | "
+            f"{_cell(m['concurrent_ttft_s'], '.2f')} | {_cell(m['concurrent_itl_ms'], '.0f')} | "
+            f"{_cell(m['single_tok_s'], '.1f')} | {_cell(m['single_itl_ms'], '.1f')} | "
+            f"{_cell(m['peak_rss_gb'], '.2f')} | {_fmt(None if kv is None else kv / 1e9, '.2f')} | "
+            f"{agree_cell} | {m['other_cores_max']:.2f} |")
+    for ours, peers in PAIRS.items():
+        if ours not in servers:
             continue
-        ratio_c = ours["concurrent"]["output_throughput"] / r["concurrent"]["output_throughput"]
-        ratio_s = ours["single"]["output_throughput"] / r["single"]["output_throughput"]
-        lines.append(f"\ngapserve / {name}, same run: {ratio_c:.2f}x at "
-                     f"{ours['concurrent']['concurrency']} concurrent, {ratio_s:.2f}x single "
-                     "stream (output tokens/s)")
+        mine = summarize(servers[ours]["runs"])
+        for peer in peers:
+            if peer not in servers:
+                continue
+            theirs = summarize(servers[peer]["runs"])
+            ratio_c = mine["concurrent_tok_s"]["median"] / theirs["concurrent_tok_s"]["median"]
+            ratio_s = mine["single_tok_s"]["median"] / theirs["single_tok_s"]["median"]
+            lines.append(f"\n{ours} / {peer}, medians: {ratio_c:.2f}x at {concurrency} "
+                         f"concurrent, {ratio_s:.2f}x single stream (output tokens/s)")
     return "\n".join(lines)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--servers", default="gapserve,vllm",
-                   help="comma-separated, run in this order: gapserve, vllm, llamacpp")
+    p.add_argument("--servers", default="gapserve,vllm,llamacpp",
+                   help=f"comma-separated, run in this order each repeat: {', '.join(SERVERS)}")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="alternations of the whole list; the table gives medians and ranges")
     p.add_argument("--model", default=str(Path.home() / ".cache/gapserve/SmolLM2-135M-Instruct"),
                    help="the float32 checkpoint directory every server loads")
     p.add_argument("--vllm-python", default="/opt/peers/vllm-venv/bin/python")
@@ -274,6 +364,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--llama-gguf",
                    default="/opt/peers/llama/models/SmolLM2-135M-Instruct-f32.gguf",
                    help="fp32 GGUF of the same checkpoint as --model, for llama-server")
+    p.add_argument("--llama-gguf-q8",
+                   default="/opt/peers/llama/models/SmolLM2-135M-Instruct-q8_0.gguf",
+                   help="Q8_0 GGUF of the same checkpoint, for llamacpp-q8_0")
     p.add_argument("--port", type=int, default=18000,
                    help="gapserve's HTTP port (its inner services +51..+53); vLLM's +100, "
                         "llama-server's +200")
@@ -281,16 +374,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--single-requests", type=int, default=6)
     p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--agreement-prompts", type=int, default=8,
+                   help="greedy answers compared with transformers' (0: skip)")
+    p.add_argument("--agreement-tokens", type=int, default=64)
     p.add_argument("--startup-timeout", type=float, default=600.0)
     p.add_argument("--log-dir", default=tempfile.gettempdir())
     p.add_argument("--json", default=None, metavar="PATH", help="also write all reports here")
     args = p.parse_args(argv)
     names = args.servers.split(",")
-    unknown = [n for n in names if n not in ("gapserve", "vllm", "llamacpp")]
-    if unknown or not names:
-        p.error(f"--servers takes gapserve, vllm and/or llamacpp, got {args.servers!r}")
-    if args.concurrency < 1 or args.single_requests < 1 or args.max_tokens < 1:
-        p.error("--concurrency, --single-requests and --max-tokens must be at least 1")
+    unknown = [n for n in names if n not in SERVERS]
+    if unknown or not names or len(set(names)) != len(names):
+        p.error(f"--servers takes distinct names among {', '.join(SERVERS)}, "
+                f"got {args.servers!r}")
+    if min(args.concurrency, args.single_requests, args.max_tokens, args.repeats) < 1:
+        p.error("--concurrency, --single-requests, --max-tokens and --repeats must be at "
+                "least 1")
+    if args.agreement_prompts < 0 or args.agreement_tokens < 1:
+        p.error("--agreement-prompts must be >= 0 and --agreement-tokens >= 1")
     if not args.kv_cache_gib > 0:
         p.error("--kv-cache-gib must be positive")
     args.server_names = names
@@ -305,16 +405,30 @@ def main(argv: list[str] | None = None) -> int:
                 if line.startswith("model name")), platform.processor())
     results = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="minutes"),
                "machine": f"{os.cpu_count()} cores, {cpu}", "model": args.model,
-               "kv_cache_gib": args.kv_cache_gib, "servers": {}}
-    for name in args.server_names:
-        try:
-            results["servers"][name] = run_server(name, specs[name], args)
-        except (RuntimeError, OSError) as exc:  # OSError: its binary is missing
-            print(f"side_by_side: {name}: {exc}", file=sys.stderr)
-            return 2
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
-    print(f"{results['date']}, {results['machine']}\n")
+               "kv_cache_gib": args.kv_cache_gib, "repeats": args.repeats, "servers": {}}
+    if args.agreement_prompts:  # transformers' answers once, in a process that then exits
+        Path(args.log_dir).mkdir(parents=True, exist_ok=True)
+        subprocess.run([sys.executable, str(HERE / "greedy_agreement.py"), "--reference-only",
+                        "--model", args.model, "--prompts", str(args.agreement_prompts),
+                        "--max-tokens", str(args.agreement_tokens), "--reference-cache",
+                        str(reference_cache(args))], check=True,
+                       env=dict(os.environ, OMP_NUM_THREADS=str(os.cpu_count() or 1)))
+    for repeat in range(args.repeats):
+        for name in args.server_names:
+            try:
+                run = run_server(name, specs[name], args, repeat,
+                                 agreement=repeat == 0 and args.agreement_prompts > 0)
+            except (RuntimeError, OSError) as exc:  # OSError: its binary is missing
+                print(f"side_by_side: {name}: {exc}", file=sys.stderr)
+                return 2
+            entry = results["servers"].setdefault(name, {"runs": []})
+            entry["runs"].append(run)
+            if "agreement" in run:
+                entry["agreement"] = run["agreement"]
+            if args.json:  # after every run: a long session keeps what it measured
+                Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+    print(f"{results['date']}, {results['machine']}, medians of {args.repeats} "
+          f"alternated runs (min-max)\n")
     print(markdown(results))
     return 0
 

@@ -143,6 +143,13 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="fewer points, for a smoke run")
     ap.add_argument("--decode-steps", type=int, default=8)
     ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
+                    help="bfloat16 on CPU: bf16 matmul weights, fp32 activations")
+    ap.add_argument("--load-format", default="auto", choices=("auto", "dummy"))
+    ap.add_argument("--decode-batches", default=None,
+                    help="comma list instead of the default 1,8,32,64,128")
+    ap.add_argument("--prefill-chunks", default=None,
+                    help="comma list instead of the default 128..4096 ('' for none)")
     ap.add_argument("--json", help="also write the results here")
     ap.add_argument("--tensor-parallel-size", type=int, default=1,
                     help="also time the points on this many ranks, against TP=1")
@@ -152,6 +159,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     decode_batches = [1, 8, 32, 64, 128] if not args.quick else [1, 8]
     prefill_chunks = [128, 256, 512, 1024, 2048, 4096] if not args.quick else [128, 512]
+    if args.decode_batches:
+        decode_batches = [int(b) for b in args.decode_batches.split(",")]
+    if args.prefill_chunks is not None:
+        prefill_chunks = [int(n) for n in args.prefill_chunks.split(",") if n]
     points = (decode_batches, prefill_chunks, args.decode_steps, args.reps)
     tp = args.tensor_parallel_size
     if args.rank > 0:  # a helper rank: replay the same steps in lockstep with rank 0
@@ -179,7 +190,8 @@ def main() -> None:
 def _runner(args, decode_batches, rank: int, tp: int, master_port: int) -> ModelRunner:
     max_blocks = max(decode_batches) * (-(-(PROMPT_LEN + 2 * args.decode_steps + 2) // 16))
     return ModelRunner(WorkerConfig(
-        device="cpu", max_model_len=4096 + 16, max_num_seqs=max(decode_batches),
+        device="cpu", dtype=args.dtype, load_format=args.load_format, max_model_len=4096 + 16,
+        max_num_seqs=max(decode_batches),
         num_gpu_blocks_override=max(max_blocks, 4096 // 16 + 2) + 1,
         tensor_parallel_rank=rank, tensor_parallel_size=tp, master_port=master_port))
 
@@ -209,7 +221,9 @@ def _print_rows(title: str, rows, t0: float) -> None:
         print(f"{r['kind']:8s} {r['num_seqs']:5d} {r['prefill_tokens']:8d} "
               f"{r['step_ms']:9.1f} {r['forward_ms']:9.1f} {r['cpu_ms']:9.1f} "
               f"{toks / r['step_ms'] * 1e3:8.1f} {toks / r['forward_ms'] * 1e3:9.1f}")
-    model = fit(rows)
+    model = fit(rows) if len(rows) >= 3 else {"fixed_ms": 0.0, "per_seq_ms": 0.0,
+                                                 "per_prefill_token_ms": 0.0,
+                                                 "worst_relative_error": float("nan")}
     print("fitted step time: step_ms = {fixed_ms:.2f} + {per_seq_ms:.3f} * num_seqs "
           "+ {per_prefill_token_ms:.4f} * prefill_tokens "
           "(worst point off by {worst_relative_error:.0%})".format(**model))

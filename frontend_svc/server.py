@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import socket
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -71,10 +72,12 @@ async def serve(args, tokenizer: TextTokenizer, served_model_name: str,
                   RequestCaps.from_args(args), admission,
                   ThreadPoolExecutor(args.tokenizer_threads, thread_name_prefix="tokenize"))
 
-    # a client's message is bounded like an HTTP body (--payload-limit)
+    # a client's message is bounded like an HTTP body (--payload-limit); with
+    # --api-server-count > 1, N frontends share the same ports
+    reuse = [("grpc.so_reuseport", 1)] if args.api_server_count > 1 else []
     grpc_server = grpc.aio.server(options=[
         *(o for o in CHANNEL_OPTIONS if o[0] != "grpc.max_receive_message_length"),
-        ("grpc.max_receive_message_length", args.payload_limit)])
+        ("grpc.max_receive_message_length", args.payload_limit), *reuse])
     generate_pb2_grpc.add_GenerationServicer_to_server(GenerationServicer(fe), grpc_server)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, grpc_server)
     reflection.enable_server_reflection(
@@ -94,7 +97,9 @@ async def serve(args, tokenizer: TextTokenizer, served_model_name: str,
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
 
-    http_task = asyncio.create_task(http.serve())
+    sockets = [reuseport_socket(args.host, args.http_port)] if args.api_server_count > 1 \
+        else None
+    http_task = asyncio.create_task(http.serve(sockets=sockets))
     engine_task = asyncio.create_task(engine.start())  # waits for the scheduler
     observe.log.info("frontend listening", http_port=args.http_port,
                      grpc_port=args.grpc_port, scheduler=args.scheduler_address,
@@ -112,6 +117,19 @@ async def serve(args, tokenizer: TextTokenizer, served_model_name: str,
     await engine.close()
     fe.pool.shutdown(wait=False, cancel_futures=True)
     observe.log.info("frontend stopped")
+
+
+def reuseport_socket(host: str, port: int) -> socket.socket:
+    """A listening socket that other frontends bind too; the kernel hands each new
+    connection to one of them (SO_REUSEPORT)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.setblocking(False)
+    return sock
 
 
 if __name__ == "__main__":

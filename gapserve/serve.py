@@ -86,11 +86,12 @@ FRONTEND_SECRETS = ("internal_token", "api_key", "priority_keys")
 LIMITS = ("max_model_len", "max_num_batched_tokens", "max_num_seqs")
 WORKER = ("model", "tensor_parallel_size", "device", "dtype", "kv_cache_memory",
           "gpu_memory_utilization", "num_gpu_blocks_override", "block_size", "seed",
-          "master_addr", "master_port", "distributed_timeout", "distributed_backend")
+          "master_addr", "master_port", "distributed_timeout", "distributed_backend",
+          "load_format", "zero_cost_steps")
 SCHEDULER = ("long_prefill_token_threshold", "long_prefill_exempt_lone_request",
              "scheduling_policy", "enable_prefix_caching",
              "async_scheduling", "enable_chunked_prefill", "step_timeout_s")
-FRONTEND = ("http_port", "grpc_port", "model", "served_model_name")
+FRONTEND = ("http_port", "grpc_port", "model", "served_model_name", "api_server_count")
 
 
 def _loopback(host: str) -> str:
@@ -165,13 +166,16 @@ def children(args: argparse.Namespace) -> list[Child]:
         f"{host}:{args.scheduler_port}", env=inner_env, security=security)
     front = _loopback(args.host)
     scheme = "https" if args.ssl_certfile else "http"
-    frontend = Child(
-        "frontend",
+    # --api-server-count N: N frontends on the same ports; the kernel spreads connections
+    count = getattr(args, "api_server_count", 1)
+    frontends = [Child(
+        "frontend" if count == 1 else f"frontend-{i}",
         ["frontend", "--scheduler-address", scheduler.health_address, "--host", args.host,
          *_argv(args, COMMON + FRONTEND + TLS + ADMISSION)],
         f"{front}:{args.grpc_port}", f"{scheme}://{front}:{args.http_port}/health",
         env=_secret_env(args, FRONTEND_SECRETS), security=security)
-    return [*workers, scheduler, frontend]
+        for i in range(count)]
+    return [*workers, scheduler, *frontends]
 
 
 @dataclass(slots=True)

@@ -162,6 +162,7 @@ def add_worker_flags(parser: argparse.ArgumentParser, *, with_ports: bool = True
     g.add_argument("--block-size", type=positive_int, default=16)
     g.add_argument("--seed", type=int, default=0)
     add_tensor_parallel_flags(parser)
+    add_worker_benchmark_flags(g)
 
 
 # --- tensor parallelism (issue 17): how the ranks of one worker find each other
@@ -178,6 +179,15 @@ def add_tensor_parallel_flags(parser: argparse.ArgumentParser) -> None:
                         "the group counts as lost and the rank exits")
     g.add_argument("--distributed-backend", choices=("auto", "gloo", "nccl"), default="auto",
                    help="auto: nccl on CUDA, gloo on CPU")
+
+
+def add_worker_benchmark_flags(g) -> None:
+    """Measuring the stack without a model's cost (issue 16; docs/benchmarks.md)."""
+    g.add_argument("--load-format", default="auto", choices=("auto", "safetensors", "dummy"),
+                   help="dummy: random weights of the checkpoint's shapes (config.json only)")
+    g.add_argument("--zero-cost-steps", action=argparse.BooleanOptionalAction, default=False,
+                   help="benchmarks only, needs --load-format dummy: steps skip the forward "
+                        "pass and answer made-up tokens (benchmarks/stack_ceiling.py)")
 
 
 def add_scheduler_flags(parser: argparse.ArgumentParser, *, with_ports: bool = True) -> None:
@@ -218,6 +228,9 @@ def add_frontend_flags(parser: argparse.ArgumentParser, *, with_model: bool = Tr
         add_model_flag(g)
     g.add_argument("--served-model-name", default=None,
                    help="defaults to the model directory's name")
+    g.add_argument("--api-server-count", type=positive_int, default=1,
+                   help="frontend processes sharing the HTTP and gRPC ports (SO_REUSEPORT), "
+                        "as vLLM's: more CPU for detokenizing and streaming")
 
 
 # ---------------------------------------------------------------------------

@@ -27,6 +27,10 @@ class WorkerConfig:
     master_port: int = 29500
     distributed_timeout: float = 60.0  # seconds a collective or a peer's heartbeat may stall
     distributed_backend: str = "auto"  # auto = nccl on cuda, gloo on cpu
+    # benchmarks of the stack itself: random weights of the real shapes (vLLM's
+    # --load-format dummy), and steps that skip the forward pass (zero_cost.py)
+    load_format: str = "auto"
+    zero_cost_steps: bool = False
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad setting."""
@@ -53,3 +57,12 @@ class WorkerConfig:
         if self.distributed_backend not in ("auto", "gloo", "nccl"):
             raise ValueError("distributed_backend must be auto, gloo or nccl, got "
                              f"{self.distributed_backend}")
+        if self.load_format not in ("auto", "safetensors", "dummy"):
+            raise ValueError("load_format must be auto, safetensors or dummy, "
+                             f"got {self.load_format}")
+        if self.load_format == "dummy" and self.tensor_parallel_size > 1:
+            raise ValueError("load_format dummy builds the whole model; it is not split "
+                             "across tensor-parallel ranks: use tensor_parallel_size 1")
+        if self.zero_cost_steps and self.load_format != "dummy":
+            raise ValueError("zero_cost_steps answers with made-up tokens: it needs "
+                             "load_format dummy, so no real deployment turns it on by mistake")

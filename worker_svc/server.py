@@ -218,7 +218,8 @@ def worker_config(args) -> WorkerConfig:
         master_port=args.master_port if args.master_port is not None
         else int(os.environ.get("MASTER_PORT") or 29500),
         distributed_timeout=args.distributed_timeout,
-        distributed_backend=args.distributed_backend)
+        distributed_backend=args.distributed_backend,
+        load_format=args.load_format, zero_cost_steps=args.zero_cost_steps)
     if args.max_num_batched_tokens is not None:
         cfg.max_num_batched_tokens = args.max_num_batched_tokens
     if args.max_num_seqs is not None:

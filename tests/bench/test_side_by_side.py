@@ -24,34 +24,61 @@ def _report(tok_s: float, ttft_ms: float, rss: int, kv: int | None = None,
             "machine": {"other_cores": 0.05}}
 
 
+def _run(conc_tok_s: float, single_tok_s: float, rss: int = 2_000_000_000,
+         kv: int | None = 1_000_000_000) -> dict:
+    # memory is read after each part; the single part's reading holds the run's peaks
+    return {"concurrent": _report(conc_tok_s, 2000.0, rss, kv),
+            "single": _report(single_tok_s, 100.0, rss, kv, 1), "load_avg_1m_before": 0.5}
+
+
 def _results() -> dict:
     return {"servers": {
-        # memory is read after each run; the last reading holds the session's peaks
-        "gapserve": {"concurrent": _report(250.0, 2000.0, 1_900_000_000, 1_000_000_000),
-                     "single": _report(25.0, 100.0, 2_000_000_000, 1_000_000_000, 1)},
-        "vllm": {"concurrent": _report(200.0, 5000.0, 5_000_000_000, 1_000_000_000),
-                 "single": _report(12.5, 150.0, 5_000_000_000, 1_000_000_000, 1)},
+        "gapserve": {"runs": [_run(250.0, 25.0), _run(270.0, 30.0), _run(240.0, 20.0)],
+                     "agreement": {"prompts": 8, "identical": 8, "prefix_share": 1.0}},
+        "vllm": {"runs": [_run(200.0, 12.5, 5_000_000_000), _run(150.0, 15.0, 5_000_000_000),
+                          _run(210.0, 10.0, 5_000_000_000)]},
+        "gapserve-bf16": {"runs": [_run(400.0, 50.0)],
+                          "agreement": {"prompts": 8, "identical": 5, "prefix_share": 0.8}},
+        "llamacpp-q8_0": {"runs": [_run(200.0, 40.0, kv=None)]},
     }}
 
 
-def test_ratios_are_gapserve_over_the_peer_from_the_same_run():
+def test_ratios_are_of_the_medians_over_the_repeats():
     table = sbs.markdown(_results())
-    assert "gapserve / vllm, same run: 1.25x at 64 concurrent, 2.00x single stream" in table
+    # medians 250/200 and 25/12.5
+    assert "gapserve / vllm, medians: 1.25x at 64 concurrent, 2.00x single stream" in table
 
 
-def test_each_server_row_has_its_throughput_ttft_and_kv_share_of_its_session_peak():
+def test_best_dtype_rows_are_compared_with_each_other_not_with_fp32():
+    table = sbs.markdown(_results())
+    assert "gapserve-bf16 / llamacpp-q8_0, medians: 2.00x at 64 concurrent, 1.25x single" in table
+    assert "gapserve-bf16 / vllm," not in table and "gapserve / llamacpp-q8_0" not in table
+
+
+def test_each_row_has_the_median_and_range_of_its_repeats_and_its_agreement():
     rows = {line.split("|")[1].strip(): line for line in sbs.markdown(_results()).splitlines()
-            if line.startswith("| gapserve") or line.startswith("| vllm")}
-    assert "| 250.0 | 2.00 |" in rows["gapserve"] and "1.00 (50%)" in rows["gapserve"]
-    assert "| 200.0 | 5.00 |" in rows["vllm"] and "1.00 (20%)" in rows["vllm"]
+            if line.startswith("| ")}
+    assert "| 250.0 (240.0-270.0) | 2.00 (2.00-2.00) |" in rows["gapserve"]
+    assert "| 25.0 (20.0-30.0) |" in rows["gapserve"]
+    assert "8/8 identical, 100% of tokens" in rows["gapserve"]
+    assert "5/8 identical, 80% of tokens" in rows["gapserve-bf16"]
+    assert "| 400.0 | 2.00 |" in rows["gapserve-bf16"]  # one run: no range
+
+
+def test_summary_takes_medians_and_ranges():
+    m = sbs.summarize(_results()["servers"]["vllm"]["runs"])
+    assert m["concurrent_tok_s"] == {"median": 200.0, "min": 150.0, "max": 210.0, "n": 3}
+    assert m["peak_rss_gb"]["median"] == 5.0
 
 
 def test_a_table_without_servers_says_so():
     assert sbs.markdown({"servers": {}}) == "(no server was measured)"
 
 
-@pytest.mark.parametrize("argv", [["--servers", "gapserve,tgi"], ["--servers", "llama.cpp"], ["--concurrency", "0"],
-                                  ["--single-requests", "0"], ["--kv-cache-gib", "0"]])
+@pytest.mark.parametrize("argv", [["--servers", "gapserve,tgi"], ["--servers", "llama.cpp"],
+                                  ["--servers", "vllm,vllm"], ["--concurrency", "0"],
+                                  ["--single-requests", "0"], ["--kv-cache-gib", "0"],
+                                  ["--repeats", "0"], ["--agreement-prompts", "-1"]])
 def test_bad_arguments_exit_with_a_usage_error(argv):
     with pytest.raises(SystemExit) as exc:
         sbs.parse_args(argv)
@@ -71,6 +98,31 @@ def test_both_servers_get_the_same_kv_cache_size():
     assert gapserve_argv[gapserve_argv.index("--kv-cache-memory") + 1] == str(2**29)
     assert specs["vllm"]["env"]["VLLM_CPU_KVCACHE_SPACE"] == "0.5"
     assert specs["vllm"]["kv_bytes"] == 2**29
+
+
+def test_every_server_gets_every_core():
+    specs = sbs.server_commands(sbs.parse_args([]))
+    cores = sbs.os.cpu_count()
+    # vLLM's compute threads bound to all cores, as its CPU docs advise for a dedicated box
+    assert specs["vllm"]["env"]["VLLM_CPU_OMP_THREADS_BIND"] == f"0-{cores - 1}"
+    assert specs["vllm-bf16"]["env"]["VLLM_CPU_OMP_THREADS_BIND"] == f"0-{cores - 1}"
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in specs["vllm-default"]["env"]  # its own binding
+    for name in ("llamacpp", "llamacpp-q8_0"):
+        argv = specs[name]["argv"]
+        assert argv[argv.index("-t") + 1] == argv[argv.index("-tb") + 1] == str(cores)
+
+
+def test_best_dtype_rows_start_each_server_in_its_best_dtype():
+    args = sbs.parse_args(["--llama-gguf-q8", "/m/q8.gguf"])
+    specs = sbs.server_commands(args)
+    for name in ("gapserve-bf16", "vllm-bf16"):
+        argv = specs[name]["argv"]
+        assert argv[argv.index("--dtype") + 1] == "bfloat16"
+    for name in ("gapserve", "vllm", "vllm-default"):
+        argv = specs[name]["argv"]
+        assert argv[argv.index("--dtype") + 1] == "float32"
+    assert specs["llamacpp-q8_0"]["argv"][specs["llamacpp-q8_0"]["argv"].index("-m") + 1] \
+        == "/m/q8.gguf"
 
 
 def test_cpu_by_process_counts_each_process_from_its_first_reading():
@@ -110,6 +162,14 @@ def test_llama_server_kv_cache_is_f16_k_and_v_for_every_layer_and_token(tmp_path
 
 def test_a_missing_server_binary_fails_with_a_message_not_a_traceback(tmp_path, capsys):
     code = sbs.main(["--servers", "llamacpp", "--llama-server", str(tmp_path / "none"),
-                     "--log-dir", str(tmp_path)])
+                     "--log-dir", str(tmp_path), "--agreement-prompts", "0"])
     assert code == 2
     assert "side_by_side: llamacpp:" in capsys.readouterr().err
+
+
+def test_a_server_that_died_during_the_run_reports_its_own_error_not_the_stop():
+    proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(4)"],
+                            start_new_session=True)
+    proc.wait(timeout=30)
+    sbs.stop(proc)  # its process group is gone: nothing to stop, no ProcessLookupError
+    assert proc.returncode == 4

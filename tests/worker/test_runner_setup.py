@@ -48,10 +48,11 @@ def test_impossible_settings_are_refused_at_start_up(tiny_llama_dir, kw, message
         ModelRunner(_config(tiny_llama_dir, **kw))
 
 
-def test_bfloat16_runs_on_cpu_through_the_torch_attention_path(tiny_llama_dir):
+def test_float16_runs_on_cpu_through_the_torch_attention_path(tiny_llama_dir):
+    # (bfloat16 on CPU keeps fp32 activations and runs the fp32 kernels: cpu_dtype.py)
     from tests.worker.step_driver import StepDriver
-    runner = ModelRunner(_config(tiny_llama_dir, dtype="bfloat16", num_gpu_blocks_override=20))
-    assert runner.kv_caches[0].dtype == torch.bfloat16
+    runner = ModelRunner(_config(tiny_llama_dir, dtype="float16", num_gpu_blocks_override=20))
+    assert runner.kv_caches[0].dtype == torch.float16
     driver = StepDriver(runner)
     driver.add("a", list(range(3, 30)), max_new=4)
     driver.add("b", list(range(40, 45)), max_new=4)
@@ -65,11 +66,17 @@ def test_the_start_up_log_names_the_kernels_the_worker_runs(tiny_llama_dir, monk
     if cpu_kernel.active() is None or fused_ops.active(torch.float32, torch.device("cpu"),
                                                        16) is None:
         pytest.skip("no C compiler here: only the torch paths exist")
-    paths = ModelRunner(_config(tiny_llama_dir, num_gpu_blocks_override=20)).compute_paths()
+    paths = paths_fp32 = ModelRunner(_config(tiny_llama_dir,
+                                             num_gpu_blocks_override=20)).compute_paths()
     assert paths["attention"] == "c_decode_kernel" and paths["layer_ops"] == "c_fused"
     monkeypatch.setenv("GAPSERVE_CPU_ATTENTION", "torch")
     monkeypatch.setenv("GAPSERVE_CPU_FUSED_OPS", "off")
     paths = ModelRunner(_config(tiny_llama_dir, num_gpu_blocks_override=20)).compute_paths()
     assert paths["attention"] == "torch_sdpa" and paths["layer_ops"] == "torch"
+    half = ModelRunner(_config(tiny_llama_dir, num_gpu_blocks_override=20, dtype="float16"))
+    assert half.compute_paths()["layer_ops"] == "torch"
+    monkeypatch.delenv("GAPSERVE_CPU_ATTENTION")
+    monkeypatch.delenv("GAPSERVE_CPU_FUSED_OPS")
+    # bf16 matmul weights under fp32 activations keep the fp32 C kernels
     bf16 = ModelRunner(_config(tiny_llama_dir, num_gpu_blocks_override=20, dtype="bfloat16"))
-    assert bf16.compute_paths()["layer_ops"] == "torch"
+    assert bf16.compute_paths() == {**paths_fp32, "threads": bf16.compute_paths()["threads"]}

@@ -19,9 +19,11 @@ from worker_svc.model.weights import ModelWeights
 
 class DecoderModel:
     def __init__(self, cfg: ModelConfig, weights: ModelWeights, backend,
-                 max_positions: int, tp=None) -> None:
+                 max_positions: int, tp=None, act_dtype: torch.dtype | None = None) -> None:
         """cfg: the model as this rank holds it (ShardPlan.local_config); tp: the
-        tensor-parallel group (worker_svc.parallel.group), None when unsplit."""
+        tensor-parallel group (worker_svc.parallel.group), None when unsplit;
+        act_dtype: activations and KV cache when they differ from the weights' (bf16
+        matmul weights on CPU keep them fp32, worker_svc/model/cpu_dtype.py)."""
         self.cfg = cfg
         self.w = weights
         self.backend = backend  # module with write_kv() and attention()
@@ -32,7 +34,9 @@ class DecoderModel:
         else:
             self._reduce = _unchanged
         self.scale = cfg.head_dim ** -0.5
-        device, dtype = weights.embed.device, weights.embed.dtype
+        # activations and KV cache; bf16 matmul weights on CPU keep them fp32 (cpu_dtype)
+        device, dtype = weights.embed.device, act_dtype or weights.embed.dtype
+        self.dtype = dtype
         # cos/sin per position, computed in fp32 like the reference, then cast once
         freqs = torch.arange(max_positions, dtype=torch.float).unsqueeze(1) * cfg.inv_freq
         emb = torch.cat((freqs, freqs), dim=-1)
@@ -46,7 +50,7 @@ class DecoderModel:
     def allocate_kv_caches(self, num_blocks: int, block_size: int) -> list[torch.Tensor]:
         c, e = self.cfg, self.w.embed
         return [torch.zeros(2, num_blocks, block_size, c.num_kv_heads, c.head_dim,
-                            dtype=e.dtype, device=e.device) for _ in range(c.num_layers)]
+                            dtype=self.dtype, device=e.device) for _ in range(c.num_layers)]
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[torch.Tensor], meta: AttentionMetadata,
@@ -67,7 +71,7 @@ class DecoderModel:
         residual = x
         for i, lw in enumerate(w.layers):
             h = _rms_norm(x, lw.input_norm, eps)
-            qkv = F.linear(h, lw.qkv, lw.qkv_bias)
+            qkv = _linear(h, lw.qkv, lw.qkv_bias)
             # RoPE on the q and k heads together: one pass instead of two
             qk = qkv[:, :nq + nkv].view(n, -1, hd)
             qk = torch.addcmul(qk * cos, qk.roll(half, dims=-1), sin)
@@ -75,13 +79,13 @@ class DecoderModel:
             v = qkv[:, nq + nkv:].view(n, c.num_kv_heads, hd)
             write_kv(k, v, kv_caches[i], meta.slot_mapping)
             attn = attention(q, kv_caches[i], meta, self.scale)
-            x = residual + self._reduce(F.linear(attn.reshape(n, nq), lw.o_proj, lw.o_bias))
+            x = residual + self._reduce(_linear(attn.reshape(n, nq), lw.o_proj, lw.o_bias))
             residual = x
             h = _rms_norm(x, lw.post_norm, eps)
-            gate_up = F.linear(h, lw.gate_up, lw.gate_up_bias)
-            x = residual + self._reduce(F.linear(F.silu(gate_up[:, :c.intermediate_size])
-                                                 * gate_up[:, c.intermediate_size:],
-                                                 lw.down, lw.down_bias))
+            gate_up = _linear(h, lw.gate_up, lw.gate_up_bias)
+            x = residual + self._reduce(_linear(F.silu(gate_up[:, :c.intermediate_size])
+                                                * gate_up[:, c.intermediate_size:],
+                                                lw.down, lw.down_bias))
             residual = x
         # only the rows that sample need the norm and the (large) vocabulary projection
         x = _rms_norm(x[logits_indices], w.final_norm, eps)
@@ -103,35 +107,36 @@ class DecoderModel:
         for i, lw in enumerate(w.layers):
             h = ops.rms_norm(residual, lw.input_norm, eps) if delta is None \
                 else ops.add_rms_norm(residual, delta, lw.input_norm, eps)
-            qkv = F.linear(h, lw.qkv, lw.qkv_bias)
+            qkv = _linear(h, lw.qkv, lw.qkv_bias)
             ops.rope_write_kv(qkv, c.num_heads, c.num_kv_heads, hd, self.cos, self.sin,
                               positions, kv_caches[i], meta.slot_mapping)
             attn = attention(qkv[:, :nq].view(n, c.num_heads, hd), kv_caches[i], meta,
                              self.scale)
-            o = self._reduce(F.linear(attn.reshape(n, nq), lw.o_proj, lw.o_bias))
+            o = self._reduce(_linear(attn.reshape(n, nq), lw.o_proj, lw.o_bias))
             h = ops.add_rms_norm(residual, o, lw.post_norm, eps)
-            gate_up = F.linear(h, lw.gate_up, lw.gate_up_bias)
-            delta = self._reduce(F.linear(ops.silu_mul(gate_up), lw.down, lw.down_bias))
+            gate_up = _linear(h, lw.gate_up, lw.gate_up_bias)
+            delta = self._reduce(_linear(ops.silu_mul(gate_up), lw.down, lw.down_bias))
         residual += delta
         # only the rows that sample need the norm and the (large) vocabulary projection
         x = ops.rms_norm(residual[logits_indices], w.final_norm, eps)
         return self._logits(x)
 
     def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Embeddings in the activation dtype (fp32 under bf16 CPU weights)."""
         if self.tp is None:
-            return F.embedding(input_ids, self.w.embed)
+            return F.embedding(input_ids, self.w.embed).to(self.dtype)
         # vocab-parallel: each rank looks up the ids in its rows, zeros elsewhere; the
         # sum over ranks is exact (one nonzero term per element)
         start, stop = self.vocab
         mine = (input_ids >= start) & (input_ids < stop)
-        x = F.embedding((input_ids - start) * mine, self.w.embed)
+        x = F.embedding((input_ids - start) * mine, self.w.embed).to(self.dtype)
         x *= mine.unsqueeze(1).to(x.dtype)
         return self.tp.all_reduce(x)
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor | None:
         """[rows, vocab] fp32 logits; with tensor parallelism each rank computes its
         vocab columns and rank 0 gets them all (None on the other ranks)."""
-        logits = F.linear(x, self.w.lm_head)
+        logits = _linear(x, self.w.lm_head)
         if self.tp is None:
             return logits.float()
         if x.shape[0] == 0:  # every rank agrees: no row samples this step
@@ -142,6 +147,18 @@ class DecoderModel:
 
 def _unchanged(t: torch.Tensor) -> torch.Tensor:
     return t
+
+
+def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+            ) -> torch.Tensor:
+    """F.linear, or oneDNN's on a weight prepacked by cpu_dtype; with bf16 weights under
+    fp32 activations the input is rounded to bf16 and the output widened back."""
+    if weight.is_mkldnn:  # prepacked by cpu_dtype: oneDNN's own layout
+        return torch.ops.mkldnn._linear_pointwise(x.to(weight.dtype), weight, bias, "none",
+                                                  [], "").to(x.dtype)
+    if weight.dtype == x.dtype:
+        return F.linear(x, weight, bias)
+    return F.linear(x.to(weight.dtype), weight, bias).to(x.dtype)
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

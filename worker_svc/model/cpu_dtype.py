@@ -1,0 +1,90 @@
+"""CPU matmul weights: prepacked in oneDNN's layout, and bfloat16 as matmul weights only.
+
+A decode step on CPU streams every weight once per step. oneDNN can hold a weight in
+its own blocked layout, packed once at load instead of on every call; measured on an
+AVX512_BF16 EPYC, one thread: the 49152 x 576 vocabulary projection of 64 tokens took
+44 ms prepacked against 74 ms through F.linear in fp32, and of one token in bf16
+3.8 against 7.1 ms. GAPSERVE_CPU_PREPACK=off keeps plain tensors and F.linear.
+
+--dtype bfloat16 on CPU: halving the weights' bytes halves what bounds a small batch,
+and bf16 dot-product instructions (AVX512_BF16, AMX) do twice the multiply-adds of
+fp32 for a large batch. The residual stream, norms, RoPE, attention and the KV cache
+stay fp32: the fp32 C ops and the decode attention kernel keep working, and only
+the matmuls round (their inputs to bf16, accumulating in fp32), which keeps greedy
+output closer to the fp32 reference than a whole-bf16 model (docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import os
+
+import torch
+
+from worker_svc.model.weights import ModelWeights
+
+LINEARS = ("qkv", "qkv_bias", "o_proj", "o_bias", "gate_up", "gate_up_bias", "down",
+           "down_bias")
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def native_bf16() -> str | None:
+    """Which bf16 matmul instructions this CPU has (amx_bf16, avx512_bf16), or None:
+    without them oneDNN emulates bf16 and it is slower than fp32."""
+    flags = cpu_flags()
+    for name in ("amx_bf16", "avx512_bf16"):
+        if name in flags:
+            return name
+    return None
+
+
+def prepack_available(dtype: torch.dtype) -> bool:
+    if os.environ.get("GAPSERVE_CPU_PREPACK", "") == "off":
+        return False
+    if not (torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
+        return False
+    return dtype == torch.float32 or (dtype == torch.bfloat16 and native_bf16() is not None)
+
+
+def prepare_matmul_weights(weights: ModelWeights, dtype: torch.dtype) -> ModelWeights:
+    """The same weights with every matmul weight (and the vocabulary projection) in
+    dtype and, where oneDNN can, prepacked; norms and the embedding table stay plain
+    tensors (the embedding looks rows up; a tied projection gets its own packed copy).
+    Each original is dropped as it is replaced, so the peak is one tensor over."""
+    pack = prepack_available(dtype)
+    if not pack and dtype == weights.embed.dtype:
+        return weights
+    layers = []
+    for lw in weights.layers:
+        cast = {name: _prepare(getattr(lw, name), dtype, pack and not name.endswith("bias"))
+                for name in LINEARS}
+        layers.append(dataclasses.replace(lw, **cast))
+    weights.layers = layers  # release the originals before the vocabulary copies
+    tied = weights.lm_head is weights.embed
+    embed = weights.embed.to(dtype)
+    if pack:
+        lm_head = _prepare(weights.lm_head, dtype, True)
+    else:
+        lm_head = embed if tied else weights.lm_head.to(dtype)
+    return ModelWeights(embed=embed, layers=layers, final_norm=weights.final_norm,
+                        lm_head=lm_head)
+
+
+def _prepare(t: torch.Tensor | None, dtype: torch.dtype, pack: bool) -> torch.Tensor | None:
+    if t is None:
+        return None
+    t = t.to(dtype).contiguous()
+    return torch.ops.mkldnn._reorder_linear_weight(t, 1) if pack else t
