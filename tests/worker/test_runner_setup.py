@@ -79,4 +79,6 @@ def test_the_start_up_log_names_the_kernels_the_worker_runs(tiny_llama_dir, monk
     monkeypatch.delenv("GAPSERVE_CPU_FUSED_OPS")
     # bf16 matmul weights under fp32 activations keep the fp32 C kernels
     bf16 = ModelRunner(_config(tiny_llama_dir, num_gpu_blocks_override=20, dtype="bfloat16"))
-    assert bf16.compute_paths() == {**paths_fp32, "threads": bf16.compute_paths()["threads"]}
+    bf16_paths = bf16.compute_paths()
+    assert bf16_paths == {**paths_fp32, "threads": bf16_paths["threads"],
+                          "weight_mib": bf16_paths["weight_mib"]}

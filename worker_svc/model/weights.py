@@ -76,7 +76,8 @@ def weight_bytes(w: ModelWeights) -> int:
     """Bytes of weights this process holds (a tied lm_head counted once)."""
     tensors = [w.embed, w.final_norm] + ([] if w.lm_head is w.embed else [w.lm_head])
     for lw in w.layers:
-        tensors += [t for t in dataclasses.astuple(lw) if t is not None]
+        # not dataclasses.astuple: it deep-copies every weight
+        tensors += [t for f in dataclasses.fields(lw) if (t := getattr(lw, f.name)) is not None]
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
