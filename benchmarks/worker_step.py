@@ -152,7 +152,8 @@ def main() -> None:
         prefill_chunks = [int(n) for n in args.prefill_chunks.split(",") if n]
     max_blocks = max(decode_batches) * (-(-(PROMPT_LEN + 2 * args.decode_steps + 2) // 16))
     runner = ModelRunner(WorkerConfig(
-        device="cpu", dtype=args.dtype, load_format=args.load_format, max_model_len=4096 + 16, max_num_seqs=max(decode_batches),
+        device="cpu", dtype=args.dtype, load_format=args.load_format, max_model_len=4096 + 16,
+        max_num_seqs=max(decode_batches),
         num_gpu_blocks_override=max(max_blocks, 4096 // 16 + 2) + 1))
     t0 = time.perf_counter()
     rows = measure(runner, decode_batches, prefill_chunks, args.decode_steps, args.reps)
