@@ -72,7 +72,8 @@ def run(args: argparse.Namespace) -> dict:
                 cores[name] = cores.get(name, 0.0) + value
                 frontends += name == "frontend"
             cores["client"] = m["client_cores"]
-            points.append({"concurrency": conc, "frontends": frontends, "output_tok_s": report["output_throughput"],
+            points.append({"concurrency": conc, "frontends": frontends,
+                           "output_tok_s": report["output_throughput"],
                            "ttft_ms": report["ttft_ms"], "itl_ms": report["itl_ms"],
                            "errors": report.get("errors"),
                            "cores": cores, "other_cores": m["other_cores"],
@@ -87,8 +88,8 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def markdown(result: dict) -> str:
-    lines = ["| streams | frontends | output tok/s | mean TTFT s | mean ITL ms | frontend | scheduler "
-             "| worker | client | other load | (cores) |", "|" + " --- |" * 11]
+    lines = ["| streams | frontends | output tok/s | mean TTFT s | mean ITL ms | frontend "
+             "| scheduler | worker | client | other load | (cores) |", "|" + " --- |" * 11]
     for p in result["points"]:
         c = p["cores"]
         lines.append(f"| {p['concurrency']} | {p['frontends']} | {p['output_tok_s']:.0f} | "
