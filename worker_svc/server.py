@@ -28,6 +28,7 @@ from shared.types import InvalidRequestError, ModelRunnerOutput, SchedulerOutput
 from worker_svc import compute
 from worker_svc.config import WorkerConfig
 from worker_svc import fault_injection
+from worker_svc.parallel import GroupLost
 
 log = get_logger(service="worker")
 
@@ -158,7 +159,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 step, result = item
                 if isinstance(result, StepFailed):
                     e = result.error
-                    if type(e).__name__ == "GroupLost":  # the process exits (see main)
+                    if isinstance(e, GroupLost):  # the process exits (see main)
                         context.abort(grpc.StatusCode.UNAVAILABLE,
                                       f"rank {self.rank}: step {result.step_id}: {e}")
                     if not isinstance(e, (InvalidRequestError, ValueError, KeyError)):

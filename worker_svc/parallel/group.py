@@ -23,6 +23,7 @@ import torch.distributed as dist
 from prometheus_client import Counter
 
 from shared.telemetry import get_logger
+from worker_svc.parallel import GroupLost
 from worker_svc.parallel.shard import ShardPlan, even_split
 
 log = get_logger(service="worker")
@@ -34,10 +35,6 @@ HEARTBEAT_INTERVAL_S = 1.0
 COLLECTIVE_TIME = Counter("gapserve:worker_tp_collective_seconds",
                           "Seconds this rank spent in tensor-parallel collectives.",
                           ["rank", "op"])
-
-
-class GroupLost(RuntimeError):
-    """A collective failed or timed out, or a peer stopped beating: the group is gone."""
 
 
 class TensorParallelGroup:
