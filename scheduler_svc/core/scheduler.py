@@ -308,7 +308,7 @@ class Scheduler:
             return max(self.running, key=lambda r: (r.priority, r.arrival_time))
         return self.running[-1]  # FCFS: the most recently admitted
 
-    def _preempt(self, request: Request) -> None:
+    def _preempt(self, request: Request, kv_pressure: bool = True) -> None:
         """Preemption is recomputation: free the blocks (full ones keep their hashes),
         forget computed work and placeholders, keep the output, go to the FRONT of WAITING.
         An in-flight step may still write the freed blocks; that is safe only because
@@ -320,7 +320,8 @@ class Scheduler:
         request.num_computed_tokens = 0
         request.num_output_placeholders = 0
         request.num_preemptions += 1
-        stats.num_preemptions_total += 1
+        if kv_pressure:  # a lost worker is not a capacity signal (requeue_all_for_recompute)
+            stats.num_preemptions_total += 1
         stats.num_waiting_preempted += 1
         self.waiting.prepend(request)
         # the warning an operator reads is logged at the edge (scheduler_svc/metrics.py)
@@ -336,9 +337,7 @@ class Scheduler:
         Returns the ids that were running, in admission order."""
         running, self.running = self.running, []
         for request in reversed(running):  # each goes to the front: the first ends first
-            self._preempt(request)
-        # not KV pressure: the preemption counters (and their advice) stay for that
-        self._stats.num_preemptions_total -= len(running)
+            self._preempt(request, kv_pressure=False)
         for request in self.requests.values():
             if request.status is RequestStatus.PREEMPTED:  # now, or by an earlier preemption
                 request.worker_forgot = True
