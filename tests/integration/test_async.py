@@ -17,9 +17,12 @@ from shared.proto import common_pb2, engine_pb2, generate_pb2
 from shared.types import SamplingParams
 from tests.integration.hf_reference import hf_greedy as greedy
 
-# 13 usable blocks of 16 tokens; each request ends near 60-70 tokens (4-5 blocks), so
-# three at once already overflow the pool and preempt. The chat template's system
-# prompt is a full block every prompt shares: prefix-cache hits.
+# 13 usable blocks of 16 tokens. Preemption must not hang on arrival timing: the three
+# "long" requests ignore EOS and each grow to ~123 tokens (8 blocks), so any two of them
+# running at once need 16 blocks less the 2 shared system-prompt blocks, past the 13
+# there are; only if each arrived after the others finished (about 88 steps apart) could
+# they avoid preempting. The chat template's system prompt is a full block every prompt
+# shares: prefix-cache hits.
 STACK_FLAGS = ["--max-model-len", "128", "--num-gpu-blocks-override", "14"]
 ABORT_AFTER = 4  # tokens the aborted request streams before its client aborts it
 
@@ -45,6 +48,9 @@ CASES = [
     Case("length-count", "Count from 1 to 5.", max_tokens=20),
     Case("length-water", "Is water wet? Answer yes or no."),
     Case("length-fruit", "Name a fruit. One word only.", max_tokens=16),
+    Case("long-story", "Tell me a story.", max_tokens=88, ignore_eos=True),
+    Case("long-ocean", "Describe the ocean.", max_tokens=88, ignore_eos=True),
+    Case("long-moon", "Describe the moon.", max_tokens=88, ignore_eos=True),
     Case("abort", "What colour is the sky? One word.", max_tokens=64, ignore_eos=True,
          abort=True),
 ]
@@ -123,7 +129,8 @@ def run_workload(stack, eos_ids: set[int]) -> dict[str, list[int]]:
             continue
         expected = expected_tokens(case, eos_ids)
         assert tokens == expected, case.name
-        stopped = expected[-1] in eos_ids or expected[-1] in case.stop_token_ids
+        stopped = ((expected[-1] in eos_ids and not case.ignore_eos)
+                   or expected[-1] in case.stop_token_ids)
         assert final.finish_reason == (common_pb2.FINISH_REASON_STOP if stopped
                                        else common_pb2.FINISH_REASON_LENGTH), case.name
         if case.stop_token_ids:
