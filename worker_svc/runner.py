@@ -26,6 +26,7 @@ from worker_svc.config import WorkerConfig
 from worker_svc.inputs import prepare_inputs
 from worker_svc.kv_capacity import bytes_per_block, cpu_num_blocks, cuda_num_blocks
 from worker_svc.model.config import load_model_config
+from worker_svc.model import small_linear
 from worker_svc.model.cpu_dtype import native_bf16, prepare_matmul_weights
 from worker_svc.model.dummy_weights import dummy_weights
 from worker_svc.model.llama import DecoderModel
@@ -65,7 +66,9 @@ class ModelRunner:
             else:
                 weights = load_weights(self.model_dir, cfg, act_dtype, self.device, self.plan)
             if self.device.type == "cpu":  # prepacked; bf16 for the matmuls only
-                weights = prepare_matmul_weights(weights, self.dtype)
+                weights = prepare_matmul_weights(
+                    weights, self.dtype,
+                    keep_plain=small_linear.active(act_dtype, self.device) is not None)
             self.weight_bytes = weight_bytes(weights)
             self.model = DecoderModel(self.local_config, weights, select_backend(self.device),
                                       max_positions=self.max_model_len, tp=self.tp,

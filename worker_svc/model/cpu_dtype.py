@@ -59,28 +59,34 @@ def prepack_available(dtype: torch.dtype) -> bool:
     return dtype == torch.float32 or (dtype == torch.bfloat16 and native_bf16() is not None)
 
 
-def prepare_matmul_weights(weights: ModelWeights, dtype: torch.dtype) -> ModelWeights:
+def prepare_matmul_weights(weights: ModelWeights, dtype: torch.dtype,
+                           keep_plain: bool = False) -> ModelWeights:
     """The same weights with every matmul weight (and the vocabulary projection) in
     dtype and, where oneDNN can, prepacked; norms and the embedding table stay plain
     tensors (the embedding looks rows up; a tied projection gets its own packed copy).
-    Each original is dropped as it is replaced, so the peak is one tensor over."""
+    Each original is dropped as it is replaced, so the peak is one tensor over.
+    keep_plain: prepacked weights also keep a plain row-major copy in dtype
+    (ModelWeights.plain_layers, plain_lm_head) for the small-batch kernel."""
     pack = prepack_available(dtype)
     if not pack and dtype == weights.embed.dtype:
         return weights
-    layers = []
+    layers, plain_layers = [], []
     for lw in weights.layers:
-        cast = {name: _prepare(getattr(lw, name), dtype, pack and not name.endswith("bias"))
-                for name in LINEARS}
-        layers.append(dataclasses.replace(lw, **cast))
+        plain = {name: _prepare(getattr(lw, name), dtype, False) for name in LINEARS}
+        packed = {name: _prepare(t, dtype, True) if pack and not name.endswith("bias")
+                  else t for name, t in plain.items()}
+        if keep_plain and pack:
+            plain_layers.append(dataclasses.replace(lw, **plain))
+        layers.append(dataclasses.replace(lw, **packed))
     weights.layers = layers  # release the originals before the vocabulary copies
     tied = weights.lm_head is weights.embed
     embed = weights.embed.to(dtype)
-    if pack:
-        lm_head = _prepare(weights.lm_head, dtype, True)
-    else:
-        lm_head = embed if tied else weights.lm_head.to(dtype)
+    plain_lm_head = embed if tied else weights.lm_head.to(dtype).contiguous()
+    lm_head = _prepare(plain_lm_head, dtype, True) if pack else plain_lm_head
+    keep = keep_plain and pack
     return ModelWeights(embed=embed, layers=layers, final_norm=weights.final_norm,
-                        lm_head=lm_head)
+                        lm_head=lm_head, plain_layers=plain_layers if keep else None,
+                        plain_lm_head=plain_lm_head if keep else None)
 
 
 def _prepare(t: torch.Tensor | None, dtype: torch.dtype, pack: bool) -> torch.Tensor | None:

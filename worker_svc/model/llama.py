@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from worker_svc.attention.metadata import AttentionMetadata
-from worker_svc.model import fused_ops
+from worker_svc.model import fused_ops, small_linear
 from worker_svc.model.config import ModelConfig
 from worker_svc.model.weights import ModelWeights
 
@@ -46,6 +46,15 @@ class DecoderModel:
         sign = torch.cat((-torch.ones(half), torch.ones(half)))
         self.sin = (emb.sin() * cfg.rope_scaling * sign).to(device=device, dtype=dtype)
         self.fused = fused_ops.active(dtype, device, cfg.head_dim)  # fp32 on CPU: C ops
+        # steps of few tokens: the small-batch kernel on plain weights (small_linear)
+        self.small = small_linear.active(dtype, device)
+        self._small_layers = weights.plain_layers or weights.layers
+        self._small_lm_head = weights.plain_lm_head if weights.plain_lm_head is not None \
+            else weights.lm_head
+        plain = [self._small_lm_head] + [getattr(lw, n) for lw in self._small_layers
+                                         for n in ("qkv", "o_proj", "gate_up", "down")]
+        if not all(small_linear.supports(t) for t in plain):
+            self.small = None
 
     def allocate_kv_caches(self, num_blocks: int, block_size: int) -> list[torch.Tensor]:
         c, e = self.cfg, self.w.embed
@@ -67,11 +76,12 @@ class DecoderModel:
         eps = c.rms_norm_eps
         write_kv, attention = self.backend.write_kv, self.backend.attention
 
+        layers, linear = self._matmuls(n)
         x = self._embed(input_ids)
         residual = x
-        for i, lw in enumerate(w.layers):
+        for i, lw in enumerate(layers):
             h = _rms_norm(x, lw.input_norm, eps)
-            qkv = _linear(h, lw.qkv, lw.qkv_bias)
+            qkv = linear(h, lw.qkv, lw.qkv_bias)
             # RoPE on the q and k heads together: one pass instead of two
             qk = qkv[:, :nq + nkv].view(n, -1, hd)
             qk = torch.addcmul(qk * cos, qk.roll(half, dims=-1), sin)
@@ -79,13 +89,13 @@ class DecoderModel:
             v = qkv[:, nq + nkv:].view(n, c.num_kv_heads, hd)
             write_kv(k, v, kv_caches[i], meta.slot_mapping)
             attn = attention(q, kv_caches[i], meta, self.scale)
-            x = residual + self._reduce(_linear(attn.reshape(n, nq), lw.o_proj, lw.o_bias))
+            x = residual + self._reduce(linear(attn.reshape(n, nq), lw.o_proj, lw.o_bias))
             residual = x
             h = _rms_norm(x, lw.post_norm, eps)
-            gate_up = _linear(h, lw.gate_up, lw.gate_up_bias)
-            x = residual + self._reduce(_linear(F.silu(gate_up[:, :c.intermediate_size])
-                                                * gate_up[:, c.intermediate_size:],
-                                                lw.down, lw.down_bias))
+            gate_up = linear(h, lw.gate_up, lw.gate_up_bias)
+            x = residual + self._reduce(linear(F.silu(gate_up[:, :c.intermediate_size])
+                                               * gate_up[:, c.intermediate_size:],
+                                               lw.down, lw.down_bias))
             residual = x
         # only the rows that sample need the norm and the (large) vocabulary projection
         x = _rms_norm(x[logits_indices], w.final_norm, eps)
@@ -102,24 +112,32 @@ class DecoderModel:
         n = input_ids.shape[0]
         nq, hd, eps = c.num_heads * c.head_dim, c.head_dim, c.rms_norm_eps
         attention = self.backend.attention
+        layers, linear = self._matmuls(n)
         residual = self._embed(input_ids)  # a fresh tensor: updated in place
         delta = None  # what the last sublayer adds to the residual stream
-        for i, lw in enumerate(w.layers):
+        for i, lw in enumerate(layers):
             h = ops.rms_norm(residual, lw.input_norm, eps) if delta is None \
                 else ops.add_rms_norm(residual, delta, lw.input_norm, eps)
-            qkv = _linear(h, lw.qkv, lw.qkv_bias)
+            qkv = linear(h, lw.qkv, lw.qkv_bias)
             ops.rope_write_kv(qkv, c.num_heads, c.num_kv_heads, hd, self.cos, self.sin,
                               positions, kv_caches[i], meta.slot_mapping)
             attn = attention(qkv[:, :nq].view(n, c.num_heads, hd), kv_caches[i], meta,
                              self.scale)
-            o = self._reduce(_linear(attn.reshape(n, nq), lw.o_proj, lw.o_bias))
+            o = self._reduce(linear(attn.reshape(n, nq), lw.o_proj, lw.o_bias))
             h = ops.add_rms_norm(residual, o, lw.post_norm, eps)
-            gate_up = _linear(h, lw.gate_up, lw.gate_up_bias)
-            delta = self._reduce(_linear(ops.silu_mul(gate_up), lw.down, lw.down_bias))
+            gate_up = linear(h, lw.gate_up, lw.gate_up_bias)
+            delta = self._reduce(linear(ops.silu_mul(gate_up), lw.down, lw.down_bias))
         residual += delta
         # only the rows that sample need the norm and the (large) vocabulary projection
         x = ops.rms_norm(residual[logits_indices], w.final_norm, eps)
         return self._logits(x)
+
+    def _matmuls(self, rows: int):
+        """The layers' weights and the matmul for a step of `rows` tokens: the
+        small-batch kernel on the plain copies up to its MAX_ROWS, else oneDNN/torch."""
+        if self.small is not None and rows <= small_linear.MAX_ROWS:
+            return self._small_layers, self.small
+        return self.w.layers, _linear
 
     def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Embeddings in the activation dtype (fp32 under bf16 CPU weights)."""
@@ -136,7 +154,10 @@ class DecoderModel:
     def _logits(self, x: torch.Tensor) -> torch.Tensor | None:
         """[rows, vocab] fp32 logits; with tensor parallelism each rank computes its
         vocab columns and rank 0 gets them all (None on the other ranks)."""
-        logits = _linear(x, self.w.lm_head)
+        if self.small is not None and x.shape[0] <= small_linear.MAX_ROWS:
+            logits = self.small(x, self._small_lm_head)
+        else:
+            logits = _linear(x, self.w.lm_head)
         if self.tp is None:
             return logits.float()
         if x.shape[0] == 0:  # every rank agrees: no row samples this step

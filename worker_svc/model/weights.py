@@ -36,6 +36,10 @@ class ModelWeights:
     layers: list[LayerWeights]
     final_norm: torch.Tensor
     lm_head: torch.Tensor  # the embedding itself when tied
+    # plain row-major copies of prepacked matmul weights, for the small-batch kernel
+    # (worker_svc/model/small_linear.py); None when the layers themselves are plain
+    plain_layers: list[LayerWeights] | None = None
+    plain_lm_head: torch.Tensor | None = None
 
 
 def checkpoint_files(model_dir: Path) -> list[Path]:
@@ -73,12 +77,14 @@ def row_slice(e: TensorEntry, start: int, stop: int) -> TensorEntry:
 
 
 def weight_bytes(w: ModelWeights) -> int:
-    """Bytes of weights this process holds (a tied lm_head counted once)."""
-    tensors = [w.embed, w.final_norm] + ([] if w.lm_head is w.embed else [w.lm_head])
-    for lw in w.layers:
+    """Bytes of weights this process holds, each tensor once (a tied lm_head, the norms
+    a plain copy of a layer shares)."""
+    tensors = [w.embed, w.final_norm, w.lm_head, w.plain_lm_head]
+    for lw in [*w.layers, *(w.plain_layers or ())]:
         # not dataclasses.astuple: it deep-copies every weight
-        tensors += [t for f in dataclasses.fields(lw) if (t := getattr(lw, f.name)) is not None]
-    return sum(t.numel() * t.element_size() for t in tensors)
+        tensors += [getattr(lw, f.name) for f in dataclasses.fields(lw)]
+    unique = {id(t): t for t in tensors if t is not None}
+    return sum(t.numel() * t.element_size() for t in unique.values())
 
 
 def load_weights(model_dir: Path, cfg: ModelConfig, dtype: torch.dtype,

@@ -1,0 +1,93 @@
+"""The small-batch matmul kernel (worker_svc/csrc/small_linear.c) computes x @ w.T for
+fp32 and bf16 weights, any row count and width (tails included), on every ISA build
+this CPU runs; the worker uses it for steps of at most MAX_ROWS tokens, on plain
+copies of its prepacked weights, and a decode gives the greedy tokens it gives without
+it."""
+
+import ctypes
+
+import pytest
+import torch
+
+from worker_svc import native
+from worker_svc.config import WorkerConfig
+from worker_svc.model import small_linear
+from worker_svc.model.weights import weight_bytes
+from worker_svc.runner import ModelRunner
+
+from .step_driver import StepDriver
+
+pytestmark = pytest.mark.skipif(small_linear.load() is None,
+                                reason="no C compiler here: oneDNN runs every step")
+
+
+@pytest.fixture(params=[v.name for v in native.supported_variants()])
+def kernel(request):
+    variant = next(v for v in native.supported_variants() if v.name == request.param)
+    path = native.compile_variant("small_linear", variant, small_linear.FLAGS)
+    assert path is not None
+    return small_linear.SmallLinear(ctypes.CDLL(str(path)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 8, 9])
+@pytest.mark.parametrize("width", [576, 37, 1])
+def test_the_kernel_is_x_times_w_transposed_in_fp32(kernel, dtype, rows, width):
+    g = torch.Generator().manual_seed(rows * 1000 + width)
+    w = torch.randn(67, width, generator=g).to(dtype)
+    x = torch.randn(rows, 2 * width + 3, generator=g)[:, 3:3 + width]  # strided rows
+    # bf16 weights widen to fp32 exactly; x is not rounded to bf16
+    want = (x.double() @ w.double().T).float()
+    torch.testing.assert_close(kernel(x, w), want, rtol=1e-5, atol=1e-5 * width ** 0.5)
+
+
+def test_a_bias_is_added_and_zero_rows_give_an_empty_result(kernel):
+    g = torch.Generator().manual_seed(3)
+    w, b, x = (torch.randn(40, 64, generator=g), torch.randn(40, generator=g),
+               torch.randn(2, 64, generator=g))
+    torch.testing.assert_close(kernel(x, w, b), x @ w.T + b, rtol=1e-5, atol=1e-5)
+    assert kernel(x[:0], w).shape == (0, 40)
+
+
+def test_threads_split_the_rows_without_changing_the_result(kernel):
+    g = torch.Generator().manual_seed(4)
+    w, x = torch.randn(1001, 96, generator=g), torch.randn(3, 96, generator=g)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = kernel(x, w)
+        torch.set_num_threads(2)
+        assert torch.equal(kernel(x, w), one)  # each output is one thread's sum
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _runner(path) -> ModelRunner:
+    return ModelRunner(WorkerConfig(model=str(path), device="cpu", max_model_len=256,
+                                    num_gpu_blocks_override=64, max_num_seqs=8))
+
+
+def _greedy(runner, prompts, max_new=12):
+    driver = StepDriver(runner)
+    for i, prompt in enumerate(prompts):
+        driver.add(f"r{i}", prompt, max_new=max_new)
+    driver.run_to_completion()
+    return [driver.requests[f"r{i}"].output for i in range(len(prompts))]
+
+
+@pytest.mark.parametrize("checkpoint", ["tiny_llama_dir", "tiny_qwen2_dir"])
+def test_decode_steps_give_the_same_greedy_tokens_with_and_without_the_kernel(
+        checkpoint, request, monkeypatch):
+    path = request.getfixturevalue(checkpoint)
+    # 3 requests decode 3 rows a step (the kernel); the prefill step has 60 (oneDNN)
+    prompts = [list(range(3, 23)), list(range(40, 60)), list(range(7, 27))]
+    on = _runner(path)
+    assert on.model.small is not None
+    packed = on.model.w.layers[0].gate_up.is_mkldnn
+    assert (on.model.w.plain_layers is not None) == packed  # a plain copy beside a packed one
+    monkeypatch.setenv("GAPSERVE_CPU_SMALL_BATCH", "off")
+    off = _runner(path)
+    assert off.model.small is None and off.model.w.plain_layers is None
+    if packed:  # the copy is counted where the KV cache is sized
+        assert weight_bytes(on.model.w) > weight_bytes(off.model.w)
+    assert _greedy(on, prompts) == _greedy(off, prompts)
