@@ -200,7 +200,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     port = server.start(args.host, args.port)
     if args.metrics_port:
         start_metrics_server(args.metrics_port, args.host)
-    log.info("scheduler_listening", port=port, workers=args.worker_addresses)
+    log.info("scheduler_listening", port=port, workers=list(args.worker_addresses),
+             spares=flags.worker_groups(args.worker_addresses)[1:])
     group = WorkerGroup(args.worker_addresses, step_timeout_s=args.step_timeout_s or None,
                         security=security)
     engine = None

@@ -12,10 +12,8 @@ from scheduler_svc.engine import WorkerLost
 from scheduler_svc.worker_group import WorkerGroup
 from shared import config
 from shared.grpc_server import ServiceServer
-from shared.proto import worker_pb2_grpc
 from tests.wire.conftest import start_worker
 from worker_svc.config import WorkerConfig
-from worker_svc.server import WorkerServicer
 
 RECONNECT_TIMEOUT_S = 0.5  # per group: a dead address costs at most this
 
@@ -79,16 +77,9 @@ def servers():
 
 
 def serve(servers: list, runner, port: int = 0) -> str:
-    """A worker over `runner` on loopback (port 0: a free one); its address."""
-    if port == 0:
-        server, port = start_worker(runner, max_workers=2)
-    else:  # a restarted container: the same port again
-        server = ServiceServer(max_workers=2)
-        servicer = WorkerServicer(rank=0, tensor_parallel_size=1)
-        server.add(worker_pb2_grpc.add_WorkerServicer_to_server, servicer, "gapserve.v1.Worker")
-        server.start("127.0.0.1", port)
-        servicer.runner = runner
-        server.set_serving()
+    """A worker over `runner` on loopback (port 0: a free one, else that port again, as
+    a restarted container); its address."""
+    server, port = start_worker(runner, max_workers=2, port=port)
     servers.append(server)
     return f"127.0.0.1:{port}"
 
