@@ -128,7 +128,8 @@ class WorkerGroup:
         """Drop the current streams and connect afresh: the active group first (a
         restarted worker comes back on its address), then each spare once, in order.
         A group must be the one the scheduler was built for (another model or KV
-        pool would break the core). Each group costs at most timeout_s per rank.
+        pool would break the core). A dead group costs about timeout_s: its first
+        rank that does not answer ends its try.
         Raises WorkerLost if none answered; the caller backs off and calls again."""
         self._end_streams()
         tried = []

@@ -6,7 +6,8 @@ same port, or resumed after the step watchdog gave it up. Every stream completes
 with finish_reason length and exactly the text of the no-fault run from the same
 stack, and the KV pool is whole again. The same holds when the scheduler is killed
 and restarted mid-stream: the frontend re-submits each open request as its
-continuation."""
+continuation, and when the worker is killed for good with a spare worker listed
+after ';' in --worker-addresses: the scheduler fails over to the spare."""
 
 from __future__ import annotations
 
