@@ -118,6 +118,10 @@ class Engine:
         self._reconnect_timeout_s = reconnect_timeout_s
         self.workers_connected = True
         self.num_worker_reconnects = 0
+        self.num_worker_failovers = 0  # reconnects that landed on another group (a spare)
+        self.worker_addresses: list[str] = list(getattr(executor, "addresses", []))
+        if telemetry is not None and self.worker_addresses:
+            telemetry.worker_group_active(self.worker_addresses)
         self.num_requests_recovered = 0
         self._reconnect_delay = 0.05  # doubles per failed attempt; reset by a good step
         self._cond = threading.Condition()
@@ -440,10 +444,17 @@ class Engine:
                     self._cond.wait_for(lambda: self._stopping, timeout=delay)
                 delay = self._reconnect_delay = min(delay * 2, 2.0)
         self.num_worker_reconnects += 1
+        before, self.worker_addresses = self.worker_addresses, list(
+            getattr(self._executor, "addresses", []))
+        failover = self.worker_addresses != before  # a spare took over
+        self.num_worker_failovers += failover
         if tel is not None:
-            tel.worker_reconnected()
+            tel.worker_reconnected(failover)
+            if failover:
+                tel.worker_group_active(self.worker_addresses)
         log.info("worker_reconnected", requests_recovered=len(recovered),
-                 waiting=len(self._scheduler.waiting))
+                 waiting=len(self._scheduler.waiting), addresses=self.worker_addresses,
+                 failover=failover)
         self._set_workers_connected(True)
         return True
 

@@ -85,6 +85,12 @@ WORKER_RECONNECTS = Counter("gapserve:worker_reconnects",
 REQUESTS_RECOVERED = Counter("gapserve:requests_recovered",
                              "Running requests requeued by recompute when a worker was lost.",
                              _M)
+WORKER_FAILOVERS = Counter("gapserve:worker_failovers",
+                           "Reconnects after a worker loss that made another worker group "
+                           "(a spare in --worker-addresses) the active one.", _M)
+WORKER_GROUP_ACTIVE = Gauge("gapserve:worker_group_active",
+                            "1 for the worker group the scheduler drives (addresses in rank "
+                            "order), 0 for one it drove before.", _M + ["addresses"])
 WORKERS_CONNECTED = Gauge("gapserve:workers_connected",
                           "1 while the scheduler holds a Step stream to its workers.", _M)
 CAPACITY_DIAGNOSIS = Gauge("gapserve:capacity_diagnosis",
@@ -185,6 +191,7 @@ class SchedulerTelemetry:
     _preemptions_total: int = 0
     _log: Any = None
     _series: _Series | None = None
+    _worker_group: str | None = None  # the active group's label of worker_group_active
 
     def __post_init__(self) -> None:
         self._monitor = CapacityMonitor(self.max_num_seqs, self.diagnosis_window_s)
@@ -192,6 +199,7 @@ class SchedulerTelemetry:
         self._series = _Series.of(self.model_name)
         # made at start, so dashboards see 0 rather than no series
         WORKER_RECONNECTS.labels(self.model_name)
+        WORKER_FAILOVERS.labels(self.model_name)
         REQUESTS_RECOVERED.labels(self.model_name)
         WORKERS_CONNECTED.labels(self.model_name).set(1)
 
@@ -422,9 +430,19 @@ class SchedulerTelemetry:
         for step_id in list(self._steps):  # their results will never come
             self.step_finished(step_id, None)
 
-    def worker_reconnected(self) -> None:
+    def worker_reconnected(self, failover: bool = False) -> None:
         WORKER_RECONNECTS.labels(self.model_name).inc()
+        if failover:
+            WORKER_FAILOVERS.labels(self.model_name).inc()
         WORKERS_CONNECTED.labels(self.model_name).set(1)
+
+    def worker_group_active(self, addresses: list[str]) -> None:
+        """The group the scheduler now drives; the one before reads 0."""
+        label = ",".join(addresses)
+        if self._worker_group is not None:
+            WORKER_GROUP_ACTIVE.labels(self.model_name, self._worker_group).set(0)
+        WORKER_GROUP_ACTIVE.labels(self.model_name, label).set(1)
+        self._worker_group = label
 
     def refresh(self, stats: Any) -> None:
         """Set the gauges and the diagnosis from current stats: after a step's result

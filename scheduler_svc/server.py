@@ -1,5 +1,6 @@
-"""The scheduler service: the Engine gRPC API for frontends, and the client side
-of the Worker API (one Step stream per tensor-parallel rank).
+"""The scheduler service: the Engine gRPC API for frontends; the client side of
+the Worker API (one Step stream per tensor-parallel rank, spare groups) is
+scheduler_svc/worker_group.py.
 
     gapserve scheduler [flags]     (or python -m scheduler_svc.server)
 
@@ -9,7 +10,6 @@ live in scheduler_svc/core and the loop in scheduler_svc/engine.py.
 
 from __future__ import annotations
 
-import queue
 import signal
 import sys
 import threading
@@ -22,15 +22,15 @@ from scheduler_svc.core.config import ConfigError, SchedulerConfig
 from scheduler_svc.core.request import Request
 from scheduler_svc.core.scheduler import Scheduler
 from scheduler_svc.metrics import SchedulerTelemetry
-from scheduler_svc.engine import (CLOSED, Engine, EngineFailed, ErrorCode, Failure, Session,
-                                  WorkerLost, describe)
+from scheduler_svc.engine import CLOSED, Engine, EngineFailed, ErrorCode, Failure, Session, describe
+from scheduler_svc.worker_group import WorkerGroup
 from shared import config as flags
 from shared import proto_convert as pc
-from shared.grpc_server import CHANNEL_OPTIONS, ServiceServer
+from shared.grpc_server import ServiceServer
 from shared.link_security import LinkSecurity
-from shared.proto import common_pb2, engine_pb2, engine_pb2_grpc, worker_pb2, worker_pb2_grpc
-from shared.telemetry import context_carrier, get_logger, setup_telemetry, start_metrics_server
-from shared.types import InvalidRequestError, ModelInfo, ModelRunnerOutput, SchedulerOutput
+from shared.proto import common_pb2, engine_pb2, engine_pb2_grpc
+from shared.telemetry import get_logger, setup_telemetry, start_metrics_server
+from shared.types import InvalidRequestError, ModelInfo
 
 log = get_logger(service="scheduler")
 
@@ -38,143 +38,6 @@ _MAX_WAIT_S = 3600.0  # longest an early caller waits for start-up
 _CODES = {ErrorCode.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
           ErrorCode.ALREADY_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
           ErrorCode.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE}
-
-
-# ---------------------------------------------------------------------------
-# the worker group: every rank gets the same step, rank 0 answers with tokens
-
-
-class WorkerGroup:
-    def __init__(self, addresses: Sequence[str], step_timeout_s: float | None = None,
-                 security: LinkSecurity | None = None) -> None:
-        self.addresses = list(addresses)
-        self.step_timeout_s = step_timeout_s  # None: wait for a step's answer forever
-        self._security = security or LinkSecurity()  # TLS and the workers' internal token
-        self._channels = [self._security.channel(a, CHANNEL_OPTIONS) for a in self.addresses]
-        self._stubs = [worker_pb2_grpc.WorkerStub(c) for c in self._channels]
-        self._outboxes: list[queue.SimpleQueue] = []
-        self._closing = False
-        self._replies: list = []
-        self._answers: list[queue.SimpleQueue] = []  # per rank: replies, then a WorkerLost
-        self.generation = 0  # one per set of open streams; a lost signal names its own
-        self.model_info: ModelInfo | None = None
-        self._on_lost = None
-
-    def handshake(self, timeout_s: float, max_num_batched_tokens: int | None = None) -> ModelInfo:
-        """Wait for every rank (they may still be loading the model) and check that
-        they form one group that agrees on the step token budget (None: adopt the
-        workers'); returns rank 0's model facts."""
-        tp = len(self.addresses)
-        infos = []
-        ask = worker_pb2.HandshakeRequest(tensor_parallel_size=tp,
-                                          max_num_batched_tokens=max_num_batched_tokens or 0)
-        for rank, (address, stub) in enumerate(zip(self.addresses, self._stubs)):
-            reply = stub.Handshake(ask, timeout=timeout_s, wait_for_ready=True,
-                                   metadata=self._security.metadata)
-            if reply.rank != rank or reply.tensor_parallel_size != tp:
-                raise ConfigError(
-                    f"worker {address} is rank {reply.rank} of {reply.tensor_parallel_size}, "
-                    f"but --worker-addresses lists it as rank {rank} of {tp}")
-            infos.append(pc.model_info_from_proto(reply.model_info))
-        for address, info in zip(self.addresses[1:], infos[1:]):
-            if (info.num_kv_blocks, info.block_size, info.model_name,
-                    info.max_num_batched_tokens) != (
-                    infos[0].num_kv_blocks, infos[0].block_size, infos[0].model_name,
-                    infos[0].max_num_batched_tokens):
-                raise ConfigError(f"worker {address} reports {info}, rank 0 {infos[0]}")
-        self.model_info = infos[0]
-        return infos[0]
-
-    def open_streams(self, on_lost=None) -> None:
-        """Open one Step stream per rank; on_lost(generation, error) is called if one
-        ends while the group is open (a worker died), even when no step is in flight."""
-        self._on_lost = on_lost if on_lost is not None else self._on_lost
-        self.generation += 1
-        self._outboxes, self._replies, self._answers = [], [], []
-        for address, stub in zip(self.addresses, self._stubs):
-            outbox: queue.SimpleQueue = queue.SimpleQueue()
-            answers: queue.SimpleQueue = queue.SimpleQueue()
-            self._outboxes.append(outbox)
-            self._answers.append(answers)
-            replies = stub.Step(iter(outbox.get, None), metadata=self._security.metadata)
-            self._replies.append(replies)
-            threading.Thread(target=self._read, args=(address, replies, answers, self.generation),
-                             name=f"step-replies-{address}", daemon=True).start()
-
-    def _read(self, address: str, replies, answers: queue.SimpleQueue, generation: int) -> None:
-        # A reader per rank, so collect() can give up after --step-timeout-s.
-        try:
-            for reply in replies:
-                answers.put(reply)
-            error = WorkerLost(f"worker {address} closed its Step stream")
-        except grpc.RpcError as e:
-            error = WorkerLost(f"the Step stream to worker {address} ended: "
-                               f"{e.code().name}: {e.details()}")
-        answers.put(error)
-        if not self._closing and generation == self.generation and self._on_lost is not None:
-            self._on_lost(generation, error)
-
-    def reconnect(self, timeout_s: float) -> ModelInfo:
-        """Drop the current streams and connect afresh (the same addresses: a restarted
-        worker comes back on its port). Raises WorkerLost if the workers do not answer
-        or are not the group we had (another model or KV pool would break the core)."""
-        self._end_streams()
-        old = self.model_info
-        try:  # the same step budget as before: the core was built with it
-            info = self.handshake(timeout_s, old.max_num_batched_tokens if old else None)
-        except grpc.RpcError as e:
-            raise WorkerLost(f"worker handshake: {e.code().name}: {e.details()}") from None
-        except ConfigError as e:
-            raise WorkerLost(str(e)) from None
-        same = ("model_name", "num_kv_blocks", "block_size", "vocab_size",
-                "max_num_batched_tokens")
-        if old is not None and any(getattr(info, f) != getattr(old, f) for f in same):
-            self.model_info = old
-            raise WorkerLost(f"the worker that answered is not the one that was lost: it "
-                             f"reports {info}, the scheduler was built for {old}")
-        self.open_streams()
-        return info
-
-    def _end_streams(self) -> None:
-        for outbox in self._outboxes:
-            outbox.put(None)
-        for replies in self._replies:
-            replies.cancel()
-
-    def submit(self, step: SchedulerOutput) -> None:
-        msg = pc.scheduler_output_to_proto(step)
-        msg.trace_context.update(context_carrier())
-        for outbox in self._outboxes:
-            outbox.put(msg)
-
-    def collect(self) -> ModelRunnerOutput:
-        """The oldest step's answer from every rank; WorkerLost if a stream ended or
-        an answer did not come within the step timeout (a hung or stopped worker)."""
-        deadline = None if self.step_timeout_s is None else time.monotonic() + self.step_timeout_s
-        answers = []
-        for address, box in zip(self.addresses, self._answers):
-            try:
-                item = box.get(timeout=None if deadline is None
-                               else max(0.0, deadline - time.monotonic()))
-            except queue.Empty:
-                raise WorkerLost(f"worker {address} did not answer a step within "
-                                 f"--step-timeout-s {self.step_timeout_s:g} s") from None
-            if isinstance(item, WorkerLost):
-                box.put(item)  # every later collect of this generation fails too
-                raise item
-            answers.append(item)
-        if len({a.step_id for a in answers}) != 1:
-            raise EngineFailed(f"ranks answered different steps: {[a.step_id for a in answers]}")
-        return pc.runner_output_from_proto(answers[0])
-
-    def close(self) -> None:
-        self._closing = True
-        for outbox in self._outboxes:
-            outbox.put(None)
-        for replies in self._replies:
-            replies.cancel()
-        for channel in self._channels:
-            channel.close()
 
 
 # ---------------------------------------------------------------------------
@@ -289,7 +152,10 @@ def engine_status(engine: Engine, scheduler: Scheduler,
         prefix_cache_hits=stats.prefix_cache_hits, num_steps_total=engine.counters.num_steps,
         num_sessions=engine.num_sessions(), diagnosis=diag["diagnosis"],
         summary=diag["summary"], lever=diag["lever"],
-        admission_blocked_by=diag["admission_blocked_by"] or "")
+        admission_blocked_by=diag["admission_blocked_by"] or "",
+        worker_addresses=",".join(engine.worker_addresses),
+        num_worker_reconnects_total=engine.num_worker_reconnects,
+        num_worker_failovers_total=engine.num_worker_failovers)
 
 
 # ---------------------------------------------------------------------------
@@ -334,7 +200,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     port = server.start(args.host, args.port)
     if args.metrics_port:
         start_metrics_server(args.metrics_port, args.host)
-    log.info("scheduler_listening", port=port, workers=args.worker_addresses)
+    log.info("scheduler_listening", port=port, workers=list(args.worker_addresses),
+             spares=flags.worker_groups(args.worker_addresses)[1:])
     group = WorkerGroup(args.worker_addresses, step_timeout_s=args.step_timeout_s or None,
                         security=security)
     engine = None

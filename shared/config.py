@@ -106,6 +106,39 @@ def address_list(text: str) -> list[str]:
     return addresses
 
 
+# --- spare workers (issue 14, docs/resilience.md): `;` separates worker groups
+class WorkerGroups(list):
+    """--worker-addresses: the first group's addresses (one per tensor-parallel rank),
+    so callers that knew only one group read it as before; `.groups` holds every
+    group in order, the first active at start and the others spares."""
+
+    def __init__(self, groups: Sequence[Sequence[str]]) -> None:
+        super().__init__(groups[0])
+        self.groups = [list(g) for g in groups]
+
+
+def worker_groups(groups: Sequence[str] | WorkerGroups) -> list[list[str]]:
+    """Every group of a --worker-addresses value (a plain list is one group)."""
+    return [list(g) for g in getattr(groups, "groups", [groups])]
+
+
+def address_groups(text: str) -> WorkerGroups:
+    """`w0:1,w1:2;s0:1,s1:2`: groups of host:port separated by `;`."""
+    groups = [address_list(part) for part in text.split(";") if part.strip()]
+    if not groups:
+        raise argparse.ArgumentTypeError("needs at least one host:port")
+    sizes = [len(g) for g in groups]
+    if len(set(sizes)) > 1:  # a spare replaces the whole tensor-parallel worker
+        raise argparse.ArgumentTypeError(
+            f"every worker group (separated by ';') needs one address per tensor-parallel "
+            f"rank, the same number in each, but the groups have {sizes} addresses")
+    flat = [a for g in groups for a in g]
+    twice = sorted({a for a in flat if flat.count(a) > 1})
+    if twice:
+        raise argparse.ArgumentTypeError(f"{', '.join(twice)} listed more than once")
+    return WorkerGroups(groups)
+
+
 # ---------------------------------------------------------------------------
 # flag groups: `gapserve serve` takes their union
 
@@ -195,9 +228,10 @@ def add_scheduler_flags(parser: argparse.ArgumentParser, *, with_ports: bool = T
     if with_ports:
         g.add_argument("--port", type=port, default=50052)
         g.add_argument("--metrics-port", type=port, default=8001, help="0 turns it off")
-        g.add_argument("--worker-addresses", type=address_list,
-                       default=["127.0.0.1:50053"],
-                       help="comma list of host:port, one per tensor-parallel rank")
+        g.add_argument("--worker-addresses", type=address_groups, default="127.0.0.1:50053",
+                       help="comma list of host:port, one per tensor-parallel rank; more "
+                            "groups after ';' are spares the scheduler fails over to when "
+                            "the active group is lost (docs/resilience.md)")
     g.add_argument("--long-prefill-token-threshold", type=non_negative_int, default=0)
     g.add_argument("--long-prefill-exempt-lone-request", action=argparse.BooleanOptionalAction,
                    default=True,

@@ -111,10 +111,12 @@ class Stack:
 
 
 def start_stack(model_dir: Path, log_dir: Path, *, services=ALL_SERVICES,
-                flags: list[str] = (), env: dict[str, str] | None = None) -> Stack:
+                flags: list[str] = (), env: dict[str, str] | None = None,
+                spare_workers: list[str] = ()) -> Stack:
     """Start the named services with `gapserve serve`'s flags (and env added to
     their environment); raise (with the services' logs) if they are not all
-    healthy in time."""
+    healthy in time. spare_workers: worker groups ("host:port,...") the scheduler
+    may fail over to, appended to its --worker-addresses after ';'."""
     http, grpc_port, sched, worker = free_ports(4)
     argv = ["--model", str(model_dir), "--http-port", str(http), "--grpc-port", str(grpc_port),
             "--scheduler-port", str(sched), "--worker-port", str(worker),
@@ -122,6 +124,10 @@ def start_stack(model_dir: Path, log_dir: Path, *, services=ALL_SERVICES,
             "--log-format", "json", *flags]
     args = config.parse_args(serve_parser(), argv, environ={})
     chosen = [c for c in children(args) if c.name.split("-")[0] in services]
+    for child in chosen:
+        if child.name == "scheduler" and spare_workers:  # `gapserve serve` starts no spares
+            i = child.argv.index("--worker-addresses") + 1
+            child.argv[i] = ";".join([child.argv[i], *spare_workers])
     supervisor = Supervisor(chosen)
     log_dir.mkdir(parents=True, exist_ok=True)
     extra_env = env or {}

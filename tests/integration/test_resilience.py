@@ -6,7 +6,8 @@ same port, or resumed after the step watchdog gave it up. Every stream completes
 with finish_reason length and exactly the text of the no-fault run from the same
 stack, and the KV pool is whole again. The same holds when the scheduler is killed
 and restarted mid-stream: the frontend re-submits each open request as its
-continuation."""
+continuation, and when the worker is killed for good with a spare worker listed
+after ';' in --worker-addresses: the scheduler fails over to the spare."""
 
 from __future__ import annotations
 
@@ -153,6 +154,44 @@ def test_worker_sigkill_mid_stream_loses_no_request(fault_stack):
     run = start_faulty_run(stack)
     replace_worker(stack)
     assert_recovered(stack, metrics_port, run)
+
+
+def test_worker_sigkill_fails_over_to_the_spare_and_loses_no_request(tiny_model_dir,
+                                                                     tmp_path):
+    """--worker-addresses "A;B": A dies mid-stream and stays dead; B takes over."""
+    spare = start_stack(tiny_model_dir, tmp_path / "spare", services=("worker",),
+                        flags=TINY_FLAGS)
+    (metrics_port,) = free_ports(1)
+    stack = None
+    try:
+        stack = start_stack(tiny_model_dir, tmp_path / "stack", flags=[
+            *TINY_FLAGS, "--scheduler-metrics-port", str(metrics_port)],
+            env={FAULT_ENV: str(FAULT_AFTER_STEPS)}, spare_workers=[spare.worker_address])
+        assert stack.engine_status().worker_addresses == stack.worker_address
+        run = Streams(stack)
+        worker = stack.process("worker")
+        wait_until(lambda: process_stopped(worker.pid), "the worker to stop mid-stream")
+        worker.kill()  # and not restarted: only the spare can take over
+        worker.wait()
+        run.join()
+        assert run.finish == ["length"] * NUM_STREAMS
+        wait_until(lambda: idle(stack), "the KV pool to be whole again", 10.0)
+        status = stack.engine_status()
+        assert status.worker_addresses == spare.worker_address
+        assert (status.num_worker_failovers_total, status.num_worker_reconnects_total) == (1, 1)
+        assert scheduler_metric(metrics_port, "gapserve:worker_failovers_total") == 1
+        assert scheduler_metric(metrics_port, "gapserve:worker_reconnects_total") == 1
+        assert scheduler_metric(metrics_port, "gapserve:requests_recovered_total") >= 1
+        failover = [line for line in (stack.log_dir / "scheduler.log").read_text().splitlines()
+                    if '"worker_failover"' in line]
+        assert len(failover) == 1 and spare.worker_address in failover[0]
+        reference = Streams(stack)  # no fault now, on the spare
+        reference.join()
+        assert run.text == reference.text  # greedy: identical to the no-fault run
+    finally:
+        if stack is not None:
+            stack.stop()
+        spare.stop()
 
 
 def test_scheduler_restart_mid_stream_loses_no_request(fault_stack):

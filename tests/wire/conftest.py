@@ -53,12 +53,12 @@ class WireStack:
         self.worker.stop(0)
 
 
-def start_worker(runner, max_workers: int = 4) -> tuple[ServiceServer, int]:
-    """A worker servicer over `runner` on a free loopback port: (server, port)."""
+def start_worker(runner, max_workers: int = 4, port: int = 0) -> tuple[ServiceServer, int]:
+    """A worker servicer over `runner` on a loopback port (0: a free one): (server, port)."""
     worker = ServiceServer(max_workers=max_workers)
     servicer = WorkerServicer(rank=0, tensor_parallel_size=1)
     worker.add(worker_pb2_grpc.add_WorkerServicer_to_server, servicer, "gapserve.v1.Worker")
-    port = worker.start("127.0.0.1", 0)
+    port = worker.start("127.0.0.1", port)
     servicer.runner = runner
     worker.set_serving()
     return worker, port

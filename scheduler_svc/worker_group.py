@@ -1,0 +1,211 @@
+"""The client side of the Worker API: one Step stream per tensor-parallel rank.
+Every rank gets the same step; rank 0 answers with the tokens.
+
+--worker-addresses may list spare groups after the active one (`a0,a1;s0,s1`).
+When the active group is lost, reconnect() tries it first (a restarted container
+comes back on its address), then the spares in order, round robin; the first
+group that answers and matches what the scheduler was built for becomes active
+(docs/resilience.md).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Sequence
+
+import grpc
+
+from scheduler_svc.core.config import ConfigError
+from scheduler_svc.engine import EngineFailed, WorkerLost
+from shared import proto_convert as pc
+from shared.config import WorkerGroups, worker_groups
+from shared.grpc_server import CHANNEL_OPTIONS
+from shared.link_security import LinkSecurity
+from shared.proto import worker_pb2, worker_pb2_grpc
+from shared.telemetry import context_carrier, get_logger
+from shared.types import ModelInfo, ModelRunnerOutput, SchedulerOutput
+
+log = get_logger(service="scheduler")
+
+# what a group that replaces a lost one must share with it: the core was built on it
+_SAME = ("model_name", "num_kv_blocks", "block_size", "vocab_size", "max_num_batched_tokens")
+
+
+class WorkerGroup:
+    def __init__(self, addresses: Sequence[str] | WorkerGroups,
+                 step_timeout_s: float | None = None,
+                 security: LinkSecurity | None = None) -> None:
+        self.groups = worker_groups(addresses)  # the active one and the spares, in order
+        self.active = 0  # index into groups
+        self.num_failovers = 0
+        self.step_timeout_s = step_timeout_s  # None: wait for a step's answer forever
+        self._security = security or LinkSecurity()  # TLS and the workers' internal token
+        self._stubs: dict[int, list] = {}  # group -> a stub per rank, made on first use
+        self._channels: list[grpc.Channel] = []
+        self._outboxes: list[queue.SimpleQueue] = []
+        self._closing = False
+        self._replies: list = []
+        self._answers: list[queue.SimpleQueue] = []  # per rank: replies, then a WorkerLost
+        self.generation = 0  # one per set of open streams; a lost signal names its own
+        self.model_info: ModelInfo | None = None
+        self._on_lost = None
+
+    @property
+    def addresses(self) -> list[str]:
+        """The active group's addresses, in rank order."""
+        return self.groups[self.active]
+
+    def _group_stubs(self, index: int) -> list:
+        if index not in self._stubs:
+            channels = [self._security.channel(a, CHANNEL_OPTIONS) for a in self.groups[index]]
+            self._channels += channels
+            self._stubs[index] = [worker_pb2_grpc.WorkerStub(c) for c in channels]
+        return self._stubs[index]
+
+    def handshake(self, timeout_s: float, max_num_batched_tokens: int | None = None) -> ModelInfo:
+        """Wait for every rank of the active group (they may still be loading the
+        model) and check that they form one group that agrees on the step token
+        budget (None: adopt the workers'); returns rank 0's model facts."""
+        self.model_info = self._handshake_group(self.active, timeout_s, max_num_batched_tokens)
+        return self.model_info
+
+    def _handshake_group(self, index: int, timeout_s: float,
+                         max_num_batched_tokens: int | None) -> ModelInfo:
+        addresses = self.groups[index]
+        tp = len(addresses)
+        infos = []
+        ask = worker_pb2.HandshakeRequest(tensor_parallel_size=tp,
+                                          max_num_batched_tokens=max_num_batched_tokens or 0)
+        for rank, (address, stub) in enumerate(zip(addresses, self._group_stubs(index))):
+            reply = stub.Handshake(ask, timeout=timeout_s, wait_for_ready=True,
+                                   metadata=self._security.metadata)
+            if reply.rank != rank or reply.tensor_parallel_size != tp:
+                raise ConfigError(
+                    f"worker {address} is rank {reply.rank} of {reply.tensor_parallel_size}, "
+                    f"but --worker-addresses lists it as rank {rank} of {tp}")
+            infos.append(pc.model_info_from_proto(reply.model_info))
+        for address, info in zip(addresses[1:], infos[1:]):
+            if (info.num_kv_blocks, info.block_size, info.model_name,
+                    info.max_num_batched_tokens) != (
+                    infos[0].num_kv_blocks, infos[0].block_size, infos[0].model_name,
+                    infos[0].max_num_batched_tokens):
+                raise ConfigError(f"worker {address} reports {info}, rank 0 {infos[0]}")
+        return infos[0]
+
+    def open_streams(self, on_lost=None) -> None:
+        """Open one Step stream per rank of the active group; on_lost(generation,
+        error) is called if one ends while the group is open (a worker died), even
+        when no step is in flight."""
+        self._on_lost = on_lost if on_lost is not None else self._on_lost
+        self.generation += 1
+        self._outboxes, self._replies, self._answers = [], [], []
+        for address, stub in zip(self.addresses, self._group_stubs(self.active)):
+            outbox: queue.SimpleQueue = queue.SimpleQueue()
+            answers: queue.SimpleQueue = queue.SimpleQueue()
+            self._outboxes.append(outbox)
+            self._answers.append(answers)
+            replies = stub.Step(iter(outbox.get, None), metadata=self._security.metadata)
+            self._replies.append(replies)
+            threading.Thread(target=self._read, args=(address, replies, answers, self.generation),
+                             name=f"step-replies-{address}", daemon=True).start()
+
+    def _read(self, address: str, replies, answers: queue.SimpleQueue, generation: int) -> None:
+        # A reader per rank, so collect() can give up after --step-timeout-s.
+        try:
+            for reply in replies:
+                answers.put(reply)
+            error = WorkerLost(f"worker {address} closed its Step stream")
+        except grpc.RpcError as e:
+            error = WorkerLost(f"the Step stream to worker {address} ended: "
+                               f"{e.code().name}: {e.details()}")
+        answers.put(error)
+        if not self._closing and generation == self.generation and self._on_lost is not None:
+            self._on_lost(generation, error)
+
+    def reconnect(self, timeout_s: float) -> ModelInfo:
+        """Drop the current streams and connect afresh: the active group first (a
+        restarted worker comes back on its address), then each spare once, in order.
+        A group must be the one the scheduler was built for (another model or KV
+        pool would break the core). A dead group costs about timeout_s: its first
+        rank that does not answer ends its try.
+        Raises WorkerLost if none answered; the caller backs off and calls again."""
+        self._end_streams()
+        tried = []
+        for index in [(self.active + i) % len(self.groups) for i in range(len(self.groups))]:
+            try:
+                info = self._check_group(index, timeout_s)
+            except grpc.RpcError as e:  # not up (yet): a dead address, a loading worker
+                tried.append(f"{self._name(index)}: {e.code().name}: {e.details()}")
+            except ConfigError as e:  # up, but it cannot take over
+                tried.append(f"{self._name(index)}: {e}")
+                log.warning("worker_group_skipped", addresses=self.groups[index], reason=str(e))
+            else:
+                self._activate(index, tried)
+                self.model_info = info
+                self.open_streams()
+                return info
+        raise WorkerLost("no worker group answered: " + "; ".join(tried))
+
+    def _check_group(self, index: int, timeout_s: float) -> ModelInfo:
+        old = self.model_info
+        try:
+            info = self._handshake_group(index, timeout_s,
+                                         old.max_num_batched_tokens if old else None)
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.FAILED_PRECONDITION:
+                raise
+            raise ConfigError(e.details()) from None  # e.g. sized for another step budget
+        if old is not None and any(getattr(info, f) != getattr(old, f) for f in _SAME):
+            raise ConfigError(f"not the workers that were lost: they report {info}, the "
+                              f"scheduler was built for {old}")
+        return info
+
+    def _activate(self, index: int, tried: list[str]) -> None:
+        if index != self.active:
+            log.warning("worker_failover", from_addresses=self.addresses,
+                        to_addresses=self.groups[index], failed=tried)
+            self.active = index
+            self.num_failovers += 1
+
+    def _name(self, index: int) -> str:
+        return f"worker group {','.join(self.groups[index])}"
+
+    def _end_streams(self) -> None:
+        for outbox in self._outboxes:
+            outbox.put(None)
+        for replies in self._replies:
+            replies.cancel()
+
+    def submit(self, step: SchedulerOutput) -> None:
+        msg = pc.scheduler_output_to_proto(step)
+        msg.trace_context.update(context_carrier())
+        for outbox in self._outboxes:
+            outbox.put(msg)
+
+    def collect(self) -> ModelRunnerOutput:
+        """The oldest step's answer from every rank; WorkerLost if a stream ended or
+        an answer did not come within the step timeout (a hung or stopped worker)."""
+        deadline = None if self.step_timeout_s is None else time.monotonic() + self.step_timeout_s
+        answers = []
+        for address, box in zip(self.addresses, self._answers):
+            try:
+                item = box.get(timeout=None if deadline is None
+                               else max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise WorkerLost(f"worker {address} did not answer a step within "
+                                 f"--step-timeout-s {self.step_timeout_s:g} s") from None
+            if isinstance(item, WorkerLost):
+                box.put(item)  # every later collect of this generation fails too
+                raise item
+            answers.append(item)
+        if len({a.step_id for a in answers}) != 1:
+            raise EngineFailed(f"ranks answered different steps: {[a.step_id for a in answers]}")
+        return pc.runner_output_from_proto(answers[0])
+
+    def close(self) -> None:
+        self._closing = True
+        self._end_streams()
+        for channel in self._channels:
+            channel.close()
