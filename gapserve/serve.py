@@ -84,7 +84,8 @@ ADMISSION = ("max_queued_requests", "payload_limit", "max_client_batch_size",
 INNER_SECRETS = ("internal_token",)
 FRONTEND_SECRETS = ("internal_token", "api_key", "priority_keys")
 LIMITS = ("max_model_len", "max_num_batched_tokens", "max_num_seqs")
-WORKER = ("model", "tensor_parallel_size", "device", "dtype", "kv_cache_memory",
+WORKER = ("model", "tensor_parallel_size", "device", "dtype", "quantization",
+          "kv_cache_memory",
           "gpu_memory_utilization", "num_gpu_blocks_override", "block_size", "seed",
           "master_addr", "master_port", "distributed_timeout", "distributed_backend",
           "load_format", "zero_cost_steps")

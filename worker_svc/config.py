@@ -12,6 +12,8 @@ class WorkerConfig:
     served_model_name: str | None = None  # reported in ModelInfo; default: the dir's name
     device: str = "auto"  # auto = cuda when available, else cpu
     dtype: str = "auto"  # auto = bfloat16 on cuda, float32 on cpu
+    # "int8": the CPU small-batch kernel reads int8 weights (model/small_linear.py)
+    quantization: str | None = None
     block_size: int = 16
     num_gpu_blocks_override: int | None = None  # wins over both memory budgets
     kv_cache_memory: int | None = None  # bytes of KV cache on CPU; None = sized for the machine
@@ -48,6 +50,8 @@ class WorkerConfig:
             raise ValueError("max_num_seqs and max_num_batched_tokens must be positive")
         if self.dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype}")
+        if self.quantization not in (None, "int8"):
+            raise ValueError(f"quantization must be int8 or unset, got {self.quantization}")
         if not 0 <= self.tensor_parallel_rank < self.tensor_parallel_size:
             raise ValueError(f"rank {self.tensor_parallel_rank} must be in [0, "
                              f"tensor_parallel_size {self.tensor_parallel_size})")

@@ -47,6 +47,9 @@ class ModelRunner:
         self.device = _resolve_device(config.device, config.tensor_parallel_rank,
                                       config.tensor_parallel_size)
         self.dtype = _resolve_dtype(config.dtype, self.device)
+        if config.quantization == "int8" and self.device.type != "cpu":
+            raise ValueError("--quantization int8 is the CPU small-batch kernel's weight "
+                             f"format; this worker runs on {self.device.type}")
         self.model_dir = resolve_model(None if config.model is None else str(config.model))
         self.model_config = cfg = load_model_config(self.model_dir)
         self.max_model_len = _resolve_max_model_len(config.max_model_len, cfg)
@@ -67,8 +70,7 @@ class ModelRunner:
                 weights = load_weights(self.model_dir, cfg, act_dtype, self.device, self.plan)
             if self.device.type == "cpu":  # prepacked; bf16 for the matmuls only
                 weights = prepare_matmul_weights(
-                    weights, self.dtype,
-                    keep_plain=small_linear.active(act_dtype, self.device) is not None)
+                    weights, self.dtype, small=_small_batch_copies(config, act_dtype))
             self.weight_bytes = weight_bytes(weights)
             self.model = DecoderModel(self.local_config, weights, select_backend(self.device),
                                       max_positions=self.max_model_len, tp=self.tp,
@@ -112,6 +114,9 @@ class ModelRunner:
                 "threads": str(torch.get_num_threads()),
                 "tensor_parallel": f"rank {self.plan.rank} of {self.plan.size}",
                 "weight_mib": f"{self.weight_bytes / 2**20:.1f}",
+                # steps of few tokens: the small-batch kernel, on int8 or plain weights
+                "small_batch": "off" if self.model.small is None
+                else self.config.quantization or "on",
                 # bf16 matmul instructions: --dtype bfloat16 runs ~1.8x faster with them
                 "cpu_bf16": native_bf16() or "none"}
 
@@ -313,6 +318,16 @@ def _join_group(plan, config: WorkerConfig, device: torch.device):
     return TensorParallelGroup(plan, config.master_addr, config.master_port,
                                config.distributed_timeout, device,
                                config.distributed_backend)
+
+
+def _small_batch_copies(config: WorkerConfig, act_dtype: torch.dtype) -> str | None:
+    """Which copies of the matmul weights the small-batch kernel gets (cpu_dtype)."""
+    if small_linear.active(act_dtype, torch.device("cpu")) is None:
+        if config.quantization == "int8":  # asked for, and nothing would run it
+            raise ValueError("--quantization int8 needs the small-batch kernel: a C "
+                             "compiler, and GAPSERVE_CPU_SMALL_BATCH not off")
+        return None
+    return "int8" if config.quantization == "int8" else "plain"
 
 
 def _resolve_dtype(name: str, device: torch.device) -> torch.dtype:

@@ -208,7 +208,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 
 def worker_config(args) -> WorkerConfig:
     cfg = WorkerConfig(
-        model=args.model, device=args.device, dtype=args.dtype, block_size=args.block_size,
+        model=args.model, device=args.device, dtype=args.dtype,
+        quantization=args.quantization, block_size=args.block_size,
         num_gpu_blocks_override=args.num_gpu_blocks_override,
         kv_cache_memory=args.kv_cache_memory,
         gpu_memory_utilization=args.gpu_memory_utilization, max_model_len=args.max_model_len,

@@ -5,6 +5,7 @@ import pytest
 from gapserve import cli
 from gapserve.serve import children, serve_parser
 from shared import config
+from worker_svc.server import worker_config
 
 PARSERS = {"worker": config.worker_parser, "scheduler": config.scheduler_parser,
            "frontend": config.frontend_parser}
@@ -22,10 +23,12 @@ def parsed(child):
 
 def test_every_child_command_parses_with_its_own_service_parser():
     kids = serve_children(["--model", "/m", "--no-enable-prefix-caching", "--max-num-seqs", "8",
-                           "--kv-cache-memory", "1000", "--served-model-name", "x"])
+                           "--kv-cache-memory", "1000", "--served-model-name", "x",
+                           "--quantization", "int8"])
     assert set(kids) == {"worker-0", "scheduler", "frontend"}
     worker, scheduler, frontend = (parsed(kids[n]) for n in ("worker-0", "scheduler", "frontend"))
     assert (worker.model, worker.kv_cache_memory, worker.max_num_seqs) == ("/m", 1000, 8)
+    assert worker_config(worker).quantization == "int8"
     assert (scheduler.enable_prefix_caching, scheduler.max_num_seqs) == (False, 8)
     assert (frontend.model, frontend.served_model_name) == ("/m", "x")
 

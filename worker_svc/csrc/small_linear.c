@@ -1,4 +1,5 @@
-/* y = x @ w.T for a few rows of x, with w row-major [out][in] in fp32 or bf16.
+/* y = x @ w.T for a few rows of x, with w row-major [out][in] in fp32 or bf16, or int8
+ * with an fp32 scale per Q8_GROUP inputs (small_linear_q8).
  *
  * A decode step of a small batch streams every weight once and does little else: it
  * is bound by memory bandwidth. Each output feature's weight row is read once from
@@ -8,17 +9,29 @@
  * to four rows here (docs/benchmarks.md). Sums are fp32; bf16 weights are widened to
  * fp32 exactly (a shift), and x stays fp32 (not rounded to bf16 as oneDNN does).
  *
+ * Intrinsics for AVX-512 and for AVX2 + FMA (16 vector registers: at most 4 rows a
+ * pass there), and a portable loop for the baseline build (native.py's variants).
+ *
  * Built with -fopenmp: in a worker the OpenMP runtime is torch's own (the same
  * libgomp soname, loaded first), so these parallel regions use the compute thread's
  * team instead of starting a second pool. */
 #include <stdint.h>
 #include <string.h>
 
-#ifdef __AVX512F__
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
 #endif
 
+/* Rows of x per pass over the weights: each row's accumulators live in registers,
+ * 32 vector registers with AVX-512, 16 with AVX2 (two accumulators a row there). */
+#ifdef __AVX512F__
 #define MAX_ROWS_PER_PASS 8
+#else
+#define MAX_ROWS_PER_PASS 4
+#endif
+/* int8 weights (--quantization int8): one fp32 scale per Q8_GROUP consecutive inputs
+ * of an output row, w ~= q * scale, as llama.cpp's Q8_0 groups */
+#define Q8_GROUP 32
 
 #ifdef __AVX512F__
 /* 16 weights from i on (only the first n < 16 when m is not full), as fp32 */
@@ -65,6 +78,61 @@ static inline __attribute__((always_inline)) void dot_rows(
     for (int b = 0; b < nb; b++)
         y[b * y_stride] = _mm512_reduce_add_ps(acc[b]);
 }
+#elif defined(__AVX2__) && defined(__FMA__)
+static inline float hsum256(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* 8 weights from i on, as fp32 (bf16 widened exactly by a shift) */
+static inline __m256 load_w8(const void *w, int64_t i, int is_bf16)
+{
+    if (is_bf16) {
+        const __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)w + i));
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    }
+    return _mm256_loadu_ps((const float *)w + i);
+}
+
+static inline float w_at(const void *w, int64_t i, int is_bf16)
+{
+    if (!is_bf16)
+        return ((const float *)w)[i];
+    const uint32_t bits = (uint32_t)((const uint16_t *)w)[i] << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+/* as the AVX-512 dot_rows, 16 weights an iteration in two halves with an accumulator
+ * each: a lone row does not wait on one chain of dependent multiply-adds */
+static inline __attribute__((always_inline)) void dot_rows(
+    const float *x, int64_t x_stride, int nb, const void *wrow, int is_bf16, int64_t in,
+    float *y, int64_t y_stride)
+{
+    __m256 lo[MAX_ROWS_PER_PASS], hi[MAX_ROWS_PER_PASS];
+#pragma GCC unroll 4
+    for (int b = 0; b < nb; b++)
+        lo[b] = hi[b] = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= in; i += 16) {
+        const __m256 w0 = load_w8(wrow, i, is_bf16), w1 = load_w8(wrow, i + 8, is_bf16);
+#pragma GCC unroll 4
+        for (int b = 0; b < nb; b++) {
+            lo[b] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + b * x_stride + i), lo[b]);
+            hi[b] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + b * x_stride + i + 8), hi[b]);
+        }
+    }
+    for (int b = 0; b < nb; b++) {
+        float acc = hsum256(_mm256_add_ps(lo[b], hi[b]));
+        for (int64_t t = i; t < in; t++)
+            acc += w_at(wrow, t, is_bf16) * x[b * x_stride + t];
+        y[b * y_stride] = acc;
+    }
+}
 #else
 static inline void dot_rows(const float *x, int64_t x_stride, int nb, const void *wrow,
                             int is_bf16, int64_t in, float *y, int64_t y_stride)
@@ -103,11 +171,17 @@ static void pass(const float *x, int64_t x_stride, int nb, const void *w, int is
         case 1: dot_rows(x, x_stride, 1, wrow, is_bf16, in, y + o, y_stride); break;
         case 2: dot_rows(x, x_stride, 2, wrow, is_bf16, in, y + o, y_stride); break;
         case 3: dot_rows(x, x_stride, 3, wrow, is_bf16, in, y + o, y_stride); break;
+#if MAX_ROWS_PER_PASS == 4
+        default: dot_rows(x, x_stride, 4, wrow, is_bf16, in, y + o, y_stride); break;
+#else
         case 4: dot_rows(x, x_stride, 4, wrow, is_bf16, in, y + o, y_stride); break;
+#endif
+#if MAX_ROWS_PER_PASS == 8
         case 5: dot_rows(x, x_stride, 5, wrow, is_bf16, in, y + o, y_stride); break;
         case 6: dot_rows(x, x_stride, 6, wrow, is_bf16, in, y + o, y_stride); break;
         case 7: dot_rows(x, x_stride, 7, wrow, is_bf16, in, y + o, y_stride); break;
         default: dot_rows(x, x_stride, 8, wrow, is_bf16, in, y + o, y_stride); break;
+#endif
         }
     }
 }
@@ -121,5 +195,131 @@ void small_linear_f32(const float *x, int64_t x_stride, int64_t rows, const void
         const int nb = (int)(rows - r < MAX_ROWS_PER_PASS ? rows - r : MAX_ROWS_PER_PASS);
         pass(x + r * x_stride, x_stride, nb, w, is_bf16, out, in, y + r * out, out,
              num_threads);
+    }
+}
+
+/* ---- int8 weights, a scale per Q8_GROUP inputs (w8a32: x stays fp32) ---------- */
+
+#ifdef __AVX512F__
+/* 16 int8 weights widened to fp32 and scaled: exact up to the one rounding of q*s */
+static inline __m512 load_q8(const int8_t *w, __m512 s)
+{
+    const __m128i q = _mm_loadu_si128((const __m128i *)w);
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), s);
+}
+
+/* as dot_rows; two accumulators a row (one per half group), so a single row does not
+ * wait on one chain of dependent multiply-adds */
+static inline __attribute__((always_inline)) void dot_rows_q8(
+    const float *x, int64_t x_stride, int nb, const int8_t *wrow, const float *srow,
+    int64_t in, float *y, int64_t y_stride)
+{
+    __m512 lo[MAX_ROWS_PER_PASS], hi[MAX_ROWS_PER_PASS];
+#pragma GCC unroll 8
+    for (int b = 0; b < nb; b++)
+        lo[b] = hi[b] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < in / Q8_GROUP; g++) {
+        const __m512 s = _mm512_set1_ps(srow[g]);
+        const __m512 w0 = load_q8(wrow + g * Q8_GROUP, s);
+        const __m512 w1 = load_q8(wrow + g * Q8_GROUP + 16, s);
+        const float *xg = x + g * Q8_GROUP;
+#pragma GCC unroll 8
+        for (int b = 0; b < nb; b++) {
+            lo[b] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xg + b * x_stride), lo[b]);
+            hi[b] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xg + b * x_stride + 16), hi[b]);
+        }
+    }
+    for (int b = 0; b < nb; b++)
+        y[b * y_stride] = _mm512_reduce_add_ps(_mm512_add_ps(lo[b], hi[b]));
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+/* 8 int8 weights widened to fp32 and scaled */
+static inline __m256 load_q8x8(const int8_t *w, __m256 s)
+{
+    const __m128i q = _mm_loadl_epi64((const __m128i *)w);
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), s);
+}
+
+static inline __attribute__((always_inline)) void dot_rows_q8(
+    const float *x, int64_t x_stride, int nb, const int8_t *wrow, const float *srow,
+    int64_t in, float *y, int64_t y_stride)
+{
+    __m256 lo[MAX_ROWS_PER_PASS], hi[MAX_ROWS_PER_PASS];
+#pragma GCC unroll 4
+    for (int b = 0; b < nb; b++)
+        lo[b] = hi[b] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < in / Q8_GROUP; g++) {
+        const __m256 s = _mm256_set1_ps(srow[g]);
+        const int8_t *wg = wrow + g * Q8_GROUP;
+        const float *xg = x + g * Q8_GROUP;
+#pragma GCC unroll 2
+        for (int h = 0; h < Q8_GROUP; h += 16) {
+            const __m256 w0 = load_q8x8(wg + h, s), w1 = load_q8x8(wg + h + 8, s);
+#pragma GCC unroll 4
+            for (int b = 0; b < nb; b++) {
+                lo[b] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xg + b * x_stride + h), lo[b]);
+                hi[b] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xg + b * x_stride + h + 8),
+                                        hi[b]);
+            }
+        }
+    }
+    for (int b = 0; b < nb; b++)
+        y[b * y_stride] = hsum256(_mm256_add_ps(lo[b], hi[b]));
+}
+#else
+static inline void dot_rows_q8(const float *x, int64_t x_stride, int nb, const int8_t *wrow,
+                               const float *srow, int64_t in, float *y, int64_t y_stride)
+{
+    for (int b = 0; b < nb; b++) {
+        const float *xb = x + b * x_stride;
+        float acc = 0.0f;
+        for (int64_t g = 0; g < in / Q8_GROUP; g++) {
+            const float s = srow[g];
+#pragma omp simd reduction(+:acc)
+            for (int i = 0; i < Q8_GROUP; i++)
+                acc += (float)wrow[g * Q8_GROUP + i] * s * xb[g * Q8_GROUP + i];
+        }
+        y[b * y_stride] = acc;
+    }
+}
+#endif
+
+static void pass_q8(const float *x, int64_t x_stride, int nb, const int8_t *w,
+                    const float *scales, int64_t out, int64_t in, float *y, int64_t y_stride,
+                    int num_threads)
+{
+    const int64_t groups = in / Q8_GROUP;
+#pragma omp parallel for num_threads(num_threads) schedule(static)
+    for (int64_t o = 0; o < out; o++) {
+        const int8_t *wrow = w + o * in;
+        const float *srow = scales + o * groups;
+        switch (nb) {  /* constant row counts: see dot_rows */
+        case 1: dot_rows_q8(x, x_stride, 1, wrow, srow, in, y + o, y_stride); break;
+        case 2: dot_rows_q8(x, x_stride, 2, wrow, srow, in, y + o, y_stride); break;
+        case 3: dot_rows_q8(x, x_stride, 3, wrow, srow, in, y + o, y_stride); break;
+#if MAX_ROWS_PER_PASS == 4
+        default: dot_rows_q8(x, x_stride, 4, wrow, srow, in, y + o, y_stride); break;
+#else
+        case 4: dot_rows_q8(x, x_stride, 4, wrow, srow, in, y + o, y_stride); break;
+#endif
+#if MAX_ROWS_PER_PASS == 8
+        case 5: dot_rows_q8(x, x_stride, 5, wrow, srow, in, y + o, y_stride); break;
+        case 6: dot_rows_q8(x, x_stride, 6, wrow, srow, in, y + o, y_stride); break;
+        case 7: dot_rows_q8(x, x_stride, 7, wrow, srow, in, y + o, y_stride); break;
+        default: dot_rows_q8(x, x_stride, 8, wrow, srow, in, y + o, y_stride); break;
+#endif
+        }
+    }
+}
+
+/* y [rows][out] = x [rows][in] @ (w * scales).T; w int8 [out][in], scales fp32
+ * [out][in / Q8_GROUP]; in must be a multiple of Q8_GROUP (the caller checks). */
+void small_linear_q8(const float *x, int64_t x_stride, int64_t rows, const int8_t *w,
+                     const float *scales, int64_t out, int64_t in, float *y, int num_threads)
+{
+    for (int64_t r = 0; r < rows; r += MAX_ROWS_PER_PASS) {
+        const int nb = (int)(rows - r < MAX_ROWS_PER_PASS ? rows - r : MAX_ROWS_PER_PASS);
+        pass_q8(x + r * x_stride, x_stride, nb, w, scales, out, in, y + r * out, out,
+                num_threads);
     }
 }

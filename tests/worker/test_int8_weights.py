@@ -1,0 +1,126 @@
+"""--quantization int8: the small-batch kernel's weights as int8 with a scale per 32
+inputs (worker_svc/model/small_linear.py). Quantizing keeps each weight within half a
+scale step; the kernel computes x @ dequantize(w).T on every ISA build this CPU runs;
+a worker decodes on the int8 copies and runs wider steps on its --dtype weights, and
+on a checkpoint whose weights int8 holds exactly its greedy tokens are the fp32 ones."""
+
+import ctypes
+
+import pytest
+import torch
+
+from worker_svc import native
+from worker_svc.config import WorkerConfig
+from worker_svc.model import small_linear
+from worker_svc.model.small_linear import GROUP, Int8Weight, quantize_int8
+from worker_svc.model.weights import weight_bytes
+from worker_svc.runner import ModelRunner
+
+from .step_driver import StepDriver
+
+needs_kernel = pytest.mark.skipif(small_linear.load() is None,
+                                  reason="no C compiler here: no small-batch kernel")
+
+
+def test_each_weight_is_within_half_a_step_of_its_group_and_zero_groups_stay_zero():
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(5, 4 * GROUP, generator=g) * torch.logspace(-3, 1, 5).unsqueeze(1)
+    w[2, GROUP:2 * GROUP] = 0.0
+    qw = quantize_int8(w)
+    assert qw.q.dtype == torch.int8 and qw.q.shape == w.shape
+    assert qw.scales.shape == (5, 4) and qw.scales[2, 1] == 0
+    assert int(qw.q.abs().max()) == 127  # each group's largest weight uses the full range
+    step = qw.scales.repeat_interleave(GROUP, dim=1)
+    assert bool(((qw.dequantize() - w).abs() <= step / 2 + 1e-12).all())
+    assert bool((qw.dequantize()[2, GROUP:2 * GROUP] == 0).all())
+
+
+def test_a_width_that_is_not_a_multiple_of_the_group_is_refused_by_name():
+    with pytest.raises(ValueError, match="multiple of 32"):
+        quantize_int8(torch.zeros(4, 40))
+
+
+@pytest.fixture(params=[v.name for v in native.supported_variants()])
+def kernel(request):
+    variant = next(v for v in native.supported_variants() if v.name == request.param)
+    path = native.compile_variant("small_linear", variant, small_linear.FLAGS)
+    if path is None:
+        pytest.skip("no C compiler here")
+    return small_linear.SmallLinear(ctypes.CDLL(str(path)))
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 8, 9])
+@pytest.mark.parametrize("width", [GROUP, 576, 3 * GROUP])
+def test_the_kernel_is_x_times_the_dequantized_weight_transposed(kernel, rows, width):
+    g = torch.Generator().manual_seed(rows * 100 + width)
+    qw = quantize_int8(torch.randn(67, width, generator=g))
+    x = torch.randn(rows, 2 * width + 3, generator=g)[:, 3:3 + width]  # strided rows
+    bias = torch.randn(67, generator=g)
+    want = (x.double() @ qw.dequantize().double().T + bias.double()).float()
+    torch.testing.assert_close(kernel(x, qw, bias), want, rtol=1e-5, atol=1e-5 * width ** 0.5)
+
+
+def _prequantized_copy(src, dst):
+    """The checkpoint with every matmul weight (the tied embedding too) replaced by its
+    int8 value: quantizing it again gives the same numbers."""
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(str(src), dtype=torch.float32)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 2:
+                p.copy_(quantize_int8(p).dequantize())
+    model.save_pretrained(str(dst))
+    return dst
+
+
+@pytest.fixture(scope="module")
+def int8_exact_dir(tiny_llama_dir, tmp_path_factory):
+    return _prequantized_copy(tiny_llama_dir, tmp_path_factory.mktemp("int8_exact"))
+
+
+def _runner(path, **kw) -> ModelRunner:
+    return ModelRunner(WorkerConfig(model=str(path), device="cpu", max_model_len=256,
+                                    num_gpu_blocks_override=64, max_num_seqs=8, **kw))
+
+
+def _greedy(runner, prompts, max_new=12):
+    driver = StepDriver(runner)
+    for i, prompt in enumerate(prompts):
+        driver.add(f"r{i}", prompt, max_new=max_new)
+    driver.run_to_completion()
+    return [driver.requests[f"r{i}"].output for i in range(len(prompts))]
+
+
+@needs_kernel
+def test_small_steps_read_int8_copies_and_wide_steps_the_dtype_weights(tiny_llama_dir):
+    int8, plain = _runner(tiny_llama_dir, quantization="int8"), _runner(tiny_llama_dir)
+    model = int8.model
+    small_layers, _ = model._matmuls(small_linear.MAX_ROWS)
+    wide_layers, _ = model._matmuls(small_linear.MAX_ROWS + 1)
+    assert isinstance(small_layers[0].gate_up, Int8Weight)
+    assert isinstance(model._small_lm_head, Int8Weight)
+    assert wide_layers is model.w.layers and wide_layers[0].gate_up.dtype == torch.float32
+    assert int8.compute_paths()["small_batch"] == "int8"
+    assert plain.compute_paths()["small_batch"] == "on"
+    # a quarter of the plain copies' bytes, plus the scales, is counted for the KV sizing
+    assert weight_bytes(int8.model.w) < weight_bytes(plain.model.w)
+
+
+@needs_kernel
+def test_on_weights_int8_holds_exactly_the_greedy_tokens_are_the_fp32_ones(int8_exact_dir):
+    # 3 requests decode 3 rows a step (int8); the prefill step has 60 rows (fp32)
+    prompts = [list(range(3, 23)), list(range(40, 60)), list(range(7, 27))]
+    int8, fp32 = _runner(int8_exact_dir, quantization="int8"), _runner(int8_exact_dir)
+    # the vocabulary projection of a small step: the same logits, to rounding
+    x = torch.randn(3, int8.model_config.hidden_size, generator=torch.Generator().manual_seed(5))
+    torch.testing.assert_close(int8.model._logits(x), fp32.model._logits(x),
+                               rtol=1e-5, atol=1e-5)
+    assert _greedy(int8, prompts) == _greedy(fp32, prompts)
+
+
+def test_int8_is_refused_with_a_reason_when_nothing_would_run_it(tiny_llama_dir, monkeypatch):
+    with pytest.raises(ValueError, match="quantization must be int8"):
+        WorkerConfig(quantization="int4").validate()
+    monkeypatch.setenv("GAPSERVE_CPU_SMALL_BATCH", "off")
+    with pytest.raises(ValueError, match="needs the small-batch kernel"):
+        _runner(tiny_llama_dir, quantization="int8")
