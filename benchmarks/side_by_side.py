@@ -9,8 +9,9 @@ llama-server use them by default (-t/-tb = all cores); vLLM's CPU build binds it
 compute threads with VLLM_CPU_OMP_THREADS_BIND, set here to all cores as vLLM's CPU
 docs advise for a dedicated machine (`vllm-default` keeps vLLM's own binding, which on
 a 2-core box is one compute thread). Rows for each server's best dtype on this CPU sit
-next to fp32: `gapserve-bf16` and `vllm-bf16` (--dtype bfloat16), `llamacpp-q8_0`
-(a Q8_0 GGUF of the same checkpoint).
+next to fp32: `gapserve-bf16` and `vllm-bf16` (--dtype bfloat16), `gapserve-int8`
+(--quantization int8: int8 weights for steps of a few tokens, fp32 for wider ones),
+`llamacpp-q8_0` (a Q8_0 GGUF of the same checkpoint).
 
 Each repeat starts every listed server in turn (its own process group, log under
 --log-dir), waits until a one-token chat request succeeds, runs serve_bench.py at
@@ -54,12 +55,13 @@ TICKS = os.sysconf("SC_CLK_TCK")
 # a build for this CPU first: the wheel's generic binary dies of SIGILL on Q8_0 here
 LLAMA_SERVERS = ("/opt/peers/llama-native/build/bin/llama-server",
                  "/opt/peers/llama/bin/llama-server")
-SERVERS = ("gapserve", "gapserve-bf16", "vllm", "vllm-bf16", "vllm-default", "llamacpp",
+SERVERS = ("gapserve", "gapserve-bf16", "gapserve-int8", "vllm", "vllm-bf16", "vllm-default", "llamacpp",
            "llamacpp-q8_0")
 # each gapserve row against the peers' rows of the same kind: fp32 against fp32, and
 # best dtype against best dtype
 PAIRS = {"gapserve": ("vllm", "vllm-default", "llamacpp"),
-         "gapserve-bf16": ("vllm-bf16", "llamacpp-q8_0")}
+         "gapserve-bf16": ("vllm-bf16", "llamacpp-q8_0"),
+         "gapserve-int8": ("vllm", "vllm-bf16", "llamacpp-q8_0")}
 
 
 def server_commands(args: argparse.Namespace) -> dict[str, dict]:
@@ -67,9 +69,9 @@ def server_commands(args: argparse.Namespace) -> dict[str, dict]:
     kv_bytes = int(args.kv_cache_gib * GIB)
     cores = os.cpu_count() or 1
 
-    def gapserve(dtype: str) -> dict:
+    def gapserve(dtype: str, *extra: str) -> dict:
         return {"argv": [sys.executable, "-m", "gapserve", "serve", "--model", args.model,
-                         "--dtype", dtype, "--kv-cache-memory", str(kv_bytes),
+                         "--dtype", dtype, *extra, "--kv-cache-memory", str(kv_bytes),
                          "--http-port", str(args.port), "--grpc-port", str(args.port + 51),
                          "--scheduler-port", str(args.port + 52), "--worker-port",
                          str(args.port + 53), "--scheduler-metrics-port", "0",
@@ -88,6 +90,8 @@ def server_commands(args: argparse.Namespace) -> dict[str, dict]:
 
     return {
         "gapserve": gapserve("float32"), "gapserve-bf16": gapserve("bfloat16"),
+        # int8 weights for decode steps of at most 4 tokens, fp32 for wider ones
+        "gapserve-int8": gapserve("float32", "--quantization", "int8"),
         "vllm": vllm("float32", True), "vllm-bf16": vllm("bfloat16", True),
         "vllm-default": vllm("float32", False),
         "llamacpp": llama_server_spec(args, args.llama_gguf),

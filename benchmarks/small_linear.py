@@ -1,7 +1,8 @@
 """The matmuls of a decode step at small batches: oneDNN prepacked (what the worker uses
 for wide batches), torch's F.linear, and the small-batch kernel (worker_svc/csrc/
 small_linear.c), on the default model's shapes (30 layers: qkv, o_proj, gate_up, down;
-then the vocabulary projection), fp32 and bf16 weights, fp32 activations.
+then the vocabulary projection), fp32, bf16 and int8 weights (--quantization int8: the
+kernel alone), fp32 activations.
 
     python benchmarks/small_linear.py [--threads 2] [--rows 1,2,4,8,12,16] [--repeats 7]
 
@@ -29,9 +30,15 @@ SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536))  # SmolLM2-135M, [ou
 VOCAB = (49152, 576)
 
 
-def methods(dtype: torch.dtype):
+def methods(dtype: torch.dtype | str):
     """name -> (weights, fn(x, w)) for every method available for this dtype."""
     kernel = small_linear.load()
+    if dtype == "int8":
+        if kernel is None:
+            return {}
+        weights = [small_linear.quantize_int8(torch.randn(o, i))
+                   for o, i in [s for _ in range(LAYERS) for s in SHAPES] + [VOCAB]]
+        return {"small_linear": (weights, kernel)}
     plain = [torch.randn(o, i).to(dtype) for _ in range(LAYERS) for o, i in SHAPES]
     plain.append(torch.randn(*VOCAB).to(dtype))
     out = {"F.linear": (plain, lambda x, w: F.linear(x.to(w.dtype), w).float())}
@@ -56,9 +63,12 @@ def main() -> None:
           f"torch {torch.__version__}, bf16 instructions: {native_bf16()}")
     print(f"{'dtype':9} {'rows':>4} {'method':14} {'median ms':>9} {'spread ms':>13} "
           f"{'GB/s':>6}")
-    for dtype in (torch.float32, torch.bfloat16):
+    for dtype in (torch.float32, torch.bfloat16, "int8"):
         ms = methods(dtype)
-        nbytes = sum(w.numel() * w.element_size() for w in ms["F.linear"][0])
+        if not ms:
+            continue
+        nbytes = sum(t.numel() * t.element_size() for w in next(iter(ms.values()))[0]
+                     for t in (w.tensors() if hasattr(w, "tensors") else (w,)))
         for rows in rows_list:
             xs = {i: torch.randn(rows, i) for i in {s[1] for s in SHAPES}}
             times = {name: [] for name in ms}
@@ -71,7 +81,7 @@ def main() -> None:
             for name, ts in times.items():
                 ts = ts[1:]
                 med = statistics.median(ts)
-                print(f"{str(dtype)[6:]:9} {rows:4d} {name:14} {med * 1e3:9.2f} "
+                print(f"{str(dtype).removeprefix('torch.'):9} {rows:4d} {name:14} {med * 1e3:9.2f} "
                       f"{min(ts) * 1e3:6.2f}-{max(ts) * 1e3:6.2f} {nbytes / med / 1e9:6.1f}")
 
 

@@ -146,6 +146,8 @@ def main() -> None:
     ap.add_argument("--dtype", default="auto", choices=("auto", "float32", "bfloat16"),
                     help="bfloat16 on CPU: bf16 matmul weights, fp32 activations")
     ap.add_argument("--load-format", default="auto", choices=("auto", "dummy"))
+    ap.add_argument("--quantization", default=None, choices=("int8",),
+                    help="int8 weights for steps of at most 4 tokens (docs/worker.md)")
     ap.add_argument("--decode-batches", default=None,
                     help="comma list instead of the default 1,8,32,64,128")
     ap.add_argument("--prefill-chunks", default=None,
@@ -190,7 +192,8 @@ def main() -> None:
 def _runner(args, decode_batches, rank: int, tp: int, master_port: int) -> ModelRunner:
     max_blocks = max(decode_batches) * (-(-(PROMPT_LEN + 2 * args.decode_steps + 2) // 16))
     return ModelRunner(WorkerConfig(
-        device="cpu", dtype=args.dtype, load_format=args.load_format, max_model_len=4096 + 16,
+        device="cpu", dtype=args.dtype, quantization=args.quantization,
+        load_format=args.load_format, max_model_len=4096 + 16,
         max_num_seqs=max(decode_batches),
         num_gpu_blocks_override=max(max_blocks, 4096 // 16 + 2) + 1,
         tensor_parallel_rank=rank, tensor_parallel_size=tp, master_port=master_port))

@@ -9,10 +9,11 @@ import ctypes
 import sys
 
 from worker_svc import native
+from worker_svc.attention import cpu_kernel
 from worker_svc.model import fused_ops, small_linear
 
 # (csrc name, extra flags) of every C kernel the worker loads
-KERNELS = (("paged_decode", ()), ("decoder_ops", fused_ops.FLAGS),
+KERNELS = (("paged_decode", cpu_kernel.FLAGS), ("decoder_ops", fused_ops.FLAGS),
            ("small_linear", small_linear.FLAGS))
 
 

@@ -123,6 +123,10 @@ def test_best_dtype_rows_start_each_server_in_its_best_dtype():
         assert argv[argv.index("--dtype") + 1] == "float32"
     assert specs["llamacpp-q8_0"]["argv"][specs["llamacpp-q8_0"]["argv"].index("-m") + 1] \
         == "/m/q8.gguf"
+    int8 = specs["gapserve-int8"]["argv"]  # int8 decode weights, fp32 wide steps
+    assert int8[int8.index("--quantization") + 1] == "int8"
+    assert int8[int8.index("--dtype") + 1] == "float32"
+    assert "--quantization" not in specs["gapserve"]["argv"]
 
 
 def test_cpu_by_process_counts_each_process_from_its_first_reading():

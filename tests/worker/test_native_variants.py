@@ -11,6 +11,7 @@ import platform
 import pytest
 
 from worker_svc import native
+from worker_svc.attention import cpu_kernel
 from worker_svc.model import fused_ops
 
 pytestmark = pytest.mark.skipif(platform.machine() != "x86_64", reason="x86-64 ISA levels")
@@ -43,13 +44,13 @@ def test_the_image_build_makes_the_baseline_and_each_level_up_to_the_build_cpus(
 def test_without_a_compiler_another_cpu_loads_the_best_prebuilt_level(tmp_path, monkeypatch,
                                                                        caplog):
     monkeypatch.setenv("GAPSERVE_CACHE_DIR", str(tmp_path))
-    baseline = native.compile_variant("paged_decode", native.X86_VARIANTS[2])
+    baseline = native.compile_variant("paged_decode", native.X86_VARIANTS[2], cpu_kernel.FLAGS)
     assert baseline is not None
     # now an AVX-512 CPU in a runtime image: no compiler, only the baseline built
     monkeypatch.setattr(native, "_cpu_features", lambda: AVX512)
     monkeypatch.setattr(native.shutil, "which", lambda name: None)
     with caplog.at_level(logging.WARNING, logger=native.__name__):
-        assert native.build("paged_decode") == baseline
+        assert native.build("paged_decode", cpu_kernel.FLAGS) == baseline
     assert "using the x86-64-v2 build" in caplog.text
     ctypes.CDLL(str(baseline)).paged_decode_f32  # the symbol the worker calls
 
@@ -59,5 +60,5 @@ def test_without_a_compiler_and_without_a_build_it_says_the_torch_path_runs(tmp_
     monkeypatch.setenv("GAPSERVE_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(native.shutil, "which", lambda name: None)
     with caplog.at_level(logging.WARNING, logger=native.__name__):
-        assert native.build("paged_decode") is None
+        assert native.build("paged_decode", cpu_kernel.FLAGS) is None
     assert "torch path" in caplog.text

@@ -12,7 +12,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
@@ -20,8 +19,8 @@ import torch
 from worker_svc import native
 
 _I64, _F32P, _I64P = ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p
-# below this many decodes a second thread costs more than it saves
-MIN_REQUESTS_TO_SPLIT = 8
+# OpenMP: (request, head) items split across torch's own compute threads (the .c says why)
+FLAGS = ("-fopenmp",)
 
 
 def active() -> ctypes.CDLL | None:
@@ -33,7 +32,7 @@ def active() -> ctypes.CDLL | None:
 
 @functools.cache
 def load() -> ctypes.CDLL | None:
-    path = native.build("paged_decode")
+    path = native.build("paged_decode", FLAGS)
     if path is None:
         return None
     try:
@@ -42,7 +41,8 @@ def load() -> ctypes.CDLL | None:
         return None
     fn = lib.paged_decode_f32
     fn.argtypes = [_F32P, _I64, _I64, _F32P, _I64, _I64, _I64, _I64, _I64P, _I64, _I64P,
-                   _I64P, _I64, ctypes.c_float, _F32P, _I64, _I64, _I64, _I64, _F32P, _F32P]
+                   _I64P, _I64, ctypes.c_float, _F32P, _I64, _I64, _I64, _I64, _F32P, _I64,
+                   ctypes.c_int]
     fn.restype = None
     return lib
 
@@ -51,11 +51,6 @@ def supports(query: torch.Tensor, kv_cache: torch.Tensor) -> bool:
     return (query.device.type == "cpu" and query.dtype == torch.float32
             and kv_cache.dtype == torch.float32 and kv_cache.is_contiguous()
             and query.stride(2) == 1)
-
-
-@functools.cache
-def _helper() -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="paged-decode")
 
 
 @dataclass(slots=True)
@@ -67,20 +62,13 @@ class PagedDecode:
     fn: object
     keep_alive: tuple  # the int64 tables and scratch buffers the pointers point into
     step_args: tuple  # block_size .. scale, in the C signature's order
-    ranges: list  # (begin, end, scores_ptr, acc_ptr) per thread
+    tail_args: tuple  # begin .. num_threads
 
     def __call__(self, query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor) -> None:
         """Writes out[q_rows[i]] for each decode i."""
-        head = (query.data_ptr(), query.stride(0), query.stride(1), kv_cache.data_ptr(),
-                kv_cache.shape[1])
-        tail = (out.data_ptr(), out.stride(0), out.stride(1))
-        if len(self.ranges) == 1:
-            self.fn(*head, *self.step_args, *tail, *self.ranges[0])
-            return
-        # a helper thread takes the second half; ctypes releases the GIL during the call
-        other = _helper().submit(self.fn, *head, *self.step_args, *tail, *self.ranges[1])
-        self.fn(*head, *self.step_args, *tail, *self.ranges[0])
-        other.result()
+        self.fn(query.data_ptr(), query.stride(0), query.stride(1), kv_cache.data_ptr(),
+                kv_cache.shape[1], *self.step_args, out.data_ptr(), out.stride(0),
+                out.stride(1), *self.tail_args)
 
 
 def paged_decode_for_step(lib: ctypes.CDLL, num_heads: int, kv_cache_shape: torch.Size,
@@ -91,16 +79,11 @@ def paged_decode_for_step(lib: ctypes.CDLL, num_heads: int, kv_cache_shape: torc
     block_table, seq_lens, q_rows = (t.contiguous().long() for t in (block_table, seq_lens,
                                                                      q_rows))
     _, _, block_size, num_kv_heads, head_dim = kv_cache_shape
-    num_reqs = q_rows.shape[0]
-    split = num_reqs >= MIN_REQUESTS_TO_SPLIT and torch.get_num_threads() >= 2
-    bounds = [(0, num_reqs // 2), (num_reqs // 2, num_reqs)] if split else [(0, num_reqs)]
-    scratch, ranges = [], []
-    for begin, end in bounds:
-        scores, acc = torch.empty(num_heads * max_seq_len), torch.empty(num_heads * head_dim)
-        scratch += [scores, acc]
-        ranges.append((begin, end, scores.data_ptr(), acc.data_ptr()))
+    threads = torch.get_num_threads()
+    scratch = torch.empty(threads * (max_seq_len + head_dim))  # scores, acc per thread
     step_args = (block_size, num_kv_heads, head_dim, block_table.data_ptr(),
                  block_table.stride(0), seq_lens.data_ptr(), q_rows.data_ptr(), num_heads,
                  scale)
-    return PagedDecode(lib.paged_decode_f32, (block_table, seq_lens, q_rows, *scratch),
-                       step_args, ranges)
+    tail_args = (0, q_rows.shape[0], scratch.data_ptr(), max_seq_len, threads)
+    return PagedDecode(lib.paged_decode_f32, (block_table, seq_lens, q_rows, scratch),
+                       step_args, tail_args)

@@ -1,98 +1,105 @@
 /* Paged decode attention on CPU, fp32: one query token per request, keys and values
  * read in place from the block-paged cache (no gather copy, no padding).
- * Work items are requests, all heads of one together: a slot's keys (and values) of
- * every KV head sit side by side, so each is read once, as one run. A caller may split
- * the requests [begin, end) across threads. Layout: kv_cache
- * [2][num_blocks][block_size][num_kv_heads][head_dim]. Loops run block by block (no
- * division per position); the softmax's exp is the vectorizable exp_f32. */
+ * Work items are (request, query head) pairs, split statically across the OpenMP
+ * team: a lone request's 9 heads keep both cores busy instead of one, and the heads
+ * of one KV group, which read the same keys and values, sit next to each other in
+ * the order, so mostly one thread reads a group's run from memory and its other
+ * heads find it in cache. Layout: kv_cache [2][num_blocks][block_size][num_kv_heads]
+ * [head_dim]. Loops run block by block (no division per position); the softmax's exp
+ * is the vectorizable exp_f32.
+ *
+ * Built with -fopenmp: in a worker the runtime is torch's own libgomp (small_linear.c
+ * says why), so the region uses the compute threads' team. */
 #include <math.h>
 #include <stdint.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 #include "exp_f32.h"
 
+static void one_head(const float *qh, const float *kv_cache, const float *v_cache,
+                     int64_t block_size, int64_t slot_stride, int64_t block_stride,
+                     int64_t head_dim, const int64_t *table, int64_t seq_len, float scale,
+                     float *o, float *sc, float *a)
+{
+    const int64_t num_seq_blocks = (seq_len + block_size - 1) / block_size;
+    float max = -INFINITY;
+    for (int64_t b = 0; b < num_seq_blocks; b++) {
+        const int64_t first = b * block_size;
+        const int64_t n = seq_len - first < block_size ? seq_len - first : block_size;
+        const float *k_block = kv_cache + table[b] * block_stride;
+        for (int64_t t = 0; t < n; t++) {
+            const float *k = k_block + t * slot_stride;
+            float dot = 0.0f;
+#pragma omp simd reduction(+:dot)
+            for (int64_t i = 0; i < head_dim; i++)
+                dot += qh[i] * k[i];
+            dot *= scale;
+            sc[first + t] = dot;
+            max = dot > max ? dot : max;
+        }
+    }
+    float sum = 0.0f;
+#pragma omp simd reduction(+:sum)
+    for (int64_t s = 0; s < seq_len; s++) {
+        sc[s] = exp_f32(sc[s] - max);
+        sum += sc[s];
+    }
+    const float inv = 1.0f / sum;
+    for (int64_t i = 0; i < head_dim; i++)
+        a[i] = 0.0f;
+    for (int64_t b = 0; b < num_seq_blocks; b++) {
+        const int64_t first = b * block_size;
+        const int64_t n = seq_len - first < block_size ? seq_len - first : block_size;
+        const float *v_block = v_cache + table[b] * block_stride;
+        for (int64_t t = 0; t < n; t++) {
+            const float *v = v_block + t * slot_stride;
+            const float p = sc[first + t] * inv;
+#pragma omp simd
+            for (int64_t i = 0; i < head_dim; i++)
+                a[i] += p * v[i];
+        }
+    }
+    for (int64_t i = 0; i < head_dim; i++)
+        o[i] = a[i];
+}
+
+/* Requests [begin, end) of the step; scratch holds num_threads * (max_seq_len +
+ * head_dim) floats (each thread's scores and accumulator). */
 void paged_decode_f32(const float *query, int64_t q_tok_stride, int64_t q_head_stride,
                       const float *kv_cache, int64_t num_blocks, int64_t block_size,
                       int64_t num_kv_heads, int64_t head_dim,
                       const int64_t *block_table, int64_t bt_stride,
                       const int64_t *seq_lens, const int64_t *q_rows, int64_t num_heads,
                       float scale, float *out, int64_t o_tok_stride, int64_t o_head_stride,
-                      int64_t begin, int64_t end, float *scores /* num_heads * max_seq_len */,
-                      float *acc /* num_heads * head_dim */)
+                      int64_t begin, int64_t end, float *scratch, int64_t max_seq_len,
+                      int num_threads)
 {
     const int64_t group = num_heads / num_kv_heads;
     const int64_t slot_stride = num_kv_heads * head_dim;
     const int64_t block_stride = block_size * slot_stride;
     const float *v_cache = kv_cache + num_blocks * block_stride;
-    for (int64_t r = begin; r < end; r++) {
-        const int64_t seq_len = seq_lens[r];
-        const int64_t num_seq_blocks = (seq_len + block_size - 1) / block_size;
-        const int64_t *table = block_table + r * bt_stride;
-        const float *q = query + q_rows[r] * q_tok_stride;
-
-        for (int64_t b = 0; b < num_seq_blocks; b++) {
-            const int64_t first = b * block_size;
-            const int64_t n = seq_len - first < block_size ? seq_len - first : block_size;
-            const float *k_block = kv_cache + table[b] * block_stride;
-            for (int64_t o = 0; o < n; o++) {
-                const float *k_slot = k_block + o * slot_stride;
-                for (int64_t h = 0, hq = 0; h < num_kv_heads; h++) {
-                    const float *k = k_slot + h * head_dim;
-                    for (int64_t g = 0; g < group; g++, hq++) {
-                        const float *qh = q + hq * q_head_stride;
-                        float dot = 0.0f;
-#pragma omp simd reduction(+:dot)
-                        for (int64_t i = 0; i < head_dim; i++)
-                            dot += qh[i] * k[i];
-                        scores[hq * seq_len + first + o] = dot * scale;
-                    }
-                }
-            }
-        }
-
-        for (int64_t hq = 0; hq < num_heads; hq++) {
-            float *sc = scores + hq * seq_len;
-            float max = -INFINITY, sum = 0.0f;
-#pragma omp simd reduction(max:max)
-            for (int64_t s = 0; s < seq_len; s++)
-                max = sc[s] > max ? sc[s] : max;
-#pragma omp simd reduction(+:sum)
-            for (int64_t s = 0; s < seq_len; s++) {
-                sc[s] = exp_f32(sc[s] - max);
-                sum += sc[s];
-            }
-            const float inv = 1.0f / sum;
-#pragma omp simd
-            for (int64_t s = 0; s < seq_len; s++)
-                sc[s] *= inv;
-            float *a = acc + hq * head_dim;
-            for (int64_t i = 0; i < head_dim; i++)
-                a[i] = 0.0f;
-        }
-
-        for (int64_t b = 0; b < num_seq_blocks; b++) {
-            const int64_t first = b * block_size;
-            const int64_t n = seq_len - first < block_size ? seq_len - first : block_size;
-            const float *v_block = v_cache + table[b] * block_stride;
-            for (int64_t o = 0; o < n; o++) {
-                const float *v_slot = v_block + o * slot_stride;
-                for (int64_t h = 0, hq = 0; h < num_kv_heads; h++) {
-                    const float *v = v_slot + h * head_dim;
-                    for (int64_t g = 0; g < group; g++, hq++) {
-                        const float p = scores[hq * seq_len + first + o];
-                        float *a = acc + hq * head_dim;
-#pragma omp simd
-                        for (int64_t i = 0; i < head_dim; i++)
-                            a[i] += p * v[i];
-                    }
-                }
-            }
-        }
-
-        for (int64_t hq = 0; hq < num_heads; hq++) {
-            float *o = out + q_rows[r] * o_tok_stride + hq * o_head_stride;
-            const float *a = acc + hq * head_dim;
-            for (int64_t i = 0; i < head_dim; i++)
-                o[i] = a[i];
+    const int64_t items = (end - begin) * num_heads;
+    const int threads = items < num_threads ? (int)(items > 0 ? items : 1) : num_threads;
+#pragma omp parallel num_threads(threads)
+    {
+#ifdef _OPENMP
+        const int tid = omp_get_thread_num();
+#else
+        const int tid = 0;
+#endif
+        float *sc = scratch + tid * (max_seq_len + head_dim);
+        float *a = sc + max_seq_len;
+#pragma omp for schedule(static)
+        for (int64_t item = 0; item < items; item++) {
+            const int64_t r = begin + item / num_heads, hq = item % num_heads;
+            const int64_t kvh = hq / group;
+            one_head(query + q_rows[r] * q_tok_stride + hq * q_head_stride,
+                     kv_cache + kvh * head_dim, v_cache + kvh * head_dim, block_size,
+                     slot_stride, block_stride, head_dim, block_table + r * bt_stride,
+                     seq_lens[r], scale, out + q_rows[r] * o_tok_stride + hq * o_head_stride,
+                     sc, a);
         }
     }
 }

@@ -16,6 +16,7 @@
  * libgomp soname, loaded first), so these parallel regions use the compute thread's
  * team instead of starting a second pool. */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
@@ -32,6 +33,16 @@
 /* int8 weights (--quantization int8): one fp32 scale per Q8_GROUP consecutive inputs
  * of an output row, w ~= q * scale, as llama.cpp's Q8_0 groups */
 #define Q8_GROUP 32
+
+#if defined(__AVX2__) && defined(__FMA__)  /* the AVX-512 build has AVX2 too */
+static inline float hsum256(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+#endif
 
 #ifdef __AVX512F__
 /* 16 weights from i on (only the first n < 16 when m is not full), as fp32 */
@@ -79,14 +90,6 @@ static inline __attribute__((always_inline)) void dot_rows(
         y[b * y_stride] = _mm512_reduce_add_ps(acc[b]);
 }
 #elif defined(__AVX2__) && defined(__FMA__)
-static inline float hsum256(__m256 v)
-{
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
 /* 8 weights from i on, as fp32 (bf16 widened exactly by a shift) */
 static inline __m256 load_w8(const void *w, int64_t i, int is_bf16)
 {
@@ -198,93 +201,85 @@ void small_linear_f32(const float *x, int64_t x_stride, int64_t rows, const void
     }
 }
 
-/* ---- int8 weights, a scale per Q8_GROUP inputs (w8a32: x stays fp32) ---------- */
+/* ---- int8 weights, a scale per Q8_GROUP inputs ---------------------------------
+ * x's rows are first put as int16 with one scale per group (max|x| / 32767: within
+ * 1/65534 of the group's largest value, far below the int8 weights' own rounding), so
+ * a group's 32 products sum exactly in int32 (16-bit multiply-adds: 127 * 32767 * 32
+ * stays below 2^31) and meet the two scales once, in fp32. Per 32 weights that is a
+ * handful of integer instructions instead of widening each weight to fp32. */
 
-#ifdef __AVX512F__
-/* 16 int8 weights widened to fp32 and scaled: exact up to the one rounding of q*s */
-static inline __m512 load_q8(const int8_t *w, __m512 s)
+static void quantize_rows_i16(const float *x, int64_t x_stride, int64_t rows, int64_t in,
+                              int16_t *xq, float *xs)
 {
-    const __m128i q = _mm_loadu_si128((const __m128i *)w);
-    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), s);
+    const int64_t groups = in / Q8_GROUP;
+    for (int64_t r = 0; r < rows; r++) {
+        for (int64_t g = 0; g < groups; g++) {
+            const float *xg = x + r * x_stride + g * Q8_GROUP;
+            int16_t *qg = xq + (r * groups + g) * Q8_GROUP;
+            float m = 0.0f;
+            for (int i = 0; i < Q8_GROUP; i++) {
+                const float a = xg[i] < 0 ? -xg[i] : xg[i];
+                m = a > m ? a : m;
+            }
+            const float inv = m > 0.0f ? 32767.0f / m : 0.0f;
+            for (int i = 0; i < Q8_GROUP; i++) {
+                float v = xg[i] * inv;
+                v = v > 32767.0f ? 32767.0f : (v < -32767.0f ? -32767.0f : v);
+                qg[i] = (int16_t)(v + (v >= 0.0f ? 0.5f : -0.5f));  /* to nearest */
+            }
+            xs[r * groups + g] = m / 32767.0f;
+        }
+    }
 }
 
-/* as dot_rows; two accumulators a row (one per half group), so a single row does not
- * wait on one chain of dependent multiply-adds */
+#if defined(__AVX2__) && defined(__FMA__)  /* the AVX-512 build has AVX2 too */
 static inline __attribute__((always_inline)) void dot_rows_q8(
-    const float *x, int64_t x_stride, int nb, const int8_t *wrow, const float *srow,
-    int64_t in, float *y, int64_t y_stride)
+    const int16_t *xq, const float *xs, int64_t groups, int nb, const int8_t *wrow,
+    const float *srow, float *y, int64_t y_stride)
 {
-    __m512 lo[MAX_ROWS_PER_PASS], hi[MAX_ROWS_PER_PASS];
+    __m256 acc[MAX_ROWS_PER_PASS];
 #pragma GCC unroll 8
     for (int b = 0; b < nb; b++)
-        lo[b] = hi[b] = _mm512_setzero_ps();
-    for (int64_t g = 0; g < in / Q8_GROUP; g++) {
-        const __m512 s = _mm512_set1_ps(srow[g]);
-        const __m512 w0 = load_q8(wrow + g * Q8_GROUP, s);
-        const __m512 w1 = load_q8(wrow + g * Q8_GROUP + 16, s);
-        const float *xg = x + g * Q8_GROUP;
+        acc[b] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < groups; g++) {
+        const int8_t *wg = wrow + g * Q8_GROUP;
+        const __m256i wa = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)wg));
+        const __m256i wb = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(wg + 16)));
+        const float sw = srow[g];
 #pragma GCC unroll 8
         for (int b = 0; b < nb; b++) {
-            lo[b] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xg + b * x_stride), lo[b]);
-            hi[b] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xg + b * x_stride + 16), hi[b]);
+            const int16_t *xg = xq + (b * groups + g) * Q8_GROUP;
+            const __m256i p = _mm256_add_epi32(
+                _mm256_madd_epi16(wa, _mm256_loadu_si256((const __m256i *)xg)),
+                _mm256_madd_epi16(wb, _mm256_loadu_si256((const __m256i *)(xg + 16))));
+            acc[b] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p),
+                                     _mm256_set1_ps(sw * xs[b * groups + g]), acc[b]);
         }
     }
     for (int b = 0; b < nb; b++)
-        y[b * y_stride] = _mm512_reduce_add_ps(_mm512_add_ps(lo[b], hi[b]));
-}
-#elif defined(__AVX2__) && defined(__FMA__)
-/* 8 int8 weights widened to fp32 and scaled */
-static inline __m256 load_q8x8(const int8_t *w, __m256 s)
-{
-    const __m128i q = _mm_loadl_epi64((const __m128i *)w);
-    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), s);
-}
-
-static inline __attribute__((always_inline)) void dot_rows_q8(
-    const float *x, int64_t x_stride, int nb, const int8_t *wrow, const float *srow,
-    int64_t in, float *y, int64_t y_stride)
-{
-    __m256 lo[MAX_ROWS_PER_PASS], hi[MAX_ROWS_PER_PASS];
-#pragma GCC unroll 4
-    for (int b = 0; b < nb; b++)
-        lo[b] = hi[b] = _mm256_setzero_ps();
-    for (int64_t g = 0; g < in / Q8_GROUP; g++) {
-        const __m256 s = _mm256_set1_ps(srow[g]);
-        const int8_t *wg = wrow + g * Q8_GROUP;
-        const float *xg = x + g * Q8_GROUP;
-#pragma GCC unroll 2
-        for (int h = 0; h < Q8_GROUP; h += 16) {
-            const __m256 w0 = load_q8x8(wg + h, s), w1 = load_q8x8(wg + h + 8, s);
-#pragma GCC unroll 4
-            for (int b = 0; b < nb; b++) {
-                lo[b] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xg + b * x_stride + h), lo[b]);
-                hi[b] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xg + b * x_stride + h + 8),
-                                        hi[b]);
-            }
-        }
-    }
-    for (int b = 0; b < nb; b++)
-        y[b * y_stride] = hsum256(_mm256_add_ps(lo[b], hi[b]));
+        y[b * y_stride] = hsum256(acc[b]);
 }
 #else
-static inline void dot_rows_q8(const float *x, int64_t x_stride, int nb, const int8_t *wrow,
-                               const float *srow, int64_t in, float *y, int64_t y_stride)
+static inline void dot_rows_q8(const int16_t *xq, const float *xs, int64_t groups, int nb,
+                               const int8_t *wrow, const float *srow, float *y,
+                               int64_t y_stride)
 {
     for (int b = 0; b < nb; b++) {
-        const float *xb = x + b * x_stride;
         float acc = 0.0f;
-        for (int64_t g = 0; g < in / Q8_GROUP; g++) {
-            const float s = srow[g];
-#pragma omp simd reduction(+:acc)
+        for (int64_t g = 0; g < groups; g++) {
+            const int16_t *xg = xq + (b * groups + g) * Q8_GROUP;
+            int32_t isum = 0;
+#pragma omp simd reduction(+:isum)
             for (int i = 0; i < Q8_GROUP; i++)
-                acc += (float)wrow[g * Q8_GROUP + i] * s * xb[g * Q8_GROUP + i];
+                isum += (int32_t)wrow[g * Q8_GROUP + i] * xg[i];
+            acc += (float)isum * (srow[g] * xs[b * groups + g]);
         }
         y[b * y_stride] = acc;
     }
 }
 #endif
 
-static void pass_q8(const float *x, int64_t x_stride, int nb, const int8_t *w,
+static void pass_q8(const int16_t *xq, const float *xs, int nb, const int8_t *w,
                     const float *scales, int64_t out, int64_t in, float *y, int64_t y_stride,
                     int num_threads)
 {
@@ -294,32 +289,43 @@ static void pass_q8(const float *x, int64_t x_stride, int nb, const int8_t *w,
         const int8_t *wrow = w + o * in;
         const float *srow = scales + o * groups;
         switch (nb) {  /* constant row counts: see dot_rows */
-        case 1: dot_rows_q8(x, x_stride, 1, wrow, srow, in, y + o, y_stride); break;
-        case 2: dot_rows_q8(x, x_stride, 2, wrow, srow, in, y + o, y_stride); break;
-        case 3: dot_rows_q8(x, x_stride, 3, wrow, srow, in, y + o, y_stride); break;
+        case 1: dot_rows_q8(xq, xs, groups, 1, wrow, srow, y + o, y_stride); break;
+        case 2: dot_rows_q8(xq, xs, groups, 2, wrow, srow, y + o, y_stride); break;
+        case 3: dot_rows_q8(xq, xs, groups, 3, wrow, srow, y + o, y_stride); break;
 #if MAX_ROWS_PER_PASS == 4
-        default: dot_rows_q8(x, x_stride, 4, wrow, srow, in, y + o, y_stride); break;
+        default: dot_rows_q8(xq, xs, groups, 4, wrow, srow, y + o, y_stride); break;
 #else
-        case 4: dot_rows_q8(x, x_stride, 4, wrow, srow, in, y + o, y_stride); break;
-#endif
-#if MAX_ROWS_PER_PASS == 8
-        case 5: dot_rows_q8(x, x_stride, 5, wrow, srow, in, y + o, y_stride); break;
-        case 6: dot_rows_q8(x, x_stride, 6, wrow, srow, in, y + o, y_stride); break;
-        case 7: dot_rows_q8(x, x_stride, 7, wrow, srow, in, y + o, y_stride); break;
-        default: dot_rows_q8(x, x_stride, 8, wrow, srow, in, y + o, y_stride); break;
+        case 4: dot_rows_q8(xq, xs, groups, 4, wrow, srow, y + o, y_stride); break;
+        case 5: dot_rows_q8(xq, xs, groups, 5, wrow, srow, y + o, y_stride); break;
+        case 6: dot_rows_q8(xq, xs, groups, 6, wrow, srow, y + o, y_stride); break;
+        case 7: dot_rows_q8(xq, xs, groups, 7, wrow, srow, y + o, y_stride); break;
+        default: dot_rows_q8(xq, xs, groups, 8, wrow, srow, y + o, y_stride); break;
 #endif
         }
     }
 }
 
 /* y [rows][out] = x [rows][in] @ (w * scales).T; w int8 [out][in], scales fp32
- * [out][in / Q8_GROUP]; in must be a multiple of Q8_GROUP (the caller checks). */
-void small_linear_q8(const float *x, int64_t x_stride, int64_t rows, const int8_t *w,
-                     const float *scales, int64_t out, int64_t in, float *y, int num_threads)
+ * [out][in / Q8_GROUP]; in must be a multiple of Q8_GROUP (the caller checks).
+ * Returns 0, or -1 when the int16 copy of x cannot be allocated. */
+int small_linear_q8(const float *x, int64_t x_stride, int64_t rows, const int8_t *w,
+                    const float *scales, int64_t out, int64_t in, float *y, int num_threads)
 {
+    const int64_t groups = in / Q8_GROUP;
+    int16_t *xq = malloc((size_t)(rows * in) * sizeof *xq + 64);
+    float *xs = malloc((size_t)(rows * groups) * sizeof *xs + 64);
+    if (xq == NULL || xs == NULL) {
+        free(xq);
+        free(xs);
+        return -1;
+    }
+    quantize_rows_i16(x, x_stride, rows, in, xq, xs);
     for (int64_t r = 0; r < rows; r += MAX_ROWS_PER_PASS) {
         const int nb = (int)(rows - r < MAX_ROWS_PER_PASS ? rows - r : MAX_ROWS_PER_PASS);
-        pass_q8(x + r * x_stride, x_stride, nb, w, scales, out, in, y + r * out, out,
+        pass_q8(xq + r * in, xs + r * groups, nb, w, scales, out, in, y + r * out, out,
                 num_threads);
     }
+    free(xq);
+    free(xs);
+    return 0;
 }

@@ -78,7 +78,7 @@ class SmallLinear:
         self._fn.restype = None
         self._q8 = lib.small_linear_q8
         self._q8.argtypes = [_P, _I64, _I64, _P, _P, _I64, _I64, _P, ctypes.c_int]
-        self._q8.restype = None
+        self._q8.restype = ctypes.c_int
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor | Int8Weight,
                  bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -89,9 +89,10 @@ class SmallLinear:
         rows, (out, inp) = x.shape[0], weight.shape
         y = torch.empty(rows, out, dtype=torch.float32)
         if rows and isinstance(weight, Int8Weight):
-            self._q8(x.data_ptr(), x.stride(0), rows, weight.q.data_ptr(),
-                     weight.scales.data_ptr(), out, inp, y.data_ptr(),
-                     torch.get_num_threads())
+            if self._q8(x.data_ptr(), x.stride(0), rows, weight.q.data_ptr(),
+                        weight.scales.data_ptr(), out, inp, y.data_ptr(),
+                        torch.get_num_threads()):
+                raise MemoryError(f"small_linear_q8: no memory for {rows} x {inp} int16")
         elif rows:
             self._fn(x.data_ptr(), x.stride(0), rows, weight.data_ptr(),
                      int(weight.dtype == torch.bfloat16), out, inp,
