@@ -57,6 +57,22 @@ def test_torch_backend_matches_reference_attention(name, decode_path):
         torch.set_num_threads(threads)
 
 
+@pytest.mark.parametrize("head_dim", [64, 128, 24])
+def test_decode_kernel_vector_paths_match_reference_attention(head_dim, decode_path):
+    # 16-slot blocks: 8 keys at a time plus remainders; head_dim 64 and 128 take the
+    # 64-dims-a-pass value sum, 24 the plain loop
+    ctx = [0, 6, 7, 8, 15, 16, 17, 40, 100]
+    query, key, value, kv_cache, meta = random_case(head_dim, [1] * len(ctx), ctx,
+                                                    block_size=16, num_blocks=120,
+                                                    head_dim=head_dim)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        _check_against_reference(query, key, value, kv_cache, meta)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def _check_against_reference(query, key, value, kv_cache, meta):
     torch_backend.write_kv(key, value, kv_cache, meta.slot_mapping)
     want = reference_attention(query, kv_cache, dataclasses.replace(meta), 0.35)

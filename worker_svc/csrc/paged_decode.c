@@ -18,35 +18,87 @@
 
 #include "exp_f32.h"
 
-static void one_head(const float *qh, const float *kv_cache, const float *v_cache,
-                     int64_t block_size, int64_t slot_stride, int64_t block_stride,
-                     int64_t head_dim, const int64_t *table, int64_t seq_len, float scale,
-                     float *o, float *sc, float *a)
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define VEC_HEADS 1
+/* the totals of 8 vectors, as one vector: lane j = sum of v[j]'s lanes */
+static inline __m256 hsum8(const __m256 *v)
 {
-    const int64_t num_seq_blocks = (seq_len + block_size - 1) / block_size;
-    float max = -INFINITY;
-    for (int64_t b = 0; b < num_seq_blocks; b++) {
-        const int64_t first = b * block_size;
-        const int64_t n = seq_len - first < block_size ? seq_len - first : block_size;
-        const float *k_block = kv_cache + table[b] * block_stride;
-        for (int64_t t = 0; t < n; t++) {
-            const float *k = k_block + t * slot_stride;
-            float dot = 0.0f;
-#pragma omp simd reduction(+:dot)
-            for (int64_t i = 0; i < head_dim; i++)
-                dot += qh[i] * k[i];
-            dot *= scale;
-            sc[first + t] = dot;
-            max = dot > max ? dot : max;
+    const __m256 s0123 = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+    const __m256 s4567 = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
+    return _mm256_add_ps(_mm256_permute2f128_ps(s0123, s4567, 0x20),
+                         _mm256_permute2f128_ps(s0123, s4567, 0x31));
+}
+#else
+#define VEC_HEADS 0
+#endif
+
+/* scores sc[first + t] = q . k_t * scale for the n keys of one block */
+static inline void block_scores(const float *qh, const float *k_block, int64_t n,
+                                int64_t slot_stride, int64_t head_dim, float scale, float *sc)
+{
+    int64_t t = 0;
+#if VEC_HEADS
+    if (head_dim % 8 == 0) {  /* 8 keys at a time: one horizontal sum per 8 dots */
+        const __m256 vscale = _mm256_set1_ps(scale);
+        for (; t + 8 <= n; t += 8) {
+            __m256 acc[8];
+#pragma GCC unroll 8
+            for (int j = 0; j < 8; j++)
+                acc[j] = _mm256_setzero_ps();
+            for (int64_t c = 0; c < head_dim; c += 8) {
+                const __m256 qc = _mm256_loadu_ps(qh + c);
+#pragma GCC unroll 8
+                for (int j = 0; j < 8; j++)
+                    acc[j] = _mm256_fmadd_ps(
+                        qc, _mm256_loadu_ps(k_block + (t + j) * slot_stride + c), acc[j]);
+            }
+            _mm256_storeu_ps(sc + t, _mm256_mul_ps(hsum8(acc), vscale));
         }
     }
-    float sum = 0.0f;
-#pragma omp simd reduction(+:sum)
-    for (int64_t s = 0; s < seq_len; s++) {
-        sc[s] = exp_f32(sc[s] - max);
-        sum += sc[s];
+#endif
+    for (; t < n; t++) {
+        const float *k = k_block + t * slot_stride;
+        float dot = 0.0f;
+#pragma omp simd reduction(+:dot)
+        for (int64_t i = 0; i < head_dim; i++)
+            dot += qh[i] * k[i];
+        sc[t] = dot * scale;
     }
-    const float inv = 1.0f / sum;
+}
+
+/* o = sum_t p_t v_t over the sequence's blocks (p = sc * inv) */
+static void weighted_values(const float *v_cache, const int64_t *table, int64_t seq_len,
+                            int64_t block_size, int64_t slot_stride, int64_t block_stride,
+                            int64_t head_dim, const float *sc, float inv, float *o, float *a)
+{
+    const int64_t num_seq_blocks = (seq_len + block_size - 1) / block_size;
+#if VEC_HEADS
+    if (head_dim % 64 == 0) {  /* 64 dims a pass, their sums held in 8 registers */
+        for (int64_t c = 0; c < head_dim; c += 64) {
+            __m256 acc[8];
+#pragma GCC unroll 8
+            for (int j = 0; j < 8; j++)
+                acc[j] = _mm256_setzero_ps();
+            for (int64_t b = 0; b < num_seq_blocks; b++) {
+                const int64_t first = b * block_size;
+                const int64_t n = seq_len - first < block_size ? seq_len - first : block_size;
+                const float *v_block = v_cache + table[b] * block_stride + c;
+                for (int64_t t = 0; t < n; t++) {
+                    const __m256 p = _mm256_set1_ps(sc[first + t] * inv);
+                    const float *v = v_block + t * slot_stride;
+#pragma GCC unroll 8
+                    for (int j = 0; j < 8; j++)
+                        acc[j] = _mm256_fmadd_ps(p, _mm256_loadu_ps(v + 8 * j), acc[j]);
+                }
+            }
+#pragma GCC unroll 8
+            for (int j = 0; j < 8; j++)
+                _mm256_storeu_ps(o + c + 8 * j, acc[j]);
+        }
+        return;
+    }
+#endif
     for (int64_t i = 0; i < head_dim; i++)
         a[i] = 0.0f;
     for (int64_t b = 0; b < num_seq_blocks; b++) {
@@ -63,6 +115,31 @@ static void one_head(const float *qh, const float *kv_cache, const float *v_cach
     }
     for (int64_t i = 0; i < head_dim; i++)
         o[i] = a[i];
+}
+
+static void one_head(const float *qh, const float *kv_cache, const float *v_cache,
+                     int64_t block_size, int64_t slot_stride, int64_t block_stride,
+                     int64_t head_dim, const int64_t *table, int64_t seq_len, float scale,
+                     float *o, float *sc, float *a)
+{
+    const int64_t num_seq_blocks = (seq_len + block_size - 1) / block_size;
+    for (int64_t b = 0; b < num_seq_blocks; b++) {
+        const int64_t first = b * block_size;
+        const int64_t n = seq_len - first < block_size ? seq_len - first : block_size;
+        block_scores(qh, kv_cache + table[b] * block_stride, n, slot_stride, head_dim,
+                     scale, sc + first);
+    }
+    float max = -INFINITY, sum = 0.0f;
+#pragma omp simd reduction(max:max)
+    for (int64_t s = 0; s < seq_len; s++)
+        max = sc[s] > max ? sc[s] : max;
+#pragma omp simd reduction(+:sum)
+    for (int64_t s = 0; s < seq_len; s++) {
+        sc[s] = exp_f32(sc[s] - max);
+        sum += sc[s];
+    }
+    weighted_values(v_cache, table, seq_len, block_size, slot_stride, block_stride, head_dim,
+                    sc, 1.0f / sum, o, a);
 }
 
 /* Requests [begin, end) of the step; scratch holds num_threads * (max_seq_len +
