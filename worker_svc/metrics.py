@@ -44,6 +44,11 @@ STEPS = Counter("gapserve:worker_steps", "Steps executed.", _L)
 WEIGHT_BYTES = Gauge("gapserve:worker_weight_bytes",
                      "Bytes of model weights this rank holds (its tensor-parallel shard).", _L)
 STEP_TOKENS = Counter("gapserve:worker_tokens", "Tokens computed (prompt and output).", _L)
+ARGMAX_SCREEN = Counter(
+    "gapserve:worker_argmax_screen_rows",
+    "Greedy rows of small CPU steps whose vocabulary projection was screened by its int8 "
+    "copy (outcome=screened), or projected in full after the screen left too many "
+    "candidates (outcome=full).", [*_L, "outcome"])
 
 _tracer = get_tracer("gapserve.worker")
 
@@ -60,11 +65,20 @@ class WorkerTelemetry:
     _contexts: dict[str, Context] = field(default_factory=dict)
     _series: tuple = ()  # this rank's labelled children, looked up once
     _last_end_s: float = 0.0  # when the previous step ended (unix seconds)
+    _screen_seen: dict = field(default_factory=dict)  # outcome -> rows counted so far
 
     def __post_init__(self) -> None:
         labels = (self.model_name, str(self.rank))
         self._series = tuple(m.labels(*labels) for m in (
             FORWARD_TIME, SAMPLE_TIME, PREPARE_TIME, IDLE_TIME, EXECUTE_TIME, STEPS, STEP_TOKENS))
+
+    def argmax_screen(self, rows: dict[str, int]) -> None:
+        """The model's running counts of screened rows (DecoderModel.screen_rows)."""
+        for outcome, total in rows.items():
+            new = total - self._screen_seen.get(outcome, 0)
+            if new:
+                ARGMAX_SCREEN.labels(self.model_name, str(self.rank), outcome).inc(new)
+                self._screen_seen[outcome] = total
 
     def step(self, step: SchedulerOutput, timings: StepTimings) -> None:
         """Record one executed step: metrics, then spans placed at the times the

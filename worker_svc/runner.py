@@ -69,8 +69,12 @@ class ModelRunner:
             else:
                 weights = load_weights(self.model_dir, cfg, act_dtype, self.device, self.plan)
             if self.device.type == "cpu":  # prepacked; bf16 for the matmuls only
-                weights = prepare_matmul_weights(
-                    weights, self.dtype, small=_small_batch_copies(config, act_dtype))
+                small = _small_batch_copies(config, act_dtype)
+                weights = prepare_matmul_weights(weights, self.dtype, small=small)
+                if small == "plain" and self.tp is None and small_linear.screen_enabled():
+                    head = weights.lm_head if weights.plain_lm_head is None \
+                        else weights.plain_lm_head
+                    weights.argmax_screen = small_linear.quantize_int8(head.float())
             self.weight_bytes = weight_bytes(weights)
             self.model = DecoderModel(self.local_config, weights, select_backend(self.device),
                                       max_positions=self.max_model_len, tp=self.tp,
@@ -117,6 +121,8 @@ class ModelRunner:
                 # steps of few tokens: the small-batch kernel, on int8 or plain weights
                 "small_batch": "off" if self.model.small is None
                 else self.config.quantization or "on",
+                # greedy rows of small steps: the vocabulary projection screened in int8
+                "argmax_screen": "on" if self.model.argmax_screen is not None else "off",
                 # bf16 matmul instructions: --dtype bfloat16 runs ~1.8x faster with them
                 "cpu_bf16": native_bf16() or "none"}
 
@@ -141,11 +147,12 @@ class ModelRunner:
                                   self.model_config.vocab_size, t0, start_unix)
         inputs = self._prepare_inputs(states, [step.num_scheduled_tokens[r] for r in order])
         t1 = time.perf_counter()
+        samplers = [states[i] for i in inputs.sample_rows]
         logits = self.model.forward(inputs.input_ids, inputs.positions, self.kv_caches,
-                                    inputs.meta, inputs.logits_indices)
+                                    inputs.meta, inputs.logits_indices,
+                                    argmax_only=_argmax_only(samplers))
         self._sync()
         t2 = time.perf_counter()
-        samplers = [states[i] for i in inputs.sample_rows]
         tokens, token_list, logprobs = self._sample(logits, samplers)
         if samplers:
             rows = torch.tensor([s.row for s in samplers], device=self.device)
@@ -318,6 +325,15 @@ def _join_group(plan, config: WorkerConfig, device: torch.device):
     return TensorParallelGroup(plan, config.master_addr, config.master_port,
                                config.distributed_timeout, device,
                                config.distributed_backend)
+
+
+def _argmax_only(samplers: list[RequestState]) -> bool:
+    """Every row that samples is greedy and nothing changes its logits: the sampler
+    only takes each row's argmax (small_linear.screened_argmax_logits)."""
+    return bool(samplers) and all(
+        s.params.greedy and s.params.logprobs is None and not s.params.logit_bias
+        and not s.has_penalties and s.num_output_tokens >= s.params.min_tokens
+        for s in samplers)
 
 
 def _small_batch_copies(config: WorkerConfig, act_dtype: torch.dtype) -> str | None:

@@ -170,6 +170,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                                   f"step {result.step_id}: {e!r}")
                 if self.telemetry is not None:
                     self.telemetry.step(step, result.timings)
+                    self.telemetry.argmax_screen(self.runner.model.screen_rows)
                 if self.rank != 0:  # all ranks run the step; rank 0 answers with tokens
                     result = ModelRunnerOutput(step_id=result.step_id, timings=result.timings)
                 yield pc.runner_output_to_proto(result)

@@ -55,6 +55,9 @@ class DecoderModel:
                                          for n in ("qkv", "o_proj", "gate_up", "down")]
         if not all(small_linear.supports(t) for t in plain):
             self.small = None
+        # greedy rows of small steps: the projection screened by an int8 copy
+        self.argmax_screen = weights.argmax_screen if self.small is not None else None
+        self.screen_rows = {"screened": 0, "full": 0}  # the worker's metrics read these
 
     def allocate_kv_caches(self, num_blocks: int, block_size: int) -> list[torch.Tensor]:
         c, e = self.cfg, self.w.embed
@@ -63,10 +66,12 @@ class DecoderModel:
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[torch.Tensor], meta: AttentionMetadata,
-                logits_indices: torch.Tensor) -> torch.Tensor:
-        """Logits [len(logits_indices), vocab] of the rows that sample."""
+                logits_indices: torch.Tensor, argmax_only: bool = False) -> torch.Tensor:
+        """Logits [len(logits_indices), vocab] of the rows that sample. argmax_only:
+        the caller takes only each row's argmax, so other logits may be -inf."""
         if self.fused is not None and fused_ops.takes(input_ids, positions, meta.slot_mapping):
-            return self._forward_fused(input_ids, positions, kv_caches, meta, logits_indices)
+            return self._forward_fused(input_ids, positions, kv_caches, meta, logits_indices,
+                                       argmax_only)
         c, w = self.cfg, self.w
         n = input_ids.shape[0]
         nq, nkv, hd = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.head_dim
@@ -99,12 +104,13 @@ class DecoderModel:
             residual = x
         # only the rows that sample need the norm and the (large) vocabulary projection
         x = _rms_norm(x[logits_indices], w.final_norm, eps)
-        return self._logits(x)
+        return self._logits(x, argmax_only)
 
 
     def _forward_fused(self, input_ids: torch.Tensor, positions: torch.Tensor,
                        kv_caches: list[torch.Tensor], meta: AttentionMetadata,
-                       logits_indices: torch.Tensor) -> torch.Tensor:
+                       logits_indices: torch.Tensor, argmax_only: bool = False
+                       ) -> torch.Tensor:
         """forward() with the norms, RoPE, KV write and residual adds in C (fused_ops):
         the same math, rounded the same way (SiLU's exp within a few ulp), in four
         torch matmuls and four C calls a layer instead of about twenty torch ops."""
@@ -130,7 +136,7 @@ class DecoderModel:
         residual += delta
         # only the rows that sample need the norm and the (large) vocabulary projection
         x = ops.rms_norm(residual[logits_indices], w.final_norm, eps)
-        return self._logits(x)
+        return self._logits(x, argmax_only)
 
     def _matmuls(self, rows: int):
         """The layers' weights and the matmul for a step of `rows` tokens: the
@@ -151,10 +157,18 @@ class DecoderModel:
         x *= mine.unsqueeze(1).to(x.dtype)
         return self.tp.all_reduce(x)
 
-    def _logits(self, x: torch.Tensor) -> torch.Tensor | None:
+    def _logits(self, x: torch.Tensor, argmax_only: bool = False) -> torch.Tensor | None:
         """[rows, vocab] fp32 logits; with tensor parallelism each rank computes its
-        vocab columns and rank 0 gets them all (None on the other ranks)."""
-        if self.small is not None and x.shape[0] <= small_linear.MAX_ROWS:
+        vocab columns and rank 0 gets them all (None on the other ranks). argmax_only:
+        rows of a small step may come back screened (-inf where the argmax is not)."""
+        small = self.small is not None and 0 < x.shape[0] <= small_linear.MAX_ROWS
+        if argmax_only and small and self.argmax_screen is not None:
+            logits = small_linear.screened_argmax_logits(self.small, x, self.argmax_screen,
+                                                         self._small_lm_head)
+            self.screen_rows["full" if logits is None else "screened"] += x.shape[0]
+            if logits is not None:
+                return logits
+        if small:
             logits = self.small(x, self._small_lm_head)
         else:
             logits = _linear(x, self.w.lm_head)

@@ -128,3 +128,59 @@ def active(act_dtype: torch.dtype, device: torch.device) -> SmallLinear | None:
     if act_dtype != torch.float32 or device.type != "cpu":
         return None
     return load()
+
+
+# ---- greedy rows: the vocabulary projection screened by its int8 copy -------------
+#
+# A greedy row with nothing that changes its logits (no penalties, bias, min_tokens
+# or logprobs) needs only the index of its largest logit. Steps of a few rows are
+# bound by the bytes of the projection (49152 x 576 fp32: 113 MB, a fifth of the
+# model), so such rows first take the projection through an int8 copy (32 MB) with a
+# proven bound on each logit's error, then compute exactly, with the same kernel and
+# weights as the full projection, only the rows whose bound lets them be the largest.
+# The argmax is the full projection's, bit for bit (each output of the kernel depends
+# only on its weight row and x, not on which other rows are computed or how many x
+# rows there are); every other logit is -inf.
+#
+# The bound, per x row and vocabulary row r with group scales s_g of the int8 copy:
+# |approx_r - exact_r| <= factor * D_r, D_r = sum_g s_g * ||x_g||_1, where factor adds
+#   1/2          the int8 rounding of each weight (at most s_g / 2 per weight),
+#   0.0621       x as int16 in the int8 kernel (127 * 32 / (2 * 32767) of s_g max|x_g|),
+#   (in+G+8)u128 fp32 rounding of both kernels' sums (|w| <= 127.5 s_g, u = 2^-24),
+# times 1.05 for the rounding of the bound itself. A row can be the argmax only if
+# approx_r + eps_r >= approx_top - eps_top.
+SCREEN_MAX_CANDIDATES = 4096  # past this a row's logits are too flat: the full projection
+
+
+def screen_enabled() -> bool:
+    """GAPSERVE_CPU_ARGMAX_SCREEN=off projects greedy rows in full, like any other."""
+    return os.environ.get("GAPSERVE_CPU_ARGMAX_SCREEN", "") != "off"
+
+
+def screen_factor(in_features: int) -> float:
+    groups = in_features // GROUP
+    return 1.05 * (0.5 + 127 * 32 / (2 * 32767) + (in_features + groups + 8) * 2**-24 * 128)
+
+
+def screened_argmax_logits(kernel: SmallLinear, x: torch.Tensor, approx: Int8Weight,
+                           exact: torch.Tensor) -> torch.Tensor | None:
+    """[rows, vocab] logits that hold, wherever a row's argmax can be, exactly what
+    kernel(x, exact) gives there, and -inf elsewhere; None when a row leaves more than
+    SCREEN_MAX_CANDIDATES candidates or x is not finite (the caller then projects in
+    full)."""
+    rows, inp = x.shape
+    screen = kernel(x, approx)
+    l1 = x.abs().reshape(rows, inp // GROUP, GROUP).sum(-1)
+    eps = torch.mm(l1, approx.scales.T).mul_(screen_factor(inp))
+    top = screen.argmax(dim=-1, keepdim=True)
+    floor = screen.gather(1, top) - eps.gather(1, top)
+    if not bool(torch.isfinite(floor).all()):
+        return None
+    candidates = screen.add_(eps) >= floor
+    ids = [c.nonzero().squeeze(1) for c in candidates]
+    if max(len(i) for i in ids) > SCREEN_MAX_CANDIDATES:
+        return None
+    out = torch.full((rows, exact.shape[0]), float("-inf"))
+    for r, i in enumerate(ids):
+        out[r, i] = kernel(x[r:r + 1], exact.index_select(0, i))[0]
+    return out

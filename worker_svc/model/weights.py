@@ -41,6 +41,9 @@ class ModelWeights:
     # --quantization int8; None when the layers themselves serve it
     plain_layers: list[LayerWeights] | None = None
     plain_lm_head: torch.Tensor | None = None
+    # an int8 copy of the vocabulary projection that screens greedy rows (small_linear.
+    # screened_argmax_logits); None when the small-batch kernel projects exactly in int8
+    argmax_screen: object | None = None
 
 
 def checkpoint_files(model_dir: Path) -> list[Path]:
@@ -80,7 +83,7 @@ def row_slice(e: TensorEntry, start: int, stop: int) -> TensorEntry:
 def weight_bytes(w: ModelWeights) -> int:
     """Bytes of weights this process holds, each tensor once (a tied lm_head, the norms
     a plain copy of a layer shares)."""
-    tensors = [w.embed, w.final_norm, w.lm_head, w.plain_lm_head]
+    tensors = [w.embed, w.final_norm, w.lm_head, w.plain_lm_head, w.argmax_screen]
     for lw in [*w.layers, *(w.plain_layers or ())]:
         # not dataclasses.astuple: it deep-copies every weight
         tensors += [getattr(lw, f.name) for f in dataclasses.fields(lw)]

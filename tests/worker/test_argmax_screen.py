@@ -1,0 +1,112 @@
+"""Greedy rows of small CPU steps: the vocabulary projection screened by an int8 copy
+(small_linear.screened_argmax_logits). Wherever a row's argmax can be, the screened
+logits hold exactly what the full projection gives; so the argmax, ties included, is
+the full projection's. A worker uses it only when every sampling row just takes its
+argmax, and counts what it did."""
+
+import pytest
+import torch
+
+from shared.types import SamplingParams
+from worker_svc.config import WorkerConfig
+from worker_svc.model import small_linear
+from worker_svc.model.small_linear import (SCREEN_MAX_CANDIDATES, quantize_int8,
+                                           screened_argmax_logits)
+from worker_svc.runner import ModelRunner
+
+from .step_driver import StepDriver
+
+pytestmark = pytest.mark.skipif(small_linear.load() is None,
+                                reason="no C compiler here: no small-batch kernel")
+
+
+def _check(kernel, x, exact):
+    full = kernel(x, exact)
+    got = screened_argmax_logits(kernel, x, quantize_int8(exact), exact)
+    assert got is not None
+    kept = torch.isfinite(got)
+    assert torch.equal(got[kept], full[kept])  # bit for bit where it is not -inf
+    assert torch.equal(got.argmax(-1), full.argmax(-1))
+    return kept.sum(-1)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+@pytest.mark.parametrize("seed", range(6))
+def test_the_argmax_and_every_kept_logit_are_the_full_projections(rows, seed):
+    g = torch.Generator().manual_seed(seed)
+    exact = torch.randn(3000, 576, generator=g) * 0.05
+    # near ties: rows that differ from the best one by less than int8's rounding
+    exact[1000:1040] = exact[7] + torch.randn(40, 576, generator=g) * 1e-4
+    x = torch.randn(rows, 576, generator=g)
+    x[:, 5] *= 40  # an outlier feature, as hidden states have
+    x[0] = exact[7] * 30  # row 0's best logit is row 7's, with the near ties around it
+    kept = _check(small_linear.load(), x, exact)
+    assert int(kept.max()) < 300  # a screen, not the full projection
+    assert int(kept[0]) > 1  # the near ties could not be told apart in int8
+
+
+def test_exact_ties_go_to_the_lowest_index_as_in_the_full_projection():
+    g = torch.Generator().manual_seed(1)
+    exact = torch.randn(500, 64, generator=g)
+    exact[[40, 41, 300]] = exact[200].clone()  # four identical rows
+    x = (exact[200] * 3).unsqueeze(0)
+    _check(small_linear.load(), x, exact)
+    assert int(screened_argmax_logits(small_linear.load(), x, quantize_int8(exact),
+                                      exact).argmax()) == 40
+
+
+def test_flat_logits_fall_back_to_the_full_projection_and_nan_too():
+    kernel = small_linear.load()
+    exact = torch.randn(SCREEN_MAX_CANDIDATES + 100, 64)
+    approx = quantize_int8(exact)
+    assert screened_argmax_logits(kernel, torch.zeros(1, 64), approx, exact) is None
+    x = torch.randn(2, 64)
+    x[1, 3] = float("nan")
+    assert screened_argmax_logits(kernel, x, approx, exact) is None
+
+
+def _runner(path, **kw) -> ModelRunner:
+    return ModelRunner(WorkerConfig(model=str(path), device="cpu", max_model_len=256,
+                                    num_gpu_blocks_override=64, max_num_seqs=8, **kw))
+
+
+def _decode(runner, params: list[SamplingParams], max_new=10):
+    # min_tokens 12 > max_new: the suppression lasts the whole run
+    driver = StepDriver(runner)
+    for i, p in enumerate(params):
+        driver.add(f"r{i}", list(range(5 + i, 25 + i)), max_new=max_new, params=p)
+    driver.run_to_completion()
+    return [driver.requests[f"r{i}"].output for i in range(len(params))]
+
+
+@pytest.mark.parametrize("checkpoint", ["tiny_llama_dir", "tiny_qwen2_dir"])
+def test_greedy_steps_are_screened_and_give_the_unscreened_tokens(checkpoint, request,
+                                                                  monkeypatch):
+    path = request.getfixturevalue(checkpoint)
+    greedy = [SamplingParams(temperature=0.0)] * 3
+    on = _runner(path)
+    assert on.compute_paths()["argmax_screen"] == "on"
+    tokens = _decode(on, greedy)
+    assert on.model.screen_rows["screened"] >= 3 * 9  # every decode step's rows
+    monkeypatch.setenv("GAPSERVE_CPU_ARGMAX_SCREEN", "off")
+    off = _runner(path)
+    assert off.model.argmax_screen is None and off.compute_paths()["argmax_screen"] == "off"
+    assert _decode(off, greedy) == tokens
+
+
+@pytest.mark.parametrize("other", [
+    SamplingParams(temperature=0.8, seed=3), SamplingParams(temperature=0.0, logprobs=2),
+    SamplingParams(temperature=0.0, repetition_penalty=1.3),
+    SamplingParams(temperature=0.0, logit_bias={5: 3.0}),
+    SamplingParams(temperature=0.0, min_tokens=12, max_tokens=16)])
+def test_a_step_with_any_row_that_needs_more_than_its_argmax_projects_in_full(
+        tiny_llama_dir, other):
+    runner = _runner(tiny_llama_dir)
+    _decode(runner, [SamplingParams(temperature=0.0), other])
+    assert runner.model.screen_rows["screened"] == 0
+
+
+def test_int8_weights_project_in_int8_and_need_no_screen(tiny_llama_dir):
+    runner = _runner(tiny_llama_dir, quantization="int8")
+    assert runner.model.argmax_screen is None
+    assert runner.compute_paths()["argmax_screen"] == "off"
