@@ -71,9 +71,10 @@ class ModelRunner:
             if self.device.type == "cpu":  # prepacked; bf16 for the matmuls only
                 small = _small_batch_copies(config, act_dtype)
                 weights = prepare_matmul_weights(weights, self.dtype, small=small)
-                if small == "plain" and self.tp is None and small_linear.screen_enabled():
-                    head = weights.lm_head if weights.plain_lm_head is None \
-                        else weights.plain_lm_head
+                head = weights.lm_head if weights.plain_lm_head is None \
+                    else weights.plain_lm_head
+                if small == "plain" and self.tp is None and small_linear.screen_enabled() \
+                        and head.shape[1] % small_linear.GROUP == 0:  # int8's groups
                     weights.argmax_screen = small_linear.quantize_int8(head.float())
             self.weight_bytes = weight_bytes(weights)
             self.model = DecoderModel(self.local_config, weights, select_backend(self.device),
