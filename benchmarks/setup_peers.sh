@@ -6,7 +6,7 @@
 #   bash benchmarks/setup_peers.sh            # vLLM CPU, llama-server (native), GGUFs
 #
 # Needs the default model converted once (scripts/setup.sh does it) for the GGUFs.
-# The llama.cpp build compiles with both cores for about 20 minutes: do not benchmark
+# The llama.cpp build compiles with both cores for 10-20 minutes: do not benchmark
 # while it runs.
 set -euo pipefail
 P=${PEERS:-/opt/peers}
