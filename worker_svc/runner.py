@@ -71,11 +71,8 @@ class ModelRunner:
             if self.device.type == "cpu":  # prepacked; bf16 for the matmuls only
                 small = _small_batch_copies(config, act_dtype)
                 weights = prepare_matmul_weights(weights, self.dtype, small=small)
-                head = weights.lm_head if weights.plain_lm_head is None \
-                    else weights.plain_lm_head
-                if small == "plain" and self.tp is None and small_linear.screen_enabled() \
-                        and head.shape[1] % small_linear.GROUP == 0:  # int8's groups
-                    weights.argmax_screen = small_linear.quantize_int8(head.float())
+                if small == "plain" and self.tp is None and small_linear.screen_enabled():
+                    weights.argmax_screen = _argmax_screen(weights)
             self.weight_bytes = weight_bytes(weights)
             self.model = DecoderModel(self.local_config, weights, select_backend(self.device),
                                       max_positions=self.max_model_len, tp=self.tp,
@@ -328,10 +325,20 @@ def _join_group(plan, config: WorkerConfig, device: torch.device):
                                config.distributed_backend)
 
 
+def _argmax_screen(weights) -> small_linear.Int8Weight | None:
+    """The int8 copy that screens greedy rows: of the vocabulary projection the
+    small-batch kernel reads, where its width divides into int8's groups."""
+    head = weights.lm_head if weights.plain_lm_head is None else weights.plain_lm_head
+    if head.shape[1] % small_linear.GROUP:
+        return None
+    return small_linear.quantize_int8(head.float())
+
+
 def _argmax_only(samplers: list[RequestState]) -> bool:
-    """Every row that samples is greedy and nothing changes its logits: the sampler
-    only takes each row's argmax (small_linear.screened_argmax_logits)."""
-    return bool(samplers) and all(
+    """A small step (only those screen) whose every sampling row is greedy with nothing
+    that changes its logits: the sampler takes only each row's argmax
+    (small_linear.screened_argmax_logits)."""
+    return 0 < len(samplers) <= small_linear.MAX_ROWS and all(
         s.params.greedy and s.params.logprobs is None and not s.params.logit_bias
         and not s.has_penalties and s.num_output_tokens >= s.params.min_tokens
         for s in samplers)

@@ -102,3 +102,22 @@ class StepDriver:
                 return
             self.step()
         raise AssertionError("requests did not finish")
+
+
+def tiny_cpu_runner(path, **config):
+    """A CPU ModelRunner for a tiny test checkpoint: 64 blocks, 8 rows, 256 positions."""
+    from worker_svc.config import WorkerConfig
+    from worker_svc.runner import ModelRunner
+    return ModelRunner(WorkerConfig(model=str(path), device="cpu", max_model_len=256,
+                                    num_gpu_blocks_override=64, max_num_seqs=8, **config))
+
+
+def run_outputs(runner, prompts: list[list[int]], max_new: int,
+                params: list[SamplingParams] | None = None) -> list[list[int]]:
+    """Each prompt's generated tokens (greedy unless params say otherwise), all run
+    together to completion."""
+    driver = StepDriver(runner)
+    for i, prompt in enumerate(prompts):
+        driver.add(f"r{i}", prompt, max_new=max_new, params=params[i] if params else None)
+    driver.run_to_completion()
+    return [driver.requests[f"r{i}"].output for i in range(len(prompts))]

@@ -8,13 +8,11 @@ import pytest
 import torch
 
 from shared.types import SamplingParams
-from worker_svc.config import WorkerConfig
 from worker_svc.model import small_linear
 from worker_svc.model.small_linear import (SCREEN_MAX_CANDIDATES, quantize_int8,
                                            screened_argmax_logits)
-from worker_svc.runner import ModelRunner
 
-from .step_driver import StepDriver
+from .step_driver import run_outputs, tiny_cpu_runner
 
 pytestmark = pytest.mark.skipif(small_linear.load() is None,
                                 reason="no C compiler here: no small-batch kernel")
@@ -65,18 +63,10 @@ def test_flat_logits_fall_back_to_the_full_projection_and_nan_too():
     assert screened_argmax_logits(kernel, x, approx, exact) is None
 
 
-def _runner(path, **kw) -> ModelRunner:
-    return ModelRunner(WorkerConfig(model=str(path), device="cpu", max_model_len=256,
-                                    num_gpu_blocks_override=64, max_num_seqs=8, **kw))
-
-
-def _decode(runner, params: list[SamplingParams], max_new=10):
-    # min_tokens 12 > max_new: the suppression lasts the whole run
-    driver = StepDriver(runner)
-    for i, p in enumerate(params):
-        driver.add(f"r{i}", list(range(5 + i, 25 + i)), max_new=max_new, params=p)
-    driver.run_to_completion()
-    return [driver.requests[f"r{i}"].output for i in range(len(params))]
+def _decode(runner, params: list[SamplingParams]) -> list[list[int]]:
+    # 10 tokens each; a min_tokens of 12 keeps its suppression on the whole run
+    return run_outputs(runner, [list(range(5 + i, 25 + i)) for i in range(len(params))],
+                       10, params)
 
 
 @pytest.mark.parametrize("checkpoint", ["tiny_llama_dir", "tiny_qwen2_dir"])
@@ -84,12 +74,12 @@ def test_greedy_steps_are_screened_and_give_the_unscreened_tokens(checkpoint, re
                                                                   monkeypatch):
     path = request.getfixturevalue(checkpoint)
     greedy = [SamplingParams(temperature=0.0)] * 3
-    on = _runner(path)
+    on = tiny_cpu_runner(path)
     assert on.compute_paths()["argmax_screen"] == "on"
     tokens = _decode(on, greedy)
     assert on.model.screen_rows["screened"] >= 3 * 9  # every decode step's rows
     monkeypatch.setenv("GAPSERVE_CPU_ARGMAX_SCREEN", "off")
-    off = _runner(path)
+    off = tiny_cpu_runner(path)
     assert off.model.argmax_screen is None and off.compute_paths()["argmax_screen"] == "off"
     assert _decode(off, greedy) == tokens
 
@@ -101,12 +91,12 @@ def test_greedy_steps_are_screened_and_give_the_unscreened_tokens(checkpoint, re
     SamplingParams(temperature=0.0, min_tokens=12, max_tokens=16)])
 def test_a_step_with_any_row_that_needs_more_than_its_argmax_projects_in_full(
         tiny_llama_dir, other):
-    runner = _runner(tiny_llama_dir)
+    runner = tiny_cpu_runner(tiny_llama_dir)
     _decode(runner, [SamplingParams(temperature=0.0), other])
     assert runner.model.screen_rows["screened"] == 0
 
 
 def test_int8_weights_project_in_int8_and_need_no_screen(tiny_llama_dir):
-    runner = _runner(tiny_llama_dir, quantization="int8")
+    runner = tiny_cpu_runner(tiny_llama_dir, quantization="int8")
     assert runner.model.argmax_screen is None
     assert runner.compute_paths()["argmax_screen"] == "off"

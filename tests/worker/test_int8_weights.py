@@ -14,9 +14,8 @@ from worker_svc.config import WorkerConfig
 from worker_svc.model import small_linear
 from worker_svc.model.small_linear import GROUP, Int8Weight, quantize_int8
 from worker_svc.model.weights import weight_bytes
-from worker_svc.runner import ModelRunner
 
-from .step_driver import StepDriver
+from .step_driver import run_outputs, tiny_cpu_runner
 
 needs_kernel = pytest.mark.skipif(small_linear.load() is None,
                                   reason="no C compiler here: no small-batch kernel")
@@ -85,22 +84,10 @@ def int8_exact_dir(tiny_llama_dir, tmp_path_factory):
     return _prequantized_copy(tiny_llama_dir, tmp_path_factory.mktemp("int8_exact"))
 
 
-def _runner(path, **kw) -> ModelRunner:
-    return ModelRunner(WorkerConfig(model=str(path), device="cpu", max_model_len=256,
-                                    num_gpu_blocks_override=64, max_num_seqs=8, **kw))
-
-
-def _greedy(runner, prompts, max_new=12):
-    driver = StepDriver(runner)
-    for i, prompt in enumerate(prompts):
-        driver.add(f"r{i}", prompt, max_new=max_new)
-    driver.run_to_completion()
-    return [driver.requests[f"r{i}"].output for i in range(len(prompts))]
-
-
 @needs_kernel
 def test_small_steps_read_int8_copies_and_wide_steps_the_dtype_weights(tiny_llama_dir):
-    int8, plain = _runner(tiny_llama_dir, quantization="int8"), _runner(tiny_llama_dir)
+    int8 = tiny_cpu_runner(tiny_llama_dir, quantization="int8")
+    plain = tiny_cpu_runner(tiny_llama_dir)
     model = int8.model
     small_layers, _ = model._matmuls(small_linear.MAX_ROWS)
     wide_layers, _ = model._matmuls(small_linear.MAX_ROWS + 1)
@@ -117,12 +104,13 @@ def test_small_steps_read_int8_copies_and_wide_steps_the_dtype_weights(tiny_llam
 def test_on_weights_int8_holds_exactly_the_greedy_tokens_are_the_fp32_ones(int8_exact_dir):
     # 3 requests decode 3 rows a step (int8); the prefill step has 60 rows (fp32)
     prompts = [list(range(3, 23)), list(range(40, 60)), list(range(7, 27))]
-    int8, fp32 = _runner(int8_exact_dir, quantization="int8"), _runner(int8_exact_dir)
+    int8 = tiny_cpu_runner(int8_exact_dir, quantization="int8")
+    fp32 = tiny_cpu_runner(int8_exact_dir)
     # the vocabulary projection of a small step: the same logits, to rounding
     x = torch.randn(3, int8.model_config.hidden_size, generator=torch.Generator().manual_seed(5))
     torch.testing.assert_close(int8.model._logits(x), fp32.model._logits(x),
                                rtol=1e-4, atol=1e-4)  # x as int16: within 1/65534
-    assert _greedy(int8, prompts) == _greedy(fp32, prompts)
+    assert run_outputs(int8, prompts, 12) == run_outputs(fp32, prompts, 12)
 
 
 def test_int8_is_refused_with_a_reason_when_nothing_would_run_it(tiny_llama_dir, monkeypatch):
@@ -130,4 +118,4 @@ def test_int8_is_refused_with_a_reason_when_nothing_would_run_it(tiny_llama_dir,
         WorkerConfig(quantization="int4").validate()
     monkeypatch.setenv("GAPSERVE_CPU_SMALL_BATCH", "off")
     with pytest.raises(ValueError, match="needs the small-batch kernel"):
-        _runner(tiny_llama_dir, quantization="int8")
+        tiny_cpu_runner(tiny_llama_dir, quantization="int8")

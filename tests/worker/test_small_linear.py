@@ -10,12 +10,10 @@ import pytest
 import torch
 
 from worker_svc import native
-from worker_svc.config import WorkerConfig
 from worker_svc.model import small_linear
 from worker_svc.model.weights import weight_bytes
-from worker_svc.runner import ModelRunner
 
-from .step_driver import StepDriver
+from .step_driver import run_outputs, tiny_cpu_runner
 
 pytestmark = pytest.mark.skipif(small_linear.load() is None,
                                 reason="no C compiler here: oneDNN runs every step")
@@ -62,32 +60,19 @@ def test_threads_split_the_rows_without_changing_the_result(kernel):
         torch.set_num_threads(threads)
 
 
-def _runner(path) -> ModelRunner:
-    return ModelRunner(WorkerConfig(model=str(path), device="cpu", max_model_len=256,
-                                    num_gpu_blocks_override=64, max_num_seqs=8))
-
-
-def _greedy(runner, prompts, max_new=12):
-    driver = StepDriver(runner)
-    for i, prompt in enumerate(prompts):
-        driver.add(f"r{i}", prompt, max_new=max_new)
-    driver.run_to_completion()
-    return [driver.requests[f"r{i}"].output for i in range(len(prompts))]
-
-
 @pytest.mark.parametrize("checkpoint", ["tiny_llama_dir", "tiny_qwen2_dir"])
 def test_decode_steps_give_the_same_greedy_tokens_with_and_without_the_kernel(
         checkpoint, request, monkeypatch):
     path = request.getfixturevalue(checkpoint)
     # 3 requests decode 3 rows a step (the kernel); the prefill step has 60 (oneDNN)
     prompts = [list(range(3, 23)), list(range(40, 60)), list(range(7, 27))]
-    on = _runner(path)
+    on = tiny_cpu_runner(path)
     assert on.model.small is not None
     packed = on.model.w.layers[0].gate_up.is_mkldnn
     assert (on.model.w.plain_layers is not None) == packed  # a plain copy beside a packed one
     monkeypatch.setenv("GAPSERVE_CPU_SMALL_BATCH", "off")
-    off = _runner(path)
+    off = tiny_cpu_runner(path)
     assert off.model.small is None and off.model.w.plain_layers is None
     if packed:  # the copy is counted where the KV cache is sized
         assert weight_bytes(on.model.w) > weight_bytes(off.model.w)
-    assert _greedy(on, prompts) == _greedy(off, prompts)
+    assert run_outputs(on, prompts, 12) == run_outputs(off, prompts, 12)
