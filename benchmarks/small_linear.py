@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from worker_svc.model import small_linear
-from worker_svc.model.cpu_dtype import native_bf16
+from worker_svc.model.cpu_dtype import PACK_BATCH, native_bf16
 
 LAYERS = 30
 SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536))  # SmolLM2-135M, [out, in]
@@ -43,7 +43,7 @@ def methods(dtype: torch.dtype | str):
     plain.append(torch.randn(*VOCAB).to(dtype))
     out = {"F.linear": (plain, lambda x, w: F.linear(x.to(w.dtype), w).float())}
     if dtype == torch.float32 or native_bf16():
-        packed = [torch.ops.mkldnn._reorder_linear_weight(w, 1) for w in plain]
+        packed = [torch.ops.mkldnn._reorder_linear_weight(w, PACK_BATCH) for w in plain]
         out["oneDNN packed"] = (packed, lambda x, w: torch.ops.mkldnn._linear_pointwise(
             x.to(w.dtype), w, None, "none", [], "").float())
     if kernel is not None:
