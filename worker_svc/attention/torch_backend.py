@@ -84,6 +84,21 @@ def attention(query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetada
     return out
 
 
+def decode_kernel_plan(meta: AttentionMetadata, num_heads: int, kv_cache: torch.Tensor,
+                       scale: float):
+    """The step's C decode kernel (cpu_kernel.PagedDecode) when it serves every row of
+    the step (each a single-token decode), else None; the plan is the one attention()
+    uses for this step, made here if no layer made it yet."""
+    plan = meta.backend_state
+    if not isinstance(plan, _Plan):
+        probe = torch.empty(0, num_heads, kv_cache.shape[4], dtype=kv_cache.dtype,
+                            device=kv_cache.device)  # attention()'s query, for its shape
+        plan = meta.backend_state = _make_plan(meta, probe, kv_cache, scale)
+    if plan.decode_kernel is None or not plan.decode_all_rows or plan.prefills:
+        return None
+    return plan.decode_kernel
+
+
 def _decode(query: torch.Tensor, kv_cache: torch.Tensor, plan: _Plan,
             scale: float) -> torch.Tensor:
     num_decodes, num_heads, head_dim = query.shape

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from worker_svc.attention.metadata import AttentionMetadata
-from worker_svc.model import fused_ops, small_linear
+from worker_svc.model import decode_layers, fused_ops, small_linear
 from worker_svc.model.config import ModelConfig
 from worker_svc.model.weights import ModelWeights
 
@@ -57,6 +57,11 @@ class DecoderModel:
             self.small = None
         # greedy rows of small steps: the projection screened by an int8 copy
         self.argmax_screen = weights.argmax_screen if self.small is not None else None
+        # small decode steps: every layer in one C call, the same kernels (decode_layers)
+        self.decode_layers = None
+        if self.small is not None and self.fused is not None \
+                and hasattr(backend, "decode_kernel_plan"):
+            self.decode_layers = decode_layers.DecodeLayers.build(cfg, self._small_layers, tp)
         self.screen_rows = {"screened": 0, "full": 0}  # the worker's metrics read these
 
     def allocate_kv_caches(self, num_blocks: int, block_size: int) -> list[torch.Tensor]:
@@ -120,6 +125,14 @@ class DecoderModel:
         attention = self.backend.attention
         layers, linear = self._matmuls(n)
         residual = self._embed(input_ids)  # a fresh tensor: updated in place
+        plan = None
+        if self.decode_layers is not None and n <= small_linear.MAX_ROWS:
+            plan = self.backend.decode_kernel_plan(meta, c.num_heads, kv_caches[0], self.scale)
+        if plan is not None:  # the loop below, in one C call
+            residual += self.decode_layers.run(residual, positions, meta.slot_mapping,
+                                               kv_caches, plan, self.cos, self.sin)
+            x = ops.rms_norm(residual[logits_indices], w.final_norm, eps)
+            return self._logits(x, argmax_only)
         delta = None  # what the last sublayer adds to the residual stream
         for i, lw in enumerate(layers):
             h = ops.rms_norm(residual, lw.input_norm, eps) if delta is None \
