@@ -43,6 +43,28 @@ def test_the_argmax_and_every_kept_logit_are_the_full_projections(rows, seed):
     assert int(kept[0]) > 1  # the near ties could not be told apart in int8
 
 
+def test_the_bound_holds_where_int8_rounding_reverses_the_order_by_most():
+    # Rows 0 and 1 against x = +-1: int8 rounds every weight of row 1 that x adds down
+    # by 0.49 of a step and of row 0 up, so the int8 logits put row 0 ahead by 120
+    # steps while the exact ones put row 1 ahead by 1.52. Row 1 stays a candidate only
+    # if each logit's bound covers nearly half a step per input (the 0.5 term of
+    # screen_factor): a smaller bound would drop it and take the wrong argmax.
+    inp, per_group = 128, small_linear.GROUP
+    x = torch.ones(1, inp)
+    best, other = torch.full((inp,), 10.49), torch.full((inp,), 10.51)  # q 10 and 11
+    x[0, ::per_group] = 0.0  # each group's first weight, 127, only fixes its scale (1.0)
+    best[::per_group] = other[::per_group] = 127.0
+    flipped = [1, 2, 33, 34]  # x = -1 here: row 1 at 9.51 (q 10), row 0 at 10.49
+    x[0, flipped] = -1.0
+    best[flipped], other[flipped] = 9.51, 10.49
+    exact = torch.stack([other, best])
+    assert quantize_int8(exact).scales.eq(1.0).all()
+    kernel = small_linear.load()
+    assert int(kernel(x, exact).argmax()) == 1
+    assert int(kernel(x, quantize_int8(exact)).argmax()) == 0
+    _check(kernel, x, exact)
+
+
 def test_exact_ties_go_to_the_lowest_index_as_in_the_full_projection():
     g = torch.Generator().manual_seed(1)
     exact = torch.randn(500, 64, generator=g)
