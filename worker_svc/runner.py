@@ -119,6 +119,9 @@ class ModelRunner:
                 # steps of few tokens: the small-batch kernel, on int8 or plain weights
                 "small_batch": "off" if self.model.small is None
                 else self.config.quantization or "on",
+                # small decode steps: every layer in one C call (model/decode_layers.py)
+                "decode_layers": "c_loop" if self.model.decode_layers is not None
+                else "python",
                 # greedy rows of small steps: the vocabulary projection screened in int8
                 "argmax_screen": "on" if self.model.argmax_screen is not None else "off",
                 # bf16 matmul instructions: --dtype bfloat16 runs ~1.8x faster with them

@@ -59,8 +59,7 @@ class DecoderModel:
         self.argmax_screen = weights.argmax_screen if self.small is not None else None
         # small decode steps: every layer in one C call, the same kernels (decode_layers)
         self.decode_layers = None
-        if self.small is not None and self.fused is not None \
-                and hasattr(backend, "decode_kernel_plan"):
+        if self.small is not None and self.fused is not None:
             self.decode_layers = decode_layers.DecodeLayers.build(cfg, self._small_layers, tp)
         self.screen_rows = {"screened": 0, "full": 0}  # the worker's metrics read these
 
@@ -126,8 +125,10 @@ class DecoderModel:
         layers, linear = self._matmuls(n)
         residual = self._embed(input_ids)  # a fresh tensor: updated in place
         plan = None
-        if self.decode_layers is not None and n <= small_linear.MAX_ROWS:
-            plan = self.backend.decode_kernel_plan(meta, c.num_heads, kv_caches[0], self.scale)
+        # the C decode kernel's plan for this step, if this backend has one
+        decode_plan = getattr(self.backend, "decode_kernel_plan", None)
+        if self.decode_layers is not None and decode_plan and n <= small_linear.MAX_ROWS:
+            plan = decode_plan(meta, c.num_heads, kv_caches[0], self.scale)
         if plan is not None:  # the loop below, in one C call
             residual += self.decode_layers.run(residual, positions, meta.slot_mapping,
                                                kv_caches, plan, self.cos, self.sin)
