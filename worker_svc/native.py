@@ -15,6 +15,7 @@ built; callers then keep their torch path, and a warning says so.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import logging
 import os
@@ -129,6 +130,19 @@ def build(name: str, extra_flags: tuple[str, ...] = ()) -> Path | None:
             return path
     log.warning("C kernel %s: no build for this CPU and no compiler; torch path", name)
     return None
+
+
+def open_library(name: str, extra_flags: tuple[str, ...] = (),
+                 loader: type[ctypes.CDLL] = ctypes.CDLL) -> ctypes.CDLL | None:
+    """csrc/<name>.c built as `build` does and loaded (loader: ctypes.CDLL, or PyDLL for
+    calls that keep the GIL), or None when there is no build or it does not load."""
+    path = build(name, extra_flags)
+    if path is None:
+        return None
+    try:
+        return loader(str(path))
+    except OSError:
+        return None
 
 
 def build_for_image(name: str, extra_flags: tuple[str, ...] = ()) -> list[Path]:

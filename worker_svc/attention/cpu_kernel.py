@@ -32,12 +32,8 @@ def active() -> ctypes.CDLL | None:
 
 @functools.cache
 def load() -> ctypes.CDLL | None:
-    path = native.build("paged_decode", FLAGS)
-    if path is None:
-        return None
-    try:
-        lib = ctypes.CDLL(str(path))
-    except OSError:
+    lib = native.open_library("paged_decode", FLAGS)
+    if lib is None:
         return None
     fn = lib.paged_decode_f32
     fn.argtypes = [_F32P, _I64, _I64, _F32P, _I64, _I64, _I64, _I64, _I64P, _I64, _I64P,
@@ -69,6 +65,17 @@ class PagedDecode:
         self.fn(query.data_ptr(), query.stride(0), query.stride(1), kv_cache.data_ptr(),
                 kv_cache.shape[1], *self.step_args, out.data_ptr(), out.stride(0),
                 out.stride(1), *self.tail_args)
+
+    def tables(self) -> tuple[int, ...]:
+        """block_table, its row stride, seq_lens, q_rows, scratch, max_seq_len and the
+        number of decodes: what a caller running the layers in C (model/decode_layers)
+        passes for this step."""
+        step, tail = self.step_args, self.tail_args
+        return step[3], step[4], step[5], step[6], tail[2], tail[3], tail[1]
+
+    @property
+    def scale(self) -> float:
+        return self.step_args[8]
 
 
 def paged_decode_for_step(lib: ctypes.CDLL, num_heads: int, kv_cache_shape: torch.Size,

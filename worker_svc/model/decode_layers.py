@@ -2,8 +2,9 @@
 
 A decode step of one to a few tokens runs about ten C kernels a layer. Called from
 the Python loop (DecoderModel._forward_fused), each pays a ctypes call, an output
-allocation and the interpreter between calls: measured here about 6-8 us a call, so
-1.5-2 ms of a 14 ms int8 step on the default model. The C loop calls the same kernels
+allocation and the interpreter between calls: about 7 us a call measured here, some
+270 calls a step; on the default model an int8 step of one token took 15.7 ms that
+way and 11.7 ms in one call (the Zen 3 VM, docs/worker.md). The C loop calls the same kernels
 (function pointers into their own libraries) in the same order into buffers made once
 a step, so its output is the Python loop's bit for bit, without that overhead.
 
@@ -25,11 +26,12 @@ import torch
 from worker_svc import native
 from worker_svc.attention import cpu_kernel
 from worker_svc.model import fused_ops, small_linear
+from worker_svc.model.cpu_dtype import LINEARS
 
 FLAGS: tuple[str, ...] = ()  # no arithmetic of its own: the kernels keep their flags
 _P, _I64, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
-MATMULS = ("qkv", "o_proj", "gate_up", "down")
-BIASES = ("qkv_bias", "o_bias", "gate_up_bias", "down_bias")
+MATMULS = tuple(n for n in LINEARS if not n.endswith("bias"))  # in the C loop's order
+BIASES = tuple(n for n in LINEARS if n.endswith("bias"))
 
 
 def _address(fn) -> int:
@@ -42,12 +44,8 @@ def load():
     if os.environ.get("GAPSERVE_CPU_DECODE_LAYERS", "") == "off":
         return None
     small, ops, attention = small_linear.load(), fused_ops.load(), cpu_kernel.load()
-    path = native.build("decode_layers", FLAGS)
-    if None in (small, ops, attention, path):
-        return None
-    try:
-        lib = ctypes.CDLL(str(path))
-    except OSError:
+    lib = native.open_library("decode_layers", FLAGS)
+    if None in (small, ops, attention, lib):
         return None
     fn = lib.decode_layers_f32
     fn.argtypes = [_P, _P, _P, _P, _P, _P, _P, _F32, _F32, _I64, _P, _P, _P, _P, _P,
@@ -122,17 +120,14 @@ class DecodeLayers:
                   c.intermediate_size, c.hidden_size)
         buf = torch.empty(rows * sum(widths))
         h, qkv, att, o, gate_up, act, delta = buf.split([rows * w for w in widths])
-        step = plan.step_args  # block_size .. scale, as paged_decode_for_step made them
-        tail = plan.tail_args  # begin, end, scratch, max_seq_len, threads
-        attn = torch.tensor([step[3], step[4], step[5], step[6], tail[2], tail[3], tail[1]],
-                            dtype=torch.int64)
+        attn = torch.tensor(plan.tables(), dtype=torch.int64)
         dims = torch.tensor([len(self._layers), c.hidden_size, c.num_heads, c.num_kv_heads,
                              c.head_dim, c.intermediate_size, cos.shape[0], num_blocks,
                              block_size, *self._flags, torch.get_num_threads()],
                             dtype=torch.int64)
         rc = self._fn(self._fns.data_ptr(), dims.data_ptr(), self._weights.data_ptr(),
                       self._scales.data_ptr(), self._norms.data_ptr(),
-                      self._kv_pointers(kv_caches).data_ptr(), attn.data_ptr(), step[8],
+                      self._kv_pointers(kv_caches).data_ptr(), attn.data_ptr(), plan.scale,
                       c.rms_norm_eps, rows, positions.data_ptr(), slot_mapping.data_ptr(),
                       cos.data_ptr(), sin.data_ptr(), residual.data_ptr(), h.data_ptr(),
                       qkv.data_ptr(), att.data_ptr(), o.data_ptr(), gate_up.data_ptr(),

@@ -93,13 +93,8 @@ def takes(input_ids: torch.Tensor, positions: torch.Tensor,
 
 @functools.cache
 def load() -> FusedOps | None:
-    path = native.build("decoder_ops", FLAGS)
-    if path is None:
-        return None
-    try:
-        return FusedOps(ctypes.PyDLL(str(path)))
-    except OSError:
-        return None
+    lib = native.open_library("decoder_ops", FLAGS, ctypes.PyDLL)
+    return None if lib is None else FusedOps(lib)
 
 
 def active(dtype: torch.dtype, device: torch.device, head_dim: int) -> FusedOps | None:

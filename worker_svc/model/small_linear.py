@@ -112,13 +112,8 @@ def supports(weight: torch.Tensor | Int8Weight) -> bool:
 
 @functools.cache
 def load() -> SmallLinear | None:
-    path = native.build("small_linear", FLAGS)
-    if path is None:
-        return None
-    try:
-        return SmallLinear(ctypes.CDLL(str(path)))
-    except OSError:
-        return None
+    lib = native.open_library("small_linear", FLAGS)
+    return None if lib is None else SmallLinear(lib)
 
 
 def active(act_dtype: torch.dtype, device: torch.device) -> SmallLinear | None:
