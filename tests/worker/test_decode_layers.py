@@ -48,7 +48,7 @@ def _drive(runner, prompts, max_new=6):
 @needs_kernels
 @pytest.mark.parametrize("config", [{}, {"quantization": "int8"}, {"dtype": "bfloat16"}],
                          ids=["fp32", "int8", "bf16_weights"])
-@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("batch", [1, 3, 7])
 def test_the_c_loop_gives_the_python_loops_bits(tiny_llama_dir, config, batch):
     prompts = [list(range(3 + 7 * i, 20 + 7 * i)) for i in range(batch)]
     c_loop, py_loop = tiny_cpu_runner(tiny_llama_dir, **config), \

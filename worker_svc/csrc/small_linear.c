@@ -9,8 +9,9 @@
  * to four rows here (docs/benchmarks.md). Sums are fp32; bf16 weights are widened to
  * fp32 exactly (a shift), and x stays fp32 (not rounded to bf16 as oneDNN does).
  *
- * Intrinsics for AVX-512 and for AVX2 + FMA (16 vector registers: at most 4 rows a
- * pass there), and a portable loop for the baseline build (native.py's variants).
+ * Intrinsics for AVX-512 and for AVX2 + FMA (16 vector registers: from five rows a
+ * pass, a row's two halves in turn there), and a portable loop for the baseline build
+ * (native.py's variants).
  *
  * Built with -fopenmp: in a worker the OpenMP runtime is torch's own (the same
  * libgomp soname, loaded first), so these parallel regions use the compute thread's
@@ -24,8 +25,9 @@
 #endif
 
 /* Rows of x per pass over the weights: each row's accumulators live in registers,
- * 32 vector registers with AVX-512, 16 with AVX2 (two accumulators a row there). */
-#ifdef __AVX512F__
+ * 32 vector registers with AVX-512, 16 with AVX2 (two accumulators a row there, so
+ * five to eight rows take a row's two halves in turn: dot_rows_wide). */
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
 #define MAX_ROWS_PER_PASS 8
 #else
 #define MAX_ROWS_PER_PASS 4
@@ -43,6 +45,17 @@ static inline float hsum256(__m256 v)
     return _mm_cvtss_f32(s);
 }
 #endif
+
+/* weight i of a row, as fp32 (bf16 widened exactly by a shift) */
+static inline float w_at(const void *w, int64_t i, int is_bf16)
+{
+    if (!is_bf16)
+        return ((const float *)w)[i];
+    const uint32_t bits = (uint32_t)((const uint16_t *)w)[i] << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
 
 #ifdef __AVX512F__
 /* 16 weights from i on (only the first n < 16 when m is not full), as fp32 */
@@ -100,14 +113,40 @@ static inline __m256 load_w8(const void *w, int64_t i, int is_bf16)
     return _mm256_loadu_ps((const float *)w + i);
 }
 
-static inline float w_at(const void *w, int64_t i, int is_bf16)
+/* Five to eight rows: their lo and hi accumulators would take all 16 registers, so
+ * the first halves of every 16-weight chunk go in one sweep and the second halves in
+ * another (the weight row is in L1 by then), with lo kept in memory between them.
+ * Each accumulator sees the same values in the same order as in dot_rows below, so an
+ * output has the same bits whatever the number of rows in its pass. */
+static inline __attribute__((always_inline)) void dot_rows_wide(
+    const float *x, int64_t x_stride, int nb, const void *wrow, int is_bf16, int64_t in,
+    float *y, int64_t y_stride)
 {
-    if (!is_bf16)
-        return ((const float *)w)[i];
-    const uint32_t bits = (uint32_t)((const uint16_t *)w)[i] << 16;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
+    __m256 acc[MAX_ROWS_PER_PASS];
+    float lo[MAX_ROWS_PER_PASS][8];
+    for (int half = 0; half < 2; half++) {
+#pragma GCC unroll 8
+        for (int b = 0; b < nb; b++)
+            acc[b] = _mm256_setzero_ps();
+        for (int64_t i = 8 * half; i + 16 - 8 * half <= in; i += 16) {
+            const __m256 wv = load_w8(wrow, i, is_bf16);
+#pragma GCC unroll 8
+            for (int b = 0; b < nb; b++)
+                acc[b] = _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + b * x_stride + i), acc[b]);
+        }
+        if (half == 0) {
+#pragma GCC unroll 8
+            for (int b = 0; b < nb; b++)
+                _mm256_storeu_ps(lo[b], acc[b]);
+        }
+    }
+    const int64_t tail = in - in % 16;
+    for (int b = 0; b < nb; b++) {
+        float sum = hsum256(_mm256_add_ps(_mm256_loadu_ps(lo[b]), acc[b]));
+        for (int64_t t = tail; t < in; t++)
+            sum += w_at(wrow, t, is_bf16) * x[b * x_stride + t];
+        y[b * y_stride] = sum;
+    }
 }
 
 /* as the AVX-512 dot_rows, 16 weights an iteration in two halves with an accumulator
@@ -116,7 +155,11 @@ static inline __attribute__((always_inline)) void dot_rows(
     const float *x, int64_t x_stride, int nb, const void *wrow, int is_bf16, int64_t in,
     float *y, int64_t y_stride)
 {
-    __m256 lo[MAX_ROWS_PER_PASS], hi[MAX_ROWS_PER_PASS];
+    if (nb > 4) {
+        dot_rows_wide(x, x_stride, nb, wrow, is_bf16, in, y, y_stride);
+        return;
+    }
+    __m256 lo[4], hi[4];
 #pragma GCC unroll 4
     for (int b = 0; b < nb; b++)
         lo[b] = hi[b] = _mm256_setzero_ps();
@@ -137,27 +180,24 @@ static inline __attribute__((always_inline)) void dot_rows(
     }
 }
 #else
+/* Eight partial sums in a fixed order, then a fixed tree: an `omp simd` reduction
+ * here let the compiler vectorize each inlined row count its own way, so an output's
+ * bits depended on how many rows shared its pass (the argmax screen needs them not
+ * to). Without -ffast-math the compiler may not reorder these sums. */
 static inline void dot_rows(const float *x, int64_t x_stride, int nb, const void *wrow,
                             int is_bf16, int64_t in, float *y, int64_t y_stride)
 {
     for (int b = 0; b < nb; b++) {
         const float *xb = x + b * x_stride;
-        float acc = 0.0f;
-        if (is_bf16) {
-            const uint16_t *w = (const uint16_t *)wrow;
-#pragma omp simd reduction(+:acc)
-            for (int64_t i = 0; i < in; i++) {
-                uint32_t bits = (uint32_t)w[i] << 16;
-                float wf;
-                memcpy(&wf, &bits, sizeof wf);
-                acc += wf * xb[i];
-            }
-        } else {
-            const float *w = (const float *)wrow;
-#pragma omp simd reduction(+:acc)
-            for (int64_t i = 0; i < in; i++)
-                acc += w[i] * xb[i];
-        }
+        float part[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+        int64_t i = 0;
+        for (; i + 8 <= in; i += 8)
+            for (int k = 0; k < 8; k++)
+                part[k] += w_at(wrow, i + k, is_bf16) * xb[i + k];
+        float acc = ((part[0] + part[1]) + (part[2] + part[3]))
+            + ((part[4] + part[5]) + (part[6] + part[7]));
+        for (; i < in; i++)
+            acc += w_at(wrow, i, is_bf16) * xb[i];
         y[b * y_stride] = acc;
     }
 }
