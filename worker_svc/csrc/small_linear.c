@@ -191,9 +191,16 @@ static inline void dot_rows(const float *x, int64_t x_stride, int nb, const void
         const float *xb = x + b * x_stride;
         float part[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
         int64_t i = 0;
-        for (; i + 8 <= in; i += 8)
-            for (int k = 0; k < 8; k++)
-                part[k] += w_at(wrow, i + k, is_bf16) * xb[i + k];
+        if (is_bf16) {  /* two straight loops: a branch per weight stops vectorizing */
+            for (; i + 8 <= in; i += 8)
+                for (int k = 0; k < 8; k++)
+                    part[k] += w_at(wrow, i + k, 1) * xb[i + k];
+        } else {
+            const float *w = (const float *)wrow;
+            for (; i + 8 <= in; i += 8)
+                for (int k = 0; k < 8; k++)
+                    part[k] += w[i + k] * xb[i + k];
+        }
         float acc = ((part[0] + part[1]) + (part[2] + part[3]))
             + ((part[4] + part[5]) + (part[6] + part[7]));
         for (; i < in; i++)

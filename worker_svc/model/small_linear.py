@@ -3,9 +3,10 @@
 A step of one to a few tokens streams every weight once: memory bandwidth bounds it.
 oneDNN's prepacked GEMM, which wins for wide batches, moves about half the bytes per
 second this kernel does at one to four rows and is still slower at eight
-(docs/benchmarks.md), so the worker keeps a plain row-major copy of each matmul weight
-beside the prepacked one and runs steps of at most MAX_ROWS tokens here. That copy costs the matmul weights' bytes once more
-(for a tied vocabulary projection the embedding table is it: nothing more).
+(docs/worker.md), so the worker keeps a plain row-major copy of each matmul weight
+beside the prepacked one and runs steps of at most MAX_ROWS tokens here. That copy
+costs the matmul weights' bytes once more (for a tied vocabulary projection the
+embedding table is it: nothing more).
 
 --quantization int8 makes that copy int8 with one fp32 scale per GROUP inputs of a
 row (Int8Weight; llama.cpp's Q8_0 grouping): a quarter of fp32's bytes, so steps of a
@@ -31,9 +32,9 @@ FLAGS = ("-fopenmp",)
 # The largest step (in token rows) the kernel takes: past it, each weight byte feeds
 # enough multiply-adds that oneDNN's blocked GEMM wins. benchmarks/small_linear.py on
 # the Zen 3 (AVX2), the model's fp32 matmuls: 6 rows 53.8 against oneDNN's 63.0 ms,
-# 8 rows 64.4 against 70.8, 12 rows 93.6 against 84.2 (docs/worker.md). With 4 here,
-# when 8 rows took two passes of the kernel, a worker step of 6 decodes took 78.0 ms
-# (48.1 now), with --quantization int8 85.1 (27.0 now).
+# 8 rows 64.4 against 70.8, 12 rows 93.6 against 84.2 (docs/worker.md). With 4 here
+# (steps of 5-8 rows on oneDNN), a worker step of 6 decodes took 78.0 ms (48.1 now),
+# with --quantization int8 85.1 (27.0 now).
 MAX_ROWS = 8
 GROUP = 32  # Q8_GROUP in small_linear.c: inputs sharing one int8 scale
 _P, _I64 = ctypes.c_void_p, ctypes.c_int64
