@@ -130,7 +130,9 @@ class ModelRunner:
     # ------------------------------------------------------------------ a step
 
     @torch.inference_mode()
-    def execute(self, step: SchedulerOutput) -> ModelRunnerOutput:
+    def execute(self, step: SchedulerOutput, on_prepared=None) -> ModelRunnerOutput:
+        """Run one step. on_prepared(), if given, is called once the step's inputs are
+        built, before the forward pass (the Step stream sends the previous result then)."""
         start_unix, t0 = time.time(), time.perf_counter()
         check_step(step, self.requests, vocab_size=self.model_config.vocab_size,
                    max_model_len=self.max_model_len, num_blocks=self.num_kv_blocks,
@@ -148,6 +150,8 @@ class ModelRunner:
                                   self.model_config.vocab_size, t0, start_unix)
         inputs = self._prepare_inputs(states, [step.num_scheduled_tokens[r] for r in order])
         t1 = time.perf_counter()
+        if on_prepared is not None:
+            on_prepared()
         samplers = [states[i] for i in inputs.sample_rows]
         logits = self.model.forward(inputs.input_ids, inputs.positions, self.kv_caches,
                                     inputs.meta, inputs.logits_indices,

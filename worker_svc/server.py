@@ -91,22 +91,38 @@ class StepPipe:
 
     def _execute_all(self) -> None:
         last_end = None  # perf_counter when the previous step ended
+        held = []  # the previous step's (step, result), not yet handed to the sender
+
+        def hand_over() -> None:
+            if held:
+                self.results.put(held.pop())
+
         while (step := self.steps.get()) is not _END and not self._stopping.is_set():
             if isinstance(step, StepFailed):
+                hand_over()
                 self.results.put((None, step))
                 break
             start = time.perf_counter()
             try:
-                result = self.runner.execute(step)
+                # The previous result goes to the sender once this step's inputs are
+                # built: the sender's Python (protobuf, metrics, gRPC) then runs while
+                # the forward pass is in C without the GIL, not against the input
+                # preparation, which it slowed 0.3 -> 1.6 ms a step in the stack.
+                result = self.runner.execute(step, on_prepared=hand_over)
             except BaseException as e:  # noqa: BLE001 - handed to the stream handler
+                hand_over()
                 self.results.put((step, StepFailed(step.step_id, e)))
                 break
+            hand_over()  # a step that prepared nothing (only finished requests)
             # idle: from the end of the previous step to the start of this one, so it
             # counts waiting for the scheduler (or for any work, when the server is quiet)
             result.timings.idle_ms = 0.0 if last_end is None else (start - last_end) * 1e3
             last_end = time.perf_counter()
-            self.results.put((step, result))
+            held.append((step, result))
+            if self.steps.empty():  # no next step to prepare: do not sit on this one
+                hand_over()
             fault_injection.step_done()
+        hand_over()
         self.results.put(_END)
 
 
@@ -145,8 +161,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
     def Step(self, request_iterator, context):
         """Three threads per stream: a reader takes steps off the wire as they come
         (step N+1 usually arrives while step N computes), one thread executes them,
-        and this handler sends each result as soon as its step ends, so neither
-        reading nor sending ever sits between two steps."""
+        and this handler sends each result once the next step's inputs are built (at
+        once when no next step is waiting), so neither reading nor sending ever sits
+        between two steps."""
         runner = self._runner(context)
         if not self._stream_lock.acquire(blocking=False):
             context.abort(grpc.StatusCode.FAILED_PRECONDITION,

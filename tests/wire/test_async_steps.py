@@ -222,9 +222,9 @@ def test_every_step_runs_on_the_one_compute_thread(tiny_runner, monkeypatch):
     threads = []
     real_execute = tiny_runner.execute
 
-    def execute(step):
+    def execute(step, **kwargs):
         threads.append(threading.get_ident())
-        return real_execute(step)
+        return real_execute(step, **kwargs)
 
     monkeypatch.setattr(tiny_runner, "execute", execute)
     for n, req_id in enumerate(("one", "two")):  # one stream each: one pipe per stream
@@ -236,6 +236,58 @@ def test_every_step_runs_on_the_one_compute_thread(tiny_runner, monkeypatch):
     compute.run(real_execute, SchedulerOutput(step_id=-1, finished_req_ids={"one", "two"}))
     assert len(threads) == 2 and threads[0] == threads[1] != threading.get_ident()
     assert compute.run(threading.get_ident) == threads[0]
+
+
+def test_a_result_goes_out_once_the_next_steps_inputs_are_built(tiny_runner, monkeypatch):
+    """The sender's Python must not run against the next step's input preparation
+    (both need the GIL): a result is handed over after the next step is prepared and
+    before its forward pass; the last one, with no step after it, at once."""
+    second_read = threading.Event()
+    seen = {}
+    real_execute = tiny_runner.execute
+    pipe = StepPipe(tiny_runner)
+
+    def steps():
+        yield pc.scheduler_output_to_proto(new_request_step(0, "a", [1, 2, 3], 1))
+        yield pc.scheduler_output_to_proto(new_request_step(1, "b", [4, 5], 2))
+        second_read.set()  # the reader asks for a third: step 1 is queued
+
+    def execute(step, on_prepared=None):
+        if step.step_id == 0:
+            second_read.wait()  # step 1 is waiting when step 0 ends
+            return real_execute(step, on_prepared=on_prepared)
+
+        def prepared():
+            seen["before"] = pipe.results.empty()
+            on_prepared()
+            seen["after"] = not pipe.results.empty()
+        return real_execute(step, on_prepared=prepared)
+
+    monkeypatch.setattr(tiny_runner, "execute", execute)
+    pipe.start(steps())
+    assert [pipe.results.get()[1].step_id for _ in range(2)] == [0, 1]
+    assert pipe.results.get() is _END
+    pipe.stop()
+    tiny_runner.execute(SchedulerOutput(step_id=-1, finished_req_ids={"a", "b"}))
+    assert seen == {"before": True, "after": True}
+
+
+def test_a_result_with_no_step_waiting_behind_it_is_not_held(tiny_runner):
+    """Without async scheduling the next step comes only after this result: holding
+    it for a next step's inputs would hang the stream."""
+    got_first = threading.Event()
+    pipe = StepPipe(tiny_runner)
+
+    def steps():
+        yield pc.scheduler_output_to_proto(new_request_step(0, "c", [1, 2, 3], 1))
+        got_first.wait()
+
+    pipe.start(steps())
+    first = pipe.results.get(timeout=60)  # bounds a regression; a pass returns at once
+    got_first.set()
+    assert first[0].step_id == 0 and pipe.results.get() is _END
+    pipe.stop()
+    tiny_runner.execute(SchedulerOutput(step_id=-1, finished_req_ids={"c"}))
 
 
 def test_idle_time_is_the_gap_between_one_step_ending_and_the_next_starting(tiny_runner):
