@@ -90,7 +90,7 @@ def server_commands(args: argparse.Namespace) -> dict[str, dict]:
 
     return {
         "gapserve": gapserve("float32"), "gapserve-bf16": gapserve("bfloat16"),
-        # int8 weights for steps of at most 8 tokens, fp32 for wider ones
+        # int8 weights for steps of at most 32 tokens, fp32 for wider ones
         "gapserve-int8": gapserve("float32", "--quantization", "int8"),
         "vllm": vllm("float32", True), "vllm-bf16": vllm("bfloat16", True),
         "vllm-default": vllm("float32", False),

@@ -147,7 +147,7 @@ def main() -> None:
                     help="bfloat16 on CPU: bf16 matmul weights, fp32 activations")
     ap.add_argument("--load-format", default="auto", choices=("auto", "dummy"))
     ap.add_argument("--quantization", default=None, choices=("int8",),
-                    help="int8 weights for steps of at most 8 tokens (docs/worker.md)")
+                    help="int8 weights for steps of at most 32 tokens (docs/worker.md)")
     ap.add_argument("--decode-batches", default=None,
                     help="comma list instead of the default 1,8,32,64,128")
     ap.add_argument("--prefill-chunks", default=None,

@@ -189,7 +189,7 @@ def add_worker_flags(parser: argparse.ArgumentParser, *, with_ports: bool = True
                    choices=("auto", "float32", "bfloat16", "float16"),
                    help="auto: float32 on CPU, bfloat16 on CUDA")
     g.add_argument("--quantization", default=None, choices=("int8",),
-                   help="CPU: steps of at most 8 tokens read int8 weights (a scale per "
+                   help="CPU: steps of at most 32 tokens read int8 weights (a scale per "
                         "32 inputs), wider ones the --dtype weights")
     g.add_argument("--kv-cache-memory", type=positive_int, default=None,
                    help="bytes of KV cache on CPU")

@@ -89,8 +89,12 @@ def test_small_steps_read_int8_copies_and_wide_steps_the_dtype_weights(tiny_llam
     int8 = tiny_cpu_runner(tiny_llama_dir, quantization="int8")
     plain = tiny_cpu_runner(tiny_llama_dir)
     model = int8.model
-    small_layers, _ = model._matmuls(small_linear.MAX_ROWS)
-    wide_layers, _ = model._matmuls(small_linear.MAX_ROWS + 1)
+    # int8 copies serve steps of up to INT8_MAX_ROWS tokens (short prefills too)
+    assert model.small_max_rows == small_linear.INT8_MAX_ROWS > small_linear.MAX_ROWS
+    assert plain.model.small_max_rows == small_linear.MAX_ROWS
+    small_layers, _ = model._matmuls(small_linear.INT8_MAX_ROWS)
+    wide_layers, _ = model._matmuls(small_linear.INT8_MAX_ROWS + 1)
+    assert plain.model._matmuls(small_linear.MAX_ROWS + 1)[0] is plain.model.w.layers
     assert isinstance(small_layers[0].gate_up, Int8Weight)
     assert isinstance(model._small_lm_head, Int8Weight)
     assert wide_layers is model.w.layers and wide_layers[0].gate_up.dtype == torch.float32
@@ -111,6 +115,10 @@ def test_on_weights_int8_holds_exactly_the_greedy_tokens_are_the_fp32_ones(int8_
     torch.testing.assert_close(int8.model._logits(x), fp32.model._logits(x),
                                rtol=1e-4, atol=1e-4)  # x as int16: within 1/65534
     assert run_outputs(int8, prompts, 12) == run_outputs(fp32, prompts, 12)
+    # a lone 20-token prompt: its prefill step (20 rows) reads the int8 copies too
+    int8 = tiny_cpu_runner(int8_exact_dir, quantization="int8")
+    fp32 = tiny_cpu_runner(int8_exact_dir)
+    assert run_outputs(int8, prompts[:1], 12) == run_outputs(fp32, prompts[:1], 12)
 
 
 def test_int8_is_refused_with_a_reason_when_nothing_would_run_it(tiny_llama_dir, monkeypatch):

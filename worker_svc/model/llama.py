@@ -55,6 +55,8 @@ class DecoderModel:
                                          for n in ("qkv", "o_proj", "gate_up", "down")]
         if not all(small_linear.supports(t) for t in plain):
             self.small = None
+        # steps up to this many tokens run the kernel (more on int8 copies)
+        self.small_max_rows = small_linear.max_rows(plain[-1])
         # greedy rows of small steps: the projection screened by an int8 copy
         self.argmax_screen = weights.argmax_screen if self.small is not None else None
         # small decode steps: every layer in one C call, the same kernels (decode_layers)
@@ -154,8 +156,8 @@ class DecoderModel:
 
     def _matmuls(self, rows: int):
         """The layers' weights and the matmul for a step of `rows` tokens: the
-        small-batch kernel on the plain copies up to its MAX_ROWS, else oneDNN/torch."""
-        if self.small is not None and rows <= small_linear.MAX_ROWS:
+        small-batch kernel on its copies up to small_max_rows, else oneDNN/torch."""
+        if self.small is not None and rows <= self.small_max_rows:
             return self._small_layers, self.small
         return self.w.layers, _linear
 
