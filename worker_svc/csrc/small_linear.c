@@ -282,8 +282,8 @@ static void quantize_rows_i16(const float *x, int64_t x_stride, int64_t rows, in
 #if defined(__AVX2__) && defined(__FMA__)  /* the AVX-512 build has AVX2 too */
 /* A thread's share of an int8 matrix is short (rows of 576 bytes, ~100 us of reading
  * a matmul) and the hardware prefetcher ramps up on each anew: asking for the line
- * 8 KiB ahead took the model's int8 matmuls at one row from 14.2 to 16.1 GB/s, the
- * speed of a plain read of one flat buffer (Zen 3, 15 alternations; docs/benchmarks.md).
+ * 8 KiB ahead took the model's int8 matmuls at one row from 14.2 to 16.1 GB/s (Zen 3,
+ * 15 alternations), near the 16.5 a flat read of one buffer got there (docs/worker.md).
  * fp32 rows, four times longer, gained nothing from it; from four rows, where the
  * integer work and not memory sets the pace, it cost 5%. A prefetch past the end of
  * w is harmless: it never faults. */
