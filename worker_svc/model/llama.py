@@ -129,7 +129,7 @@ class DecoderModel:
         plan = None
         # the C decode kernel's plan for this step, if this backend has one
         decode_plan = getattr(self.backend, "decode_kernel_plan", None)
-        if self.decode_layers is not None and decode_plan and n <= small_linear.MAX_ROWS:
+        if self.decode_layers is not None and decode_plan and n <= self.small_max_rows:
             plan = decode_plan(meta, c.num_heads, kv_caches[0], self.scale)
         if plan is not None:  # the loop below, in one C call
             residual += self.decode_layers.run(residual, positions, meta.slot_mapping,
