@@ -91,7 +91,8 @@ WORKER = ("model", "tensor_parallel_size", "device", "dtype", "quantization",
           "load_format", "zero_cost_steps")
 SCHEDULER = ("long_prefill_token_threshold", "long_prefill_exempt_lone_request",
              "scheduling_policy", "enable_prefix_caching",
-             "async_scheduling", "enable_chunked_prefill", "step_timeout_s")
+             "async_scheduling", "enable_chunked_prefill", "num_scheduler_steps",
+             "step_timeout_s")
 FRONTEND = ("http_port", "grpc_port", "model", "served_model_name", "api_server_count")
 
 

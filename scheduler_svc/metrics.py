@@ -63,6 +63,9 @@ ITERATION_TOKENS = Histogram("gapserve:iteration_tokens_total",
                              "Tokens scheduled per step.", _M,
                              buckets=[1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192,
                                       16384])
+FORWARD_PASSES = Counter("gapserve:forward_passes",
+                         "Forward passes the workers were asked to run; more than the "
+                         "steps when multi-step decode (--num-scheduler-steps) applies.", _M)
 STEP_DURATION = Histogram("gapserve:step_duration_seconds",
                           "From scheduling a step to processing its result.", _M,
                           buckets=[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
@@ -160,6 +163,7 @@ class _Series:
     prefix_queries: Any
     prefix_hits: Any
     iteration_tokens: Any
+    forward_passes: Any
     step_duration: Any
     preemptions: Any  # made at start, so dashboards see 0 rather than no series
 
@@ -170,7 +174,8 @@ class _Series:
                    NUM_REQUESTS_WAITING_BY_REASON.labels(m, "not_ready"),
                    KV_CACHE_USAGE.labels(m), PREFIX_CACHE_QUERIES.labels(m),
                    PREFIX_CACHE_HITS.labels(m), ITERATION_TOKENS.labels(m),
-                   STEP_DURATION.labels(m), NUM_PREEMPTIONS.labels(m))
+                   FORWARD_PASSES.labels(m), STEP_DURATION.labels(m),
+                   NUM_PREEMPTIONS.labels(m))
 
 
 @dataclass(slots=True)
@@ -294,6 +299,7 @@ class SchedulerTelemetry:
         reading = reading_from_stats(stats)
         self._record_gauges(reading, stats, now)
         self._series.iteration_tokens.observe(output.total_num_scheduled_tokens)
+        self._series.forward_passes.inc(output.num_steps)
         if not tracing_enabled():  # per-request work below only when someone looks
             self._steps[output.step_id] = _Step(None, started)
             return {}
@@ -301,6 +307,7 @@ class SchedulerTelemetry:
         attributes = {
             "gapserve.step.id": output.step_id,
             "gapserve.step.num_scheduled_tokens": output.total_num_scheduled_tokens,
+            "gapserve.step.num_forward_passes": output.num_steps,
             "gapserve.step.num_new_reqs": len(output.scheduled_new_reqs),
             "gapserve.step.num_resumed_reqs": num_resumed,
             "gapserve.step.num_running_reqs": len(cached) - num_resumed,

@@ -150,6 +150,7 @@ def engine_status(engine: Engine, scheduler: Scheduler,
         num_preemptions_in_window=diag["preemptions_in_window"], window_s=diag["window_s"],
         prefix_cache_queries=stats.prefix_cache_queries,
         prefix_cache_hits=stats.prefix_cache_hits, num_steps_total=engine.counters.num_steps,
+        num_forward_passes_total=engine.counters.num_forward_passes,
         num_sessions=engine.num_sessions(), diagnosis=diag["diagnosis"],
         summary=diag["summary"], lever=diag["lever"],
         admission_blocked_by=diag["admission_blocked_by"] or "",
@@ -175,7 +176,8 @@ def scheduler_config(args, info: ModelInfo) -> SchedulerConfig:
         policy=args.scheduling_policy,
         enable_chunked_prefill=args.enable_chunked_prefill,
         enable_prefix_caching=args.enable_prefix_caching,
-        async_scheduling=args.async_scheduling)
+        async_scheduling=args.async_scheduling,
+        num_scheduler_steps=args.num_scheduler_steps)
     if args.max_num_seqs is not None:
         cfg.max_num_seqs = args.max_num_seqs
     # The worker's budget: it profiled its memory with it (the handshake checked a flag).

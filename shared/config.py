@@ -247,6 +247,12 @@ def add_scheduler_flags(parser: argparse.ArgumentParser, *, with_ports: bool = T
                    default=True)
     g.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction,
                    default=True)
+    g.add_argument("--num-scheduler-steps", type=positive_int, default=1,
+                   help="multi-step decode: while all running requests decode and none "
+                        "waits, run up to this many forward passes per step, so each "
+                        "gRPC message carries that many tokens a request (streams then "
+                        "arrive in bursts of that many tokens); 1 = off "
+                        "(docs/scheduling.md)")
     # resilience (docs/resilience.md)
     g.add_argument("--step-timeout-s", type=non_negative_float, default=120.0,
                    help="a step not answered within this many seconds means the worker is "

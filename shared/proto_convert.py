@@ -102,7 +102,7 @@ def scheduler_output_to_proto(out: t.SchedulerOutput) -> worker_pb2.SchedulerOut
         total_num_scheduled_tokens=out.total_num_scheduled_tokens,
         finished_req_ids=sorted(out.finished_req_ids),
         preempted_req_ids=sorted(out.preempted_req_ids),
-        trace_context=out.trace_context)
+        trace_context=out.trace_context, num_steps=out.num_steps)
 
 
 def scheduler_output_from_proto(msg: worker_pb2.SchedulerOutput) -> t.SchedulerOutput:
@@ -128,7 +128,7 @@ def scheduler_output_from_proto(msg: worker_pb2.SchedulerOutput) -> t.SchedulerO
         total_num_scheduled_tokens=msg.total_num_scheduled_tokens,
         finished_req_ids=set(msg.finished_req_ids),
         preempted_req_ids=set(msg.preempted_req_ids),
-        trace_context=dict(msg.trace_context))
+        trace_context=dict(msg.trace_context), num_steps=max(msg.num_steps, 1))
 
 
 # ---------------------------------------------------------------------------

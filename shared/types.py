@@ -171,6 +171,15 @@ class SchedulerOutput:
     preempted_req_ids: set[str] = field(default_factory=set)
     # W3C trace context of the scheduler's step span, so worker step spans nest under it
     trace_context: dict[str, str] = field(default_factory=dict)
+    # Multi-step decode: each request is scheduled for one token and the worker runs
+    # num_steps forward passes in a row, feeding each sampled token into the next pass,
+    # so it samples num_steps tokens per request (docs/scheduling.md).
+    num_steps: int = 1
+
+
+# The most forward passes one multi-step decode may run: it holds new arrivals back for
+# all of them (the scheduler's --num-scheduler-steps is bounded by it; workers check it).
+MAX_NUM_STEPS = 64
 
 
 # ---------------------------------------------------------------------------

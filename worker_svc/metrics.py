@@ -29,7 +29,9 @@ _L = ["model_name", "rank"]
 MS_BUCKETS = [0.5, 1, 2.5, 5, 10, 25, 50, 75, 100, 250, 500, 1000, 2500, 5000, 10000]
 
 FORWARD_TIME = Histogram("gapserve:model_forward_time_milliseconds",
-                         "Model forward pass time per step.", _L, buckets=MS_BUCKETS)
+                         "Model forward pass time per step (all passes of a multi-step "
+                         "decode: divide by gapserve:worker_forward_passes_total's rate).",
+                         _L, buckets=MS_BUCKETS)
 EXECUTE_TIME = Histogram("gapserve:model_execute_time_milliseconds",
                          "Whole step on the worker: input preparation, forward, sampling.",
                          _L, buckets=MS_BUCKETS)
@@ -44,6 +46,9 @@ STEPS = Counter("gapserve:worker_steps", "Steps executed.", _L)
 WEIGHT_BYTES = Gauge("gapserve:worker_weight_bytes",
                      "Bytes of model weights this rank holds (its tensor-parallel shard).", _L)
 STEP_TOKENS = Counter("gapserve:worker_tokens", "Tokens computed (prompt and output).", _L)
+FORWARD_PASSES = Counter("gapserve:worker_forward_passes",
+                         "Forward passes run; more than the steps when multi-step decode "
+                         "(--num-scheduler-steps) runs several in one step.", _L)
 ARGMAX_SCREEN = Counter(
     "gapserve:worker_argmax_screen_rows",
     "Greedy rows of small CPU steps whose vocabulary projection was screened by its int8 "
@@ -70,7 +75,8 @@ class WorkerTelemetry:
     def __post_init__(self) -> None:
         labels = (self.model_name, str(self.rank))
         self._series = tuple(m.labels(*labels) for m in (
-            FORWARD_TIME, SAMPLE_TIME, PREPARE_TIME, IDLE_TIME, EXECUTE_TIME, STEPS, STEP_TOKENS))
+            FORWARD_TIME, SAMPLE_TIME, PREPARE_TIME, IDLE_TIME, EXECUTE_TIME, STEPS, STEP_TOKENS,
+            FORWARD_PASSES))
 
     def argmax_screen(self, rows: dict[str, int]) -> None:
         """The model's running counts of screened rows (DecoderModel.screen_rows)."""
@@ -96,7 +102,8 @@ class WorkerTelemetry:
         c[3].observe(timings.idle_ms)
         c[4].observe(timings.prepare_ms + timings.forward_ms + timings.sample_ms)
         c[5].inc()
-        c[6].inc(step.total_num_scheduled_tokens)
+        c[6].inc(step.total_num_scheduled_tokens * step.num_steps)
+        c[7].inc(step.num_steps)
 
         if not tracing_enabled():
             return
@@ -117,6 +124,7 @@ class WorkerTelemetry:
                 "gapserve.worker.rank": self.rank,
                 "gapserve.step.num_scheduled_tokens": step.total_num_scheduled_tokens,
                 "gapserve.step.num_reqs": len(step.num_scheduled_tokens),
+                "gapserve.step.num_forward_passes": step.num_steps,
                 "gapserve.worker.prepare_ms": t.prepare_ms,
                 "gapserve.worker.forward_ms": t.forward_ms,
                 "gapserve.worker.sample_ms": t.sample_ms,

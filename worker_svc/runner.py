@@ -147,35 +147,53 @@ class ModelRunner:
         states = [self.requests[r] for r in order]
         if self.config.zero_cost_steps:
             return zero_cost_step(out, states, [step.num_scheduled_tokens[r] for r in order],
-                                  self.model_config.vocab_size, t0, start_unix)
+                                  self.model_config.vocab_size, t0, start_unix,
+                                  step.num_steps)
         inputs = self._prepare_inputs(states, [step.num_scheduled_tokens[r] for r in order])
         t1 = time.perf_counter()
         if on_prepared is not None:
             on_prepared()
+        out.sampled_token_ids = [[] for _ in order]
+        out.logprobs = [None if s.params.logprobs is None else [] for s in states]
+        prepare_s, forward_s, sample_s = t1 - t0, 0.0, 0.0
+        # A multi-step decode (num_steps > 1, every request one token that samples; the
+        # step check made sure) is that many passes, each fed the tokens of the last.
+        for k in range(step.num_steps):
+            if k:
+                t1 = time.perf_counter()
+                inputs = self._prepare_inputs(states, inputs.num_scheduled)
+                prepare_s += time.perf_counter() - t1
+            t2 = time.perf_counter()
+            pass_forward_s = self._forward_and_sample(states, inputs, out)
+            forward_s += pass_forward_s
+            sample_s += time.perf_counter() - t2 - pass_forward_s
+        out.timings = StepTimings(prepare_ms=prepare_s * 1e3, forward_ms=forward_s * 1e3,
+                                  sample_ms=sample_s * 1e3, start_unix_s=start_unix,
+                                  end_unix_s=time.time())
+        return out
+
+    def _forward_and_sample(self, states: list[RequestState], inputs, out) -> float:
+        """One forward pass over the prepared inputs; the sampled tokens are appended to
+        the requests' states and to `out`. Returns the forward pass's seconds."""
         samplers = [states[i] for i in inputs.sample_rows]
+        t0 = time.perf_counter()
         logits = self.model.forward(inputs.input_ids, inputs.positions, self.kv_caches,
                                     inputs.meta, inputs.logits_indices,
                                     argmax_only=_argmax_only(samplers))
         self._sync()
-        t2 = time.perf_counter()
+        forward_s = time.perf_counter() - t0
         tokens, token_list, logprobs = self._sample(logits, samplers)
         if samplers:
             rows = torch.tensor([s.row for s in samplers], device=self.device)
             self.last_sampled.index_copy_(0, rows, tokens)
         for state, n in zip(states, inputs.num_scheduled):
             state.num_computed_tokens += n
-        out.sampled_token_ids = [[] for _ in order]
-        out.logprobs = [None if s.params.logprobs is None else [] for s in states]
         for i, state, token, lp in zip(inputs.sample_rows, samplers, token_list, logprobs):
             state.record_sampled(token)
-            out.sampled_token_ids[i] = [token]
+            out.sampled_token_ids[i].append(token)
             if lp is not None:
-                out.logprobs[i] = lp
-        t3 = time.perf_counter()
-        out.timings = StepTimings(prepare_ms=(t1 - t0) * 1e3, forward_ms=(t2 - t1) * 1e3,
-                                  sample_ms=(t3 - t2) * 1e3, start_unix_s=start_unix,
-                                  end_unix_s=time.time())
-        return out
+                out.logprobs[i].extend(lp)
+        return forward_s
 
     def _sample(self, logits: torch.Tensor | None, samplers: list[RequestState]):
         """Rank 0 samples from the gathered logits and sends the tokens to the other

@@ -5,7 +5,7 @@ exactly as it was."""
 from __future__ import annotations
 
 from shared.token_checksum import token_checksum
-from shared.types import InvalidRequestError, SchedulerOutput
+from shared.types import MAX_NUM_STEPS, InvalidRequestError, SchedulerOutput
 from worker_svc.request_state import RequestState
 
 
@@ -59,6 +59,30 @@ def check_step(step: SchedulerOutput, requests: dict[str, RequestState], *, voca
         if num_held_blocks * block_size < end:
             raise StepError(f"request {req_id!r}: {num_held_blocks} blocks cannot hold "
                             f"{end} tokens")
+    if step.num_steps != 1:
+        _check_multi_step(step, after, max_model_len, block_size)
+
+
+def _check_multi_step(step: SchedulerOutput, after: dict[str, tuple[int, int, int]],
+                      max_model_len: int, block_size: int) -> None:
+    """A multi-step decode: every request one token that samples, and room (positions,
+    blocks) for the token each of the step's passes computes."""
+    steps = step.num_steps
+    if not 1 <= steps <= MAX_NUM_STEPS:
+        raise StepError(f"num_steps {steps} outside [1, {MAX_NUM_STEPS}]")
+    for req_id, n in step.num_scheduled_tokens.items():
+        num_tokens, num_held_blocks, computed = after[req_id]
+        if n != 1 or computed + 1 != num_tokens:
+            raise StepError(f"a multi-step decode of {steps} passes must schedule one "
+                            f"token that samples; request {req_id!r} has {n} from "
+                            f"{computed} of {num_tokens}")
+        end = computed + steps
+        if end > max_model_len:
+            raise StepError(f"request {req_id!r}: {steps} passes reach {end} tokens, over "
+                            f"max_model_len {max_model_len}")
+        if num_held_blocks * block_size < end:
+            raise StepError(f"request {req_id!r}: {num_held_blocks} blocks cannot hold "
+                            f"the {end} tokens of {steps} passes")
 
 
 def _check_tokens(req_id: str, state: RequestState, check: tuple[int, int] | None) -> None:

@@ -27,15 +27,16 @@ def made_up_token(state: RequestState, vocab_size: int) -> int:
 
 def zero_cost_step(out: ModelRunnerOutput, states: list[RequestState],
                    num_scheduled: list[int], vocab_size: int, t0: float,
-                   start_unix: float) -> ModelRunnerOutput:
+                   start_unix: float, num_steps: int = 1) -> ModelRunnerOutput:
     out.sampled_token_ids = [[] for _ in states]
     out.logprobs = [None] * len(states)
     for i, (state, n) in enumerate(zip(states, num_scheduled)):
-        state.num_computed_tokens += n
-        if state.num_computed_tokens >= len(state.token_ids):  # prompt done: it samples
-            token = made_up_token(state, vocab_size)
-            state.record_sampled(token)
-            out.sampled_token_ids[i] = [token]
+        for _ in range(num_steps):  # a multi-step decode: one token a pass
+            state.num_computed_tokens += n
+            if state.num_computed_tokens >= len(state.token_ids):  # prompt done: it samples
+                token = made_up_token(state, vocab_size)
+                state.record_sampled(token)
+                out.sampled_token_ids[i].append(token)
     out.timings = StepTimings(prepare_ms=(time.perf_counter() - t0) * 1e3,
                               start_unix_s=start_unix, end_unix_s=time.time())
     return out

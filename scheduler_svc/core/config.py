@@ -5,7 +5,10 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass, field
 
+from shared.types import MAX_NUM_STEPS
+
 POLICIES = ("fcfs", "priority")
+MAX_SCHEDULER_STEPS = MAX_NUM_STEPS  # a multi-step decode's passes (shared/types.py)
 
 
 class ConfigError(ValueError):
@@ -27,6 +30,11 @@ class SchedulerConfig:
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = True
     async_scheduling: bool = False
+    # Multi-step decode (vLLM V0's --num-scheduler-steps): while every running request
+    # is decoding and none waits, one step runs up to this many forward passes, so the
+    # per-message cost of the gRPC links is paid once per that many tokens
+    # (docs/scheduling.md). 1 = off.
+    num_scheduler_steps: int = 1
     # Fraction of all blocks an admission must leave free (0 = no watermark).
     watermark: float = 0.0
     # Admit a prompt only if blocks for all of it (not just its first chunk) are free now.
@@ -64,6 +72,11 @@ class SchedulerConfig:
         if self.long_prefill_token_threshold > 0 and not self.enable_chunked_prefill:
             bad("long_prefill_token_threshold splits prompts into chunks, so it needs "
                 "chunked prefill enabled")
+        steps = self.num_scheduler_steps
+        if not isinstance(steps, int) or isinstance(steps, bool) \
+                or not 1 <= steps <= MAX_SCHEDULER_STEPS:
+            bad(f"num_scheduler_steps must be an integer in [1, {MAX_SCHEDULER_STEPS}], "
+                f"got {steps!r}")
         if not 0.0 <= self.watermark < 1.0:
             bad(f"watermark must be in [0, 1), got {self.watermark}")
         if not isinstance(self.hash_seed, str) or not self.hash_seed:

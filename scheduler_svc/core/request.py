@@ -26,7 +26,8 @@ FINISH_REASONS = {
 
 class Request:
     """State of one request. `num_computed_tokens` advances when work is scheduled;
-    `num_output_placeholders` counts tokens that in-flight steps will sample (async only)."""
+    `num_output_placeholders` counts tokens that in-flight steps will sample and whose
+    ids are not known yet (async scheduling, or a multi-step decode's later passes)."""
 
     __slots__ = (
         "req_id", "prompt_token_ids", "sampling_params", "eos_token_ids", "arrival_time",

@@ -36,6 +36,7 @@ class InFlight(NamedTuple):
     samples: bool  # the step reaches the end of its tokens and samples one
     num_computed_after: int  # its num_computed_tokens once the step is done
     num_preemptions: int  # at scheduling; a preemption since voids the step's KV
+    max_sampled: int = 1  # tokens it may sample: the step's forward passes (multi-step)
 
 
 class Scheduler:
@@ -237,11 +238,46 @@ class Scheduler:
         if skipped:
             waiting.prepend_all(skipped)
 
+        steps = 1
+        if cfg.num_scheduler_steps > 1 and scheduled_running and not len(waiting) \
+                and not (new_reqs or resumed or preempted):
+            steps = self._multi_steps(scheduled_running, num_scheduled, new_blocks_of)
         return self._emit(new_reqs, resumed, scheduled_running, new_blocks_of,
-                          num_scheduled, preempted, skipped, blocked_by)
+                          num_scheduled, preempted, skipped, blocked_by, steps)
+
+    def _multi_steps(self, scheduled: list[Request], num_scheduled: dict[str, int],
+                     new_blocks_of: dict[str, list[KVBlock]]) -> int:
+        """Multi-step decode (vLLM V0's --num-scheduler-steps; docs/scheduling.md):
+        how many forward passes this step runs. Only a step of decodes alone (each
+        request one token that samples) and nothing waiting qualifies, so admission
+        waits at most one multi-step. Bounded by each request's max_tokens and
+        max_model_len, so no pass computes a token that cannot be kept for length, and
+        by the free blocks: the extra passes' blocks are taken only if all fit, and
+        never by preemption. Allocates those blocks; returns 1 if it does not apply."""
+        steps = self.config.num_scheduler_steps
+        last = self.config.max_model_len - 1
+        for request in scheduled:
+            computed = request.num_computed_tokens
+            if num_scheduled[request.req_id] != 1 or len(request.all_token_ids) \
+                    + request.num_output_placeholders - computed != 1:
+                return 1  # a prefill chunk, or a token that does not sample
+            left = request.max_tokens - len(request.output_token_ids) \
+                - request.num_output_placeholders
+            steps = min(steps, left, last - computed)
+        if steps <= 1:
+            return 1
+        kv = self.kv
+        need = sum(kv.blocks_needed(r, r.num_computed_tokens + steps) for r in scheduled)
+        if need > kv.num_free_blocks:
+            return 1
+        for request in scheduled:
+            more = kv.allocate_slots(request, steps)
+            if more:
+                new_blocks_of[request.req_id] = [*new_blocks_of[request.req_id], *more]
+        return steps
 
     def _emit(self, new_reqs, resumed, scheduled_running, new_blocks_of, num_scheduled,
-              preempted, skipped, blocked_by) -> SchedulerOutput:
+              preempted, skipped, blocked_by, steps: int = 1) -> SchedulerOutput:
         kv = self.kv
         out = SchedulerOutput(step_id=self.next_step_id)
         self.next_step_id += 1
@@ -270,6 +306,9 @@ class Scheduler:
             computed.append(request.num_computed_tokens)
 
         # Work counts as done when scheduled; a step that reaches the end samples a token.
+        # A multi-step decode (steps > 1; every request one sampling token) computes
+        # `steps` tokens a request and samples as many: all but the first are
+        # placeholders (async: all of them), so the gap stays what one pass leaves.
         async_ = self.config.async_scheduling
         step: dict[str, InFlight] = {}
         total = 0
@@ -277,16 +316,21 @@ class Scheduler:
             request = self.requests[req_id]
             samples = n == len(request.all_token_ids) + request.num_output_placeholders \
                 - request.num_computed_tokens
-            request.num_computed_tokens += n
-            if samples and async_:
-                request.num_output_placeholders += 1
+            if steps == 1:
+                request.num_computed_tokens += n
+                if samples and async_:
+                    request.num_output_placeholders += 1
+            else:
+                request.num_computed_tokens += steps
+                request.num_output_placeholders += steps if async_ else steps - 1
             step[req_id] = InFlight(request, samples, request.num_computed_tokens,
-                                    request.num_preemptions)
+                                    request.num_preemptions, steps)
             total += n
         if step:  # an empty step computes nothing: its update may be skipped
             self.in_flight[out.step_id] = step
         out.num_scheduled_tokens = num_scheduled
         out.total_num_scheduled_tokens = total
+        out.num_steps = steps
         out.finished_req_ids = self.finished_req_ids
         self.finished_req_ids = set()
         out.preempted_req_ids = {r.req_id for r in preempted}
@@ -295,6 +339,7 @@ class Scheduler:
         stats.step_num_scheduled_tokens = total
         stats.step_num_scheduled_reqs = len(num_scheduled)
         stats.step_num_preempted = len(preempted)
+        stats.step_num_forward_passes = steps
         stats.num_waiting_not_ready = len(skipped)
         stats.admission_blocked_by = blocked_by
         stats.num_steps += 1
@@ -383,6 +428,10 @@ class Scheduler:
             if sampled and not entry.samples:
                 raise ValueError(f"worker sampled for request {req_id!r} in step {step_id}, "
                                  f"whose chunk there did not reach the end of its tokens")
+            if len(sampled) > entry.max_sampled:
+                raise ValueError(f"worker sampled {len(sampled)} tokens for request "
+                                 f"{req_id!r} in step {step_id}, which ran "
+                                 f"{entry.max_sampled} forward pass(es)")
         del self.in_flight[step_id]
         self._commit_kv(step)
 

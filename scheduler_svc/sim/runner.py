@@ -33,12 +33,13 @@ class SimResult:
 
 
 def simulated_worker_output(sched: Scheduler, so: SchedulerOutput) -> ModelRunnerOutput:
-    """One token for every request whose step reached the end of its known tokens."""
+    """A token for every request whose step reached the end of its known tokens, one
+    per forward pass of the step (several in a multi-step decode)."""
     reqs = sched.requests
     ids = list(so.num_scheduled_tokens)
     return ModelRunnerOutput(step_id=so.step_id, req_ids=ids, sampled_token_ids=[
-        [SAMPLED_TOKEN] if reqs[i].num_computed_tokens >= reqs[i].num_tokens else []
-        for i in ids])
+        [SAMPLED_TOKEN] * so.num_steps if reqs[i].num_computed_tokens >= reqs[i].num_tokens
+        else [] for i in ids])
 
 
 def simulate(config: SchedulerConfig, num_blocks: int, requests: list[SimRequest],

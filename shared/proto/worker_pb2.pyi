@@ -86,7 +86,7 @@ class TokenCheck(_message.Message):
     def __init__(self, num_tokens: _Optional[int] = ..., checksum: _Optional[int] = ...) -> None: ...
 
 class SchedulerOutput(_message.Message):
-    __slots__ = ("step_id", "scheduled_new_reqs", "scheduled_cached_reqs", "scheduled_req_ids", "num_scheduled_tokens", "total_num_scheduled_tokens", "finished_req_ids", "preempted_req_ids", "trace_context")
+    __slots__ = ("step_id", "scheduled_new_reqs", "scheduled_cached_reqs", "scheduled_req_ids", "num_scheduled_tokens", "total_num_scheduled_tokens", "finished_req_ids", "preempted_req_ids", "trace_context", "num_steps")
     class TraceContextEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -103,6 +103,7 @@ class SchedulerOutput(_message.Message):
     FINISHED_REQ_IDS_FIELD_NUMBER: _ClassVar[int]
     PREEMPTED_REQ_IDS_FIELD_NUMBER: _ClassVar[int]
     TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    NUM_STEPS_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     scheduled_new_reqs: _containers.RepeatedCompositeFieldContainer[NewRequestData]
     scheduled_cached_reqs: CachedRequestData
@@ -112,7 +113,8 @@ class SchedulerOutput(_message.Message):
     finished_req_ids: _containers.RepeatedScalarFieldContainer[str]
     preempted_req_ids: _containers.RepeatedScalarFieldContainer[str]
     trace_context: _containers.ScalarMap[str, str]
-    def __init__(self, step_id: _Optional[int] = ..., scheduled_new_reqs: _Optional[_Iterable[_Union[NewRequestData, _Mapping]]] = ..., scheduled_cached_reqs: _Optional[_Union[CachedRequestData, _Mapping]] = ..., scheduled_req_ids: _Optional[_Iterable[str]] = ..., num_scheduled_tokens: _Optional[_Iterable[int]] = ..., total_num_scheduled_tokens: _Optional[int] = ..., finished_req_ids: _Optional[_Iterable[str]] = ..., preempted_req_ids: _Optional[_Iterable[str]] = ..., trace_context: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    num_steps: int
+    def __init__(self, step_id: _Optional[int] = ..., scheduled_new_reqs: _Optional[_Iterable[_Union[NewRequestData, _Mapping]]] = ..., scheduled_cached_reqs: _Optional[_Union[CachedRequestData, _Mapping]] = ..., scheduled_req_ids: _Optional[_Iterable[str]] = ..., num_scheduled_tokens: _Optional[_Iterable[int]] = ..., total_num_scheduled_tokens: _Optional[int] = ..., finished_req_ids: _Optional[_Iterable[str]] = ..., preempted_req_ids: _Optional[_Iterable[str]] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., num_steps: _Optional[int] = ...) -> None: ...
 
 class StepTimings(_message.Message):
     __slots__ = ("prepare_ms", "forward_ms", "sample_ms", "idle_ms", "start_unix_s", "end_unix_s")

@@ -1,8 +1,9 @@
 """Async scheduling on the real three-process stack and the real default model: a
 concurrent workload with EOS stops, a stop token id, max_tokens, an abort
 mid-stream, prefix-cache hits and preemptions forced by a small KV pool gives the
-same greedy tokens with async scheduling on and off, and the same as transformers
-for each prompt alone; usage is exact and the KV pool ends fully free."""
+same greedy tokens with async scheduling on and off and with multi-step decode, and
+the same as transformers for each prompt alone; usage is exact and the KV pool ends
+fully free."""
 
 from __future__ import annotations
 
@@ -158,11 +159,14 @@ def test_async_and_sync_scheduling_give_transformers_greedy_outputs_under_preemp
     kinds = {c.name: expected_tokens(c, eos_ids)[-1] for c in CASES if not c.abort}
     assert sum(t in eos_ids for t in kinds.values()) >= 2
     outputs = {}
-    for mode, flags in (("async", ["--async-scheduling"]), ("sync", ["--no-async-scheduling"])):
+    for mode, flags in (("async", ["--async-scheduling"]), ("sync", ["--no-async-scheduling"]),
+                        ("multi-step", ["--async-scheduling", "--num-scheduler-steps", "4"])):
         stack = start_stack_factory(model_dir, flags=STACK_FLAGS + flags)
         outputs[mode] = run_workload(stack, eos_ids)
         status = wait_pool_free(stack)
         assert status.num_preemptions_total > 0, mode
         assert status.prefix_cache_hits > 0, mode
+        multi = status.num_forward_passes_total > status.num_steps_total
+        assert multi == (mode == "multi-step"), (mode, status)
         stack.stop()
-    assert outputs["async"] == outputs["sync"]
+    assert outputs["async"] == outputs["sync"] == outputs["multi-step"]

@@ -59,9 +59,10 @@ class FakeWorker:
             tokens = self.tokens[req_id]
             sampled = []
             if computed[req_id] + n >= len(tokens):
-                token = self.next_token(req_id, len(tokens))
-                tokens.append(token)
-                sampled = [token]
+                for _ in range(so.num_steps):  # multi-step: each pass feeds the next
+                    token = self.next_token(req_id, len(tokens))
+                    tokens.append(token)
+                    sampled.append(token)
             out.req_ids.append(req_id)
             out.sampled_token_ids.append(sampled)
         return out
@@ -101,7 +102,8 @@ class KVWorker(FakeWorker):
         for req_id, n in so.num_scheduled_tokens.items():
             tokens = self.tokens[req_id]
             table = self.block_tables[req_id]
-            for pos in range(computed[req_id], computed[req_id] + n):
+            written = n if so.num_steps == 1 else so.num_steps  # multi-step: a token a pass
+            for pos in range(computed[req_id], computed[req_id] + written):
                 self.kv[(table[pos // size], pos % size)] = (self.salts.get(req_id),
                                                              tuple(tokens[:pos + 1]))
         return out

@@ -45,7 +45,8 @@ def configs(draw):
         policy=draw(st.sampled_from(["fcfs", "priority"])),
         enable_chunked_prefill=chunked, enable_prefix_caching=draw(st.booleans()),
         async_scheduling=draw(st.booleans()), watermark=watermark,
-        check_whole_prompt_fits=draw(st.booleans()), hash_seed="prop")
+        check_whole_prompt_fits=draw(st.booleans()), hash_seed="prop",
+        num_scheduler_steps=draw(st.sampled_from([1, 1, 2, 5])))
     return cfg, num_blocks
 
 
@@ -96,6 +97,7 @@ def serve(cfg: SchedulerConfig, num_blocks: int, reqs, eos_every: int):
     outputs: dict[str, list] = {}
     in_flight: list[tuple[SchedulerOutput, ModelRunnerOutput]] = []
     depth = 2 if cfg.async_scheduling else 1
+    multi_step = False
     for step in range(3000):
         for spec in reqs:
             req = spec["req"]
@@ -116,6 +118,7 @@ def serve(cfg: SchedulerConfig, num_blocks: int, reqs, eos_every: int):
             break
         so = sched.schedule()
         check_invariants(sched, so)
+        multi_step |= so.num_steps > 1
         in_flight.append((so, worker.execute(so)))
         if len(in_flight) >= depth:
             for out in sched.update_from_output(*in_flight.pop(0)):
@@ -123,6 +126,7 @@ def serve(cfg: SchedulerConfig, num_blocks: int, reqs, eos_every: int):
             check_invariants(sched)
             if cfg.enable_prefix_caching:
                 check_prefix_cache_holds_written_kv(sched, worker)
+    event(f"multi-step decode ran: {multi_step}")
     return sched, outputs, in_flight
 
 

@@ -52,18 +52,21 @@ class StepDriver:
         self.requests[req_id] = req
         return req
 
-    def step(self, plan: dict[str, int] | None = None):
-        """Schedule `plan` (req_id -> tokens; default: each live request's whole gap)."""
+    def step(self, plan: dict[str, int] | None = None, num_steps: int = 1):
+        """Schedule `plan` (req_id -> tokens; default: each live request's whole gap).
+        num_steps > 1: a multi-step decode (the plan's requests one token each), whose
+        blocks cover every pass."""
         live = {r: q for r, q in self.requests.items() if not q.done}
         plan = plan or {r: len(q.tokens) - q.computed for r, q in live.items()}
         out = SchedulerOutput(step_id=self.step_id, finished_req_ids=self.finished,
-                              preempted_req_ids=self.preempted)
+                              preempted_req_ids=self.preempted, num_steps=num_steps)
         self.finished, self.preempted = set(), set()
         self.step_id += 1
         cached = CachedRequestData()
         for req_id, n in plan.items():
             req = self.requests[req_id]
-            need = -(-(req.computed + n) // self.block_size) - len(req.blocks)
+            advance = n if num_steps == 1 else num_steps
+            need = -(-(req.computed + advance) // self.block_size) - len(req.blocks)
             new_blocks = [self.free.pop() for _ in range(max(need, 0))]
             req.blocks.extend(new_blocks)
             if not req.sent:
@@ -76,7 +79,7 @@ class StepDriver:
                 cached.append(req_id, req.resumed, new_blocks, req.computed, check)
                 req.resumed = False
             out.num_scheduled_tokens[req_id] = n
-            req.computed += n
+            req.computed += advance
         out.scheduled_cached_reqs = cached
         out.total_num_scheduled_tokens = sum(plan.values())
         result = self.runner.execute(out)

@@ -1,0 +1,134 @@
+"""Multi-step decode (num_scheduler_steps > 1, docs/scheduling.md): a step of decodes
+alone, with nothing waiting, runs several forward passes; everything else is the one
+pass of SCHEDULING.md. The random workloads of test_properties cover it too."""
+
+import pytest
+
+from scheduler_svc.core import ConfigError
+from shared.types import FinishReason
+from tests.scheduler.helpers import (
+    EOS, FakeWorker, check_invariants, drive, drive_async, joined, make_request,
+    make_scheduler,
+)
+
+
+def _decoding(steps=4, num_blocks=64, **config):
+    """A scheduler whose two requests have prefilled and sampled their first token."""
+    s = make_scheduler(num_blocks=num_blocks, num_scheduler_steps=steps, **config)
+    w = FakeWorker()
+    for r in ("a", "b"):
+        s.add_request(make_request(r, 10, max_tokens=20))
+    so = s.schedule()
+    assert so.num_steps == 1  # prefill: one pass
+    s.update_from_output(so, w.execute(so))
+    return s, w
+
+
+def test_a_step_of_decodes_with_nothing_waiting_runs_several_passes():
+    s, w = _decoding(steps=4)
+    so = s.schedule()
+    assert so.num_steps == 4
+    assert so.num_scheduled_tokens == {"a": 1, "b": 1}  # the budget is per pass
+    assert so.total_num_scheduled_tokens == 2
+    a = s.requests["a"]
+    # positions 10..13 computed; the last three tokens are placeholders until the answer
+    assert (a.num_computed_tokens, a.num_output_placeholders, a.gap) == (14, 3, 0)
+    assert len(s.get_block_ids("a")) == 1 and s.kv.blocks_needed(a, 14) == 0
+    check_invariants(s, so)
+    outs = s.update_from_output(so, w.execute(so))
+    assert [o.new_token_ids for o in outs] == [[1011, 1012, 1013, 1014]] * 2
+    assert (a.num_tokens, a.num_output_placeholders, a.gap) == (15, 0, 1)
+
+
+def test_a_waiting_request_gets_a_one_pass_step():
+    s, w = _decoding(steps=4)
+    s.add_request(make_request("c", 5))
+    so = s.schedule()
+    assert so.num_steps == 1 and set(so.num_scheduled_tokens) == {"a", "b", "c"}
+    s.update_from_output(so, w.execute(so))
+    assert s.schedule().num_steps == 4  # c decodes too now
+
+
+def test_passes_stop_at_the_first_request_to_reach_max_tokens():
+    s = make_scheduler(num_scheduler_steps=8)
+    w = FakeWorker()
+    s.add_request(make_request("short", 10, max_tokens=3))
+    s.add_request(make_request("long", 10, max_tokens=30))
+    so = s.schedule()
+    s.update_from_output(so, w.execute(so))
+    so = s.schedule()
+    assert so.num_steps == 2  # "short" may sample 2 more, never a token past max_tokens
+    outs = {o.req_id: o for o in s.update_from_output(so, w.execute(so))}
+    assert outs["short"].finish_reason == FinishReason.LENGTH
+    assert len(s.requests["long"].output_token_ids) == 3
+
+
+def test_passes_never_reach_past_max_model_len():
+    s = make_scheduler(num_scheduler_steps=8, max_model_len=14)
+    w = FakeWorker()
+    s.add_request(make_request("a", 10, max_tokens=100))
+    so = s.schedule()
+    s.update_from_output(so, w.execute(so))
+    so = s.schedule()
+    assert so.num_steps == 3  # positions 10, 11, 12: the 14th token is sampled, not computed
+    (out,) = s.update_from_output(so, w.execute(so))
+    assert out.finish_reason == FinishReason.LENGTH and len(out.new_token_ids) == 3
+
+
+def test_without_blocks_for_every_pass_it_runs_one_and_preempts_nobody():
+    # 2 requests x 10 prompt tokens, blocks of 4: 3 blocks each for 11 tokens; 4 passes
+    # need a 4th each, and only one is free
+    s, w = _decoding(steps=4, num_blocks=1 + 7, block_size=4, max_model_len=24)
+    assert s.num_free_blocks == 1
+    so = s.schedule()
+    assert so.num_steps == 1 and not so.preempted_req_ids
+    check_invariants(s, so)
+
+
+def test_tokens_after_a_stop_in_the_middle_of_the_passes_are_dropped():
+    def token(req_id, pos):
+        return EOS if pos == 12 else 1000 + pos
+    s = make_scheduler(num_scheduler_steps=5)
+    w = FakeWorker(token)
+    s.add_request(make_request("a", 10, max_tokens=20))
+    so = s.schedule()
+    s.update_from_output(so, w.execute(so))
+    so = s.schedule()
+    assert so.num_steps == 5
+    (out,) = s.update_from_output(so, w.execute(so))
+    assert out.new_token_ids == [1011, EOS] and out.finish_reason == FinishReason.STOP
+    assert s.num_free_blocks == s.num_total_blocks - 1
+    assert s.schedule().finished_req_ids == {"a"}
+
+
+@pytest.mark.parametrize("driver", [drive, drive_async])
+def test_multi_step_output_equals_one_pass_output(driver):
+    def serve(steps):
+        s = make_scheduler(num_blocks=12, num_scheduler_steps=steps,
+                           async_scheduling=driver is drive_async,
+                           max_num_batched_tokens=32, max_model_len=128)
+        for i in range(5):
+            s.add_request(make_request(f"r{i}", 20 + 7 * i, max_tokens=15 + i))
+        outs = driver(s, FakeWorker(lambda rid, pos: 500 + (pos * 7 + len(rid)) % 97))
+        assert s.num_free_blocks == s.num_total_blocks - 1
+        return joined(outs), s.stats().num_steps
+
+    want, one_pass_steps = serve(1)
+    got, steps = serve(6)
+    assert got == want
+    assert steps < one_pass_steps
+
+
+def test_a_worker_that_samples_more_than_the_passes_is_refused():
+    s, w = _decoding(steps=2)
+    so = s.schedule()
+    mro = w.execute(so)
+    mro.sampled_token_ids[0].append(7)
+    with pytest.raises(ValueError, match="sampled 3 tokens .* ran 2 forward pass"):
+        s.update_from_output(so, mro)
+
+
+@pytest.mark.parametrize("steps", [0, 65, True, 2.0])
+def test_num_scheduler_steps_is_validated(steps):
+    with pytest.raises(ConfigError, match="num_scheduler_steps"):
+        make_scheduler(num_scheduler_steps=steps)
