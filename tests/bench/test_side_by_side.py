@@ -129,6 +129,25 @@ def test_best_dtype_rows_start_each_server_in_its_best_dtype():
     assert "--quantization" not in specs["gapserve"]["argv"]
 
 
+def test_multi_step_rows_are_the_plain_rows_with_eight_passes_a_step():
+    specs = sbs.server_commands(sbs.parse_args([]))
+    for name, plain in (("gapserve-steps8", "gapserve"), ("gapserve-int8-steps8", "gapserve-int8")):
+        argv = specs[name]["argv"]
+        assert argv[argv.index("--num-scheduler-steps") + 1] == "8"
+        i = argv.index("--num-scheduler-steps")
+        assert argv[:i] + argv[i + 2:] == specs[plain]["argv"]
+    assert "--num-scheduler-steps" not in specs["gapserve"]["argv"]
+
+
+def test_the_per_token_column_is_tpot_so_multi_token_chunks_do_not_inflate_it():
+    results = _results()
+    for run in results["servers"]["gapserve"]["runs"]:
+        run["single"]["tpot_ms"] = {"mean": 37.5, "p50": 37.5, "p99": 37.5}  # ITL says 300
+    row = next(line for line in sbs.markdown(results).splitlines()
+               if line.startswith("| gapserve |"))
+    assert "| 37.5 (37.5-37.5) |" in row and "mean TPOT ms" in sbs.markdown(results)
+
+
 def test_cpu_by_process_counts_each_process_from_its_first_reading():
     ticks = sbs.TICKS
     before = {10: ("gapserve worker", 5 * ticks)}
