@@ -53,12 +53,7 @@ def check_step(step: SchedulerOutput, requests: dict[str, RequestState], *, voca
         if end > num_tokens:
             raise StepError(f"request {req_id!r}: positions up to {end} scheduled but only "
                             f"{num_tokens} tokens are known")
-        if end > max_model_len:
-            raise StepError(f"request {req_id!r}: {end} tokens exceed max_model_len "
-                            f"{max_model_len}")
-        if num_held_blocks * block_size < end:
-            raise StepError(f"request {req_id!r}: {num_held_blocks} blocks cannot hold "
-                            f"{end} tokens")
+        _check_room(req_id, end, num_held_blocks, max_model_len, block_size)
     if step.num_steps != 1:
         _check_multi_step(step, after, max_model_len, block_size)
 
@@ -76,13 +71,19 @@ def _check_multi_step(step: SchedulerOutput, after: dict[str, tuple[int, int, in
             raise StepError(f"a multi-step decode of {steps} passes must schedule one "
                             f"token that samples; request {req_id!r} has {n} from "
                             f"{computed} of {num_tokens}")
-        end = computed + steps
-        if end > max_model_len:
-            raise StepError(f"request {req_id!r}: {steps} passes reach {end} tokens, over "
-                            f"max_model_len {max_model_len}")
-        if num_held_blocks * block_size < end:
-            raise StepError(f"request {req_id!r}: {num_held_blocks} blocks cannot hold "
-                            f"the {end} tokens of {steps} passes")
+        _check_room(req_id, computed + steps, num_held_blocks, max_model_len, block_size,
+                    f" of {steps} passes")
+
+
+def _check_room(req_id: str, end: int, num_held_blocks: int, max_model_len: int,
+                block_size: int, of: str = "") -> None:
+    """Positions up to `end` must fit max_model_len and the request's blocks."""
+    if end > max_model_len:
+        raise StepError(f"request {req_id!r}: {end} tokens{of} exceed max_model_len "
+                        f"{max_model_len}")
+    if num_held_blocks * block_size < end:
+        raise StepError(f"request {req_id!r}: {num_held_blocks} blocks cannot hold "
+                        f"{end} tokens{of}")
 
 
 def _check_tokens(req_id: str, state: RequestState, check: tuple[int, int] | None) -> None:

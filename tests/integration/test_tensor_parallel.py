@@ -87,7 +87,8 @@ def test_ranks_form_one_group_and_a_preempted_request_resumes_greedy_equal(
         tiny_model_dir, tmp_path, hf_tiny):
     """Both ranks answer the Handshake as one group with one KV pool; a request
     recomputed after preemption re-prefills from the tokens rank 0 sampled, which
-    rank 1 only knows from rank 0's broadcast."""
+    rank 1 only knows from rank 0's broadcast; so does each pass of a multi-step
+    decode."""
     stack = _ranks(tiny_model_dir, tmp_path)
     try:
         group = RankGroupClient(_addresses(stack))
@@ -101,6 +102,10 @@ def test_ranks_form_one_group_and_a_preempted_request_resumes_greedy_equal(
             driver.step()
         driver.preempt("victim")
         driver.step({"other": 1})
+        driver.step()  # the victim recomputes; the other decodes
+        # a multi-step decode: each rank runs the 3 passes, rank 1 fed rank 0's tokens
+        result = driver.step({"victim": 1, "other": 1}, num_steps=3)
+        assert [len(t) for t in result.sampled_token_ids] == [3, 3]
         driver.run_to_completion()
         assert victim.output == hf_greedy(hf_tiny, prompt, 12)
         assert driver.requests["other"].output == hf_greedy(hf_tiny, other, 12)

@@ -190,5 +190,17 @@ def drive_async(sched: Scheduler, worker: FakeWorker, max_steps: int = 10_000,
     return outputs
 
 
+def serve_five_in_a_small_pool(driver, **config):
+    """Five requests of 20-48 prompt tokens in 11 usable blocks, so they preempt one
+    another; returns (each request's tokens, the scheduler's stats), the pool checked
+    fully free at the end."""
+    s = make_scheduler(num_blocks=12, max_num_batched_tokens=32, max_model_len=128, **config)
+    for i in range(5):
+        s.add_request(make_request(f"r{i}", 20 + 7 * i, max_tokens=15 + i))
+    outs = driver(s, FakeWorker(lambda rid, pos: 500 + (pos * 7 + len(rid)) % 97))
+    assert s.num_free_blocks == s.num_total_blocks - 1
+    return joined(outs), s.stats()
+
+
 def joined(outputs: dict[str, list]) -> dict[str, list[int]]:
     return {k: [t for o in v for t in o.new_token_ids] for k, v in outputs.items()}

@@ -5,6 +5,7 @@ import pytest
 from shared.types import FinishReason
 from tests.scheduler.helpers import (
     EOS, FakeWorker, drive, drive_async, joined, make_request, make_scheduler,
+    serve_five_in_a_small_pool,
 )
 
 
@@ -44,19 +45,11 @@ def test_update_replaces_placeholders_with_real_tokens():
 
 
 def test_async_output_equals_sync_output():
-    def serve(async_scheduling, driver):
-        s = make_scheduler(num_blocks=12, async_scheduling=async_scheduling,
-                           max_num_batched_tokens=32, max_model_len=128)
-        for i in range(5):
-            s.add_request(make_request(f"r{i}", 20 + 7 * i, max_tokens=15 + i))
-        outs = driver(s, FakeWorker(lambda rid, pos: 500 + (pos * 7 + len(rid)) % 97))
-        assert s.num_free_blocks == s.num_total_blocks - 1
-        return joined(outs), s.stats().num_preemptions_total
-
-    sync_tokens, _ = serve(False, drive)
-    async_tokens, preemptions = serve(True, drive_async)
+    sync_tokens, _ = serve_five_in_a_small_pool(drive, async_scheduling=False)
+    async_tokens, stats = serve_five_in_a_small_pool(drive_async, async_scheduling=True)
     assert async_tokens == sync_tokens
-    assert preemptions > 0  # the pool is small on purpose: preemption with steps in flight
+    # the pool is small on purpose: preemption with steps in flight
+    assert stats.num_preemptions_total > 0
 
 
 def test_token_computed_after_eos_is_discarded():

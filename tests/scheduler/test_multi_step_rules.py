@@ -7,8 +7,8 @@ import pytest
 from scheduler_svc.core import ConfigError
 from shared.types import FinishReason
 from tests.scheduler.helpers import (
-    EOS, FakeWorker, check_invariants, drive, drive_async, joined, make_request,
-    make_scheduler,
+    EOS, FakeWorker, check_invariants, drive, drive_async, make_request, make_scheduler,
+    serve_five_in_a_small_pool,
 )
 
 
@@ -103,20 +103,12 @@ def test_tokens_after_a_stop_in_the_middle_of_the_passes_are_dropped():
 
 @pytest.mark.parametrize("driver", [drive, drive_async])
 def test_multi_step_output_equals_one_pass_output(driver):
-    def serve(steps):
-        s = make_scheduler(num_blocks=12, num_scheduler_steps=steps,
-                           async_scheduling=driver is drive_async,
-                           max_num_batched_tokens=32, max_model_len=128)
-        for i in range(5):
-            s.add_request(make_request(f"r{i}", 20 + 7 * i, max_tokens=15 + i))
-        outs = driver(s, FakeWorker(lambda rid, pos: 500 + (pos * 7 + len(rid)) % 97))
-        assert s.num_free_blocks == s.num_total_blocks - 1
-        return joined(outs), s.stats().num_steps
-
-    want, one_pass_steps = serve(1)
-    got, steps = serve(6)
+    async_ = driver is drive_async
+    want, one_pass = serve_five_in_a_small_pool(driver, async_scheduling=async_)
+    got, multi = serve_five_in_a_small_pool(driver, async_scheduling=async_,
+                                            num_scheduler_steps=6)
     assert got == want
-    assert steps < one_pass_steps
+    assert multi.num_steps < one_pass.num_steps and multi.num_preemptions_total > 0
 
 
 def test_a_worker_that_samples_more_than_the_passes_is_refused():

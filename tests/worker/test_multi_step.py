@@ -78,6 +78,6 @@ def test_multi_step_blocks_must_cover_every_pass(runners):
     step = SchedulerOutput(step_id=driver.step_id, scheduled_cached_reqs=cached,
                            num_scheduled_tokens={"b": 1}, total_num_scheduled_tokens=1,
                            num_steps=3)
-    with pytest.raises(StepError, match="cannot hold the 18 tokens of 3 passes"):
+    with pytest.raises(StepError, match="cannot hold 18 tokens of 3 passes"):
         runner.execute(step)
     assert runner.requests["b"].num_computed_tokens == 15
