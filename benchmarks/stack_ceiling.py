@@ -43,7 +43,8 @@ def serve_argv(args: argparse.Namespace) -> list[str]:
             "--http-port", str(args.port), "--grpc-port", str(args.port + 51),
             "--scheduler-port", str(args.port + 52), "--worker-port", str(args.port + 53),
             "--scheduler-metrics-port", "0", "--worker-metrics-port", "0",
-            "--api-server-count", str(args.api_server_count), "--log-level", "warning"]
+            "--api-server-count", str(args.api_server_count),
+            "--num-scheduler-steps", str(args.num_scheduler_steps), "--log-level", "warning"]
 
 
 def role(cmd: str) -> str:
@@ -84,15 +85,19 @@ def run(args: argparse.Namespace) -> dict:
         side_by_side.stop(proc)
         log.close()
     return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-            "cores": os.cpu_count(), "max_tokens": args.max_tokens, "points": points}
+            "cores": os.cpu_count(), "max_tokens": args.max_tokens,
+            "num_scheduler_steps": args.num_scheduler_steps, "points": points}
 
 
 def markdown(result: dict) -> str:
-    lines = ["| streams | frontends | output tok/s | mean TTFT s | mean ITL ms | frontend "
-             "| scheduler | worker | client | other load | (cores) |", "|" + " --- |" * 11]
+    lines = ["| streams | frontends | scheduler steps | output tok/s | mean TTFT s | "
+             "mean ITL ms | frontend | scheduler | worker | client | other load | (cores) |",
+             "|" + " --- |" * 12]
+    steps = result.get("num_scheduler_steps", 1)
     for p in result["points"]:
         c = p["cores"]
-        lines.append(f"| {p['concurrency']} | {p['frontends']} | {p['output_tok_s']:.0f} | "
+        lines.append(f"| {p['concurrency']} | {p['frontends']} | {steps} | "
+                     f"{p['output_tok_s']:.0f} | "
                      f"{p['ttft_ms']['mean'] / 1e3:.2f} | {p['itl_ms']['mean'] or 0:.1f} | "
                      + " | ".join(f"{c.get(k, 0.0):.2f}" for k in
                                   ("frontend", "scheduler", "worker", "client"))
@@ -111,6 +116,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="its config.json and tokenizer are used, not its weights")
     p.add_argument("--api-server-count", type=int, default=1,
                    help="frontend processes (gapserve serve --api-server-count)")
+    p.add_argument("--num-scheduler-steps", type=int, default=1,
+                   help="multi-step decode: forward passes (here: zero-cost steps) per "
+                        "scheduler step, so per gRPC message (docs/scheduling.md)")
     p.add_argument("--port", type=int, default=18400)
     p.add_argument("--log-dir", default=tempfile.gettempdir())
     p.add_argument("--json", default=None)
@@ -119,9 +127,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.concurrency = [int(c) for c in args.concurrency.split(",")]
     except ValueError:
         p.error(f"--concurrency takes a comma list of integers, got {args.concurrency!r}")
-    if min(args.concurrency) < 1 or min(args.max_tokens, args.rounds, args.api_server_count) < 1:
-        p.error("--concurrency, --max-tokens, --rounds and --api-server-count must be at "
-                "least 1")
+    if min(args.concurrency) < 1 or min(args.max_tokens, args.rounds, args.api_server_count,
+                                        args.num_scheduler_steps) < 1:
+        p.error("--concurrency, --max-tokens, --rounds, --api-server-count and "
+                "--num-scheduler-steps must be at least 1")
     # 64-token blocks' worth per stream is plenty for a ~40-token prompt + output
     per_stream = 1024 * 30 * 2 * 3 * 64 * 4  # tokens x the default model's KV bytes/token
     args.kv_blocks_bytes = max(args.concurrency) * per_stream

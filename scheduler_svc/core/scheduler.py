@@ -428,7 +428,8 @@ class Scheduler:
             if sampled and not entry.samples:
                 raise ValueError(f"worker sampled for request {req_id!r} in step {step_id}, "
                                  f"whose chunk there did not reach the end of its tokens")
-            if len(sampled) > entry.max_sampled:
+            if len(sampled) > entry.max_sampled or (
+                    entry.max_sampled > 1 and len(sampled) != entry.max_sampled):
                 raise ValueError(f"worker sampled {len(sampled)} tokens for request "
                                  f"{req_id!r} in step {step_id}, which ran "
                                  f"{entry.max_sampled} forward pass(es)")

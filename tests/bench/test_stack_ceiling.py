@@ -32,10 +32,11 @@ def _free_port_block(span: int = 60) -> int:
     raise RuntimeError("no free block of ports")
 
 
-@pytest.mark.parametrize("frontends", [1, 2])
-def test_the_stack_streams_every_token_from_a_zero_cost_worker(tmp_path, frontends):
+@pytest.mark.parametrize("frontends,steps", [(1, 1), (2, 1), (1, 4)])
+def test_the_stack_streams_every_token_from_a_zero_cost_worker(tmp_path, frontends, steps):
     args = ceiling.parse_args(["--concurrency", "4,12", "--max-tokens", "9",
                                "--api-server-count", str(frontends),
+                               "--num-scheduler-steps", str(steps),
                                "--model", str(tiny_llama_dir()),
                                "--port", str(_free_port_block()), "--log-dir", str(tmp_path)])
     result = ceiling.run(args)
@@ -45,7 +46,7 @@ def test_the_stack_streams_every_token_from_a_zero_cost_worker(tmp_path, fronten
         assert p["errors"] == 0 and p["output_tok_s"] > 0
         assert p["frontends"] == frontends  # --api-server-count: that many processes serve
         assert {"frontend", "scheduler", "worker", "client"} <= set(p["cores"])
-    assert f"| 12 | {frontends} |" in ceiling.markdown(result)
+    assert f"| 12 | {frontends} | {steps} |" in ceiling.markdown(result)
 
 
 def test_the_worker_is_started_with_dummy_weights_and_zero_cost_steps_for_every_stream():
@@ -56,7 +57,8 @@ def test_the_worker_is_started_with_dummy_weights_and_zero_cost_steps_for_every_
 
 @pytest.mark.parametrize("argv", [["--concurrency", "0"], ["--concurrency", "a,b"],
                                   ["--max-tokens", "0"], ["--rounds", "0"],
-                                  ["--api-server-count", "0"]])
+                                  ["--api-server-count", "0"],
+                                  ["--num-scheduler-steps", "0"]])
 def test_bad_arguments_exit_with_a_usage_error(argv):
     with pytest.raises(SystemExit) as exc:
         ceiling.parse_args(argv)

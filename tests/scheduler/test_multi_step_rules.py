@@ -111,13 +111,16 @@ def test_multi_step_output_equals_one_pass_output(driver):
     assert multi.num_steps < one_pass.num_steps and multi.num_preemptions_total > 0
 
 
-def test_a_worker_that_samples_more_than_the_passes_is_refused():
+@pytest.mark.parametrize("tokens", [3, 1, 0])
+def test_a_worker_that_samples_other_than_a_token_a_pass_is_refused(tokens):
     s, w = _decoding(steps=2)
     so = s.schedule()
     mro = w.execute(so)
-    mro.sampled_token_ids[0].append(7)
-    with pytest.raises(ValueError, match="sampled 3 tokens .* ran 2 forward pass"):
+    mro.sampled_token_ids[0] = [7] * tokens
+    before = (s.requests["a"].num_tokens, s.requests["a"].num_output_placeholders)
+    with pytest.raises(ValueError, match=f"sampled {tokens} tokens .* ran 2 forward pass"):
         s.update_from_output(so, mro)
+    assert (s.requests["a"].num_tokens, s.requests["a"].num_output_placeholders) == before
 
 
 @pytest.mark.parametrize("steps", [0, 65, True, 2.0])
