@@ -45,6 +45,8 @@ SWEEPABLE = {
                                      "most tokens one request may take per step (0 = off)"),
     "scheduling-policy": ("policy", _policy, "fcfs or priority"),
     "watermark": ("watermark", float, "fraction of blocks an admission must leave free"),
+    "num-scheduler-steps": ("num_scheduler_steps", int,
+                            "multi-step decode: forward passes a step of decodes alone runs"),
     "num-gpu-blocks-override": ("pool", int,
                                 "KV blocks in the pool (default: enough for max-num-seqs "
                                 "requests of max-model-len, i.e. no memory pressure)"),

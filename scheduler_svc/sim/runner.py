@@ -62,7 +62,7 @@ def simulate(config: SchedulerConfig, num_blocks: int, requests: list[SimRequest
         so = sched.schedule()
         if not so.num_scheduled_tokens:
             raise RuntimeError("the scheduler made no progress with requests pending")
-        now += model.step_ms(so)
+        now += model.step_ms(so) * so.num_steps  # a multi-step decode: that many passes
         steps += 1
         for out in sched.update_from_output(so, simulated_worker_output(sched, so)):
             if not out.new_token_ids:
@@ -72,8 +72,9 @@ def simulate(config: SchedulerConfig, num_blocks: int, requests: list[SimRequest
             prev = last_token_ms.get(req_id)
             if prev is None:
                 times.ttft_ms.append(now - arrival[req_id])
-            else:
-                times.itl_ms.append(now - prev)
+            else:  # tokens that arrive together share the gap, as the frontend's ITL does
+                n = len(out.new_token_ids)
+                times.itl_ms.extend([(now - prev) / n] * n)
             last_token_ms[req_id] = now
     stats = sched.stats()
     return SimResult(groups, stats.num_preemptions_total, stats.num_recomputed_tokens_total,

@@ -78,6 +78,20 @@ def test_inter_token_latency_is_the_step_time_of_decodes():
     assert result.groups["g"].itl_ms == [14, 14, 14, 14]
 
 
+def test_a_multi_step_decode_takes_its_passes_time_and_holds_an_arrival_back():
+    model = StepModel(fixed_ms=10, per_seq_ms=0, per_prefill_token_ms=1)
+    groups = parse_workload({"groups": [
+        {"name": "long", "count": 1, "arrival_ms": 0, "prompt_tokens": 4, "output_tokens": 9},
+        {"name": "late", "count": 1, "arrival_ms": 15, "prompt_tokens": 4, "output_tokens": 1}]})
+    cfg = SchedulerConfig(max_num_seqs=4, max_model_len=64, hash_seed="t",
+                          num_scheduler_steps=4)
+    result = simulate(cfg, 64, make_requests(groups), model)
+    # prefill 0-14; then 4 passes of 10 ms (14-54): their tokens share the 40 ms
+    assert result.groups["long"].itl_ms[:4] == [10.0] * 4
+    # "late" arrives at 15, during the multi-step: admitted after it, prefilled 54-68
+    assert result.groups["late"].ttft_ms == [68 - 15]
+
+
 def test_a_comma_list_sweeps_the_flag_one_row_per_setting(tmp_path, capsys):
     path = workload_file(tmp_path, [
         {"name": "g", "count": 4, "arrival_ms": 0, "prompt_tokens": 30, "output_tokens": 8}])
