@@ -249,8 +249,8 @@ class Scheduler:
                      new_blocks_of: dict[str, list[KVBlock]]) -> int:
         """Multi-step decode (vLLM V0's --num-scheduler-steps; docs/scheduling.md):
         how many forward passes this step runs. Only a step of decodes alone (each
-        request one token that samples) and nothing waiting qualifies, so admission
-        waits at most one multi-step. Bounded by each request's max_tokens and
+        request one token that samples) and nothing waiting qualifies, so an arrival
+        waits at most for the multi-step running (and one queued behind it). Bounded by each request's max_tokens and
         max_model_len, so no pass computes a token that cannot be kept for length, and
         by the free blocks: the extra passes' blocks are taken only if all fit, and
         never by preemption. Allocates those blocks; returns 1 if it does not apply."""
@@ -339,7 +339,6 @@ class Scheduler:
         stats.step_num_scheduled_tokens = total
         stats.step_num_scheduled_reqs = len(num_scheduled)
         stats.step_num_preempted = len(preempted)
-        stats.step_num_forward_passes = steps
         stats.num_waiting_not_ready = len(skipped)
         stats.admission_blocked_by = blocked_by
         stats.num_steps += 1

@@ -25,7 +25,6 @@ class SchedulerStats:
     step_num_scheduled_tokens: int = 0  # last step
     step_num_scheduled_reqs: int = 0  # last step
     step_num_preempted: int = 0  # last step
-    step_num_forward_passes: int = 0  # last step: > 1 for a multi-step decode
     num_steps: int = 0
     num_steps_in_flight: int = 0
 
