@@ -52,6 +52,10 @@ GENERATION_TOKENS = Counter("gapserve:generation_tokens", "Output tokens generat
 SCHEDULER_SESSIONS_LOST = Counter(
     "gapserve:scheduler_sessions_lost", "Times the session to the scheduler was lost "
     "(docs/resilience.md).", _M)
+SESSION_BATCHED_REQUESTS = Counter(
+    "gapserve:frontend_session_batched_requests",
+    "Adds and aborts sent to the scheduler in one message behind an earlier one, "
+    "because they queued up while the session stream was busy.", _M)
 REQUESTS_RESUMED = Counter(
     "gapserve:requests_resumed", "Open requests re-submitted as continuations to a new "
     "scheduler session after the old one was lost.", _M)

@@ -94,6 +94,11 @@ WORKER_FAILOVERS = Counter("gapserve:worker_failovers",
 WORKER_GROUP_ACTIVE = Gauge("gapserve:worker_group_active",
                             "1 for the worker group the scheduler drives (addresses in rank "
                             "order), 0 for one it drove before.", _M + ["addresses"])
+SESSION_COALESCED_STEPS = Counter(
+    "gapserve:session_coalesced_steps",
+    "Steps whose outputs waited for a frontend to read them and went out in one "
+    "message with an earlier step's: that frontend reads more slowly than steps end "
+    "(consider --api-server-count).", _M)
 WORKERS_CONNECTED = Gauge("gapserve:workers_connected",
                           "1 while the scheduler holds a Step stream to its workers.", _M)
 CAPACITY_DIAGNOSIS = Gauge("gapserve:capacity_diagnosis",

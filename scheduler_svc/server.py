@@ -10,6 +10,7 @@ live in scheduler_svc/core and the loop in scheduler_svc/engine.py.
 
 from __future__ import annotations
 
+import queue
 import signal
 import sys
 import threading
@@ -21,12 +22,12 @@ import grpc
 from scheduler_svc.core.config import ConfigError, SchedulerConfig
 from scheduler_svc.core.request import Request
 from scheduler_svc.core.scheduler import Scheduler
-from scheduler_svc.metrics import SchedulerTelemetry
+from scheduler_svc.metrics import SESSION_COALESCED_STEPS, SchedulerTelemetry
 from scheduler_svc.engine import CLOSED, Engine, EngineFailed, ErrorCode, Failure, Session, describe
 from scheduler_svc.worker_group import WorkerGroup
 from shared import config as flags
 from shared import proto_convert as pc
-from shared.grpc_server import ServiceServer
+from shared.grpc_server import COALESCE_BYTES, ServiceServer
 from shared.link_security import LinkSecurity
 from shared.proto import common_pb2, engine_pb2, engine_pb2_grpc
 from shared.telemetry import get_logger, setup_telemetry, start_metrics_server
@@ -52,15 +53,41 @@ def _request_from_proto(msg: engine_pb2.AddRequest, eos_token_ids: list[int]) ->
         cache_salt=msg.cache_salt if msg.HasField("cache_salt") else None)
 
 
-def _response(items: list) -> engine_pb2.EngineResponse:
-    reply = engine_pb2.EngineResponse()
+def _response(items: list, reply: engine_pb2.EngineResponse | None = None
+              ) -> tuple[engine_pb2.EngineResponse, int]:
+    """One step's outputs and rejections appended to `reply` (a new one if None);
+    returns it and the bytes they added."""
+    reply = engine_pb2.EngineResponse() if reply is None else reply
+    added = 0
     for item in items:
         if isinstance(item, Failure):
-            reply.rejections.add(request_id=item.req_id, status=common_pb2.Status(
+            msg = reply.rejections.add(request_id=item.req_id, status=common_pb2.Status(
                 code=_CODES[item.code].value[0], message=item.message))
         else:
-            reply.outputs.append(pc.request_output_to_proto(item))
-    return reply
+            msg = pc.request_output_to_proto(item)
+            reply.outputs.append(msg)
+        added += msg.ByteSize()
+    return reply, added
+
+
+def coalesce(first: list, outbox: queue.SimpleQueue
+             ) -> tuple[engine_pb2.EngineResponse, int, bool]:
+    """The next message of a session: `first` (one step's items) and the steps that
+    queued up behind it while the frontend read the last message, up to
+    COALESCE_BYTES. Returns the message, how many steps it holds, and whether the
+    session's CLOSED came after them."""
+    reply, size = _response(first)
+    steps = 1
+    while size < COALESCE_BYTES:
+        try:
+            items = outbox.get_nowait()
+        except queue.Empty:
+            break
+        if items is CLOSED:
+            return reply, steps, True
+        size += _response(items, reply)[1]
+        steps += 1
+    return reply, steps, False
 
 
 class EngineServicer(engine_pb2_grpc.EngineServicer):
@@ -103,26 +130,42 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         threading.Thread(target=self._read, args=(engine, session, request_iterator),
                          name=f"session-{session.session_id}", daemon=True).start()
         log.info("session_opened", session=session.session_id, peer=context.peer())
+        coalesced = SESSION_COALESCED_STEPS.labels(engine.model_info.model_name)
         while True:
             items = session.outbox.get()
-            if items is CLOSED:
+            if items is not CLOSED:
+                reply, steps, closed = coalesce(items, session.outbox)
+                coalesced.inc(steps - 1)
+                yield reply
+            if items is CLOSED or closed:
                 log.info("session_closed", session=session.session_id)
                 return
-            yield _response(items)
 
     def _read(self, engine: Engine, session: Session, request_iterator) -> None:
         eos = engine.model_info.eos_token_ids
         try:
             for msg in request_iterator:
-                kind = msg.WhichOneof("kind")
-                if kind == "add":
-                    self._add(engine, session, msg.add, eos)
-                elif kind == "abort":
-                    engine.abort(list(msg.abort.request_ids), session)
+                if msg.WhichOneof("kind") != "batch":
+                    self._handle(engine, session, msg, eos)
+                    continue
+                for item in msg.batch.requests:
+                    if item.WhichOneof("kind") == "batch":
+                        log.warning("nested_batch_skipped", session=session.session_id)
+                    else:
+                        self._handle(engine, session, item, eos)
         except grpc.RpcError:
             pass  # the frontend went away; closing below aborts its requests
         finally:
             engine.close_session(session)
+
+    @classmethod
+    def _handle(cls, engine: Engine, session: Session, msg: engine_pb2.EngineRequest,
+                eos) -> None:
+        kind = msg.WhichOneof("kind")
+        if kind == "add":
+            cls._add(engine, session, msg.add, eos)
+        elif kind == "abort":
+            engine.abort(list(msg.abort.request_ids), session)
 
     @staticmethod
     def _add(engine: Engine, session: Session, msg: engine_pb2.AddRequest, eos) -> None:

@@ -13,6 +13,11 @@ from shared.link_security import LinkSecurity
 
 # Prompts of a long context and a step of many requests can pass 4 MiB.
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+# What a stream coalesces into one message when items queued up behind a slow
+# reader or writer (frontend <-> scheduler Session): big enough that a backlog
+# drains in a few messages, small enough that handling one keeps an event loop
+# busy for at most tens of milliseconds.
+COALESCE_BYTES = 256 * 1024
 CHANNEL_OPTIONS = [
     ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
     ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),

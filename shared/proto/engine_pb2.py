@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from shared.proto import common_pb2 as gapserve_dot_v1_dot_common__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18gapserve/v1/engine.proto\x12\x0bgapserve.v1\x1a\x18gapserve/v1/common.proto\"\xb9\x02\n\nAddRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x34\n\x0fsampling_params\x18\x03 \x01(\x0b\x32\x1b.gapserve.v1.SamplingParams\x12\x10\n\x08priority\x18\x04 \x01(\x05\x12\x17\n\ncache_salt\x18\x05 \x01(\tH\x00\x88\x01\x01\x12\x16\n\x0e\x61rrival_unix_s\x18\x06 \x01(\x01\x12@\n\rtrace_context\x18\x07 \x03(\x0b\x32).gapserve.v1.AddRequest.TraceContextEntry\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\r\n\x0b_cache_salt\"$\n\rAbortRequests\x12\x13\n\x0brequest_ids\x18\x01 \x03(\t\"l\n\rEngineRequest\x12&\n\x03\x61\x64\x64\x18\x01 \x01(\x0b\x32\x17.gapserve.v1.AddRequestH\x00\x12+\n\x05\x61\x62ort\x18\x02 \x01(\x0b\x32\x1a.gapserve.v1.AbortRequestsH\x00\x42\x06\n\x04kind\"\x80\x02\n\rRequestOutput\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\rnew_token_ids\x18\x02 \x03(\x05\x12\x30\n\x0cnew_logprobs\x18\x03 \x03(\x0b\x32\x1a.gapserve.v1.TokenLogprobs\x12\x30\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x19.gapserve.v1.FinishReason\x12\x1a\n\rstop_token_id\x18\x05 \x01(\x05H\x00\x88\x01\x01\x12\x17\n\x0fnum_preemptions\x18\x06 \x01(\x05\x12\x19\n\x11num_cached_tokens\x18\x07 \x01(\x05\x42\x10\n\x0e_stop_token_id\"D\n\tRejection\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12#\n\x06status\x18\x02 \x01(\x0b\x32\x13.gapserve.v1.Status\"i\n\x0e\x45ngineResponse\x12+\n\x07outputs\x18\x01 \x03(\x0b\x32\x1a.gapserve.v1.RequestOutput\x12*\n\nrejections\x18\x02 \x03(\x0b\x32\x16.gapserve.v1.Rejection\"\x12\n\x10GetStatusRequest\"\xc7\x04\n\x0c\x45ngineStatus\x12\x13\n\x0bnum_running\x18\x01 \x01(\x05\x12\x13\n\x0bnum_waiting\x18\x02 \x01(\x05\x12\x1d\n\x15num_waiting_not_ready\x18\x03 \x01(\x05\x12\x14\n\x0cmax_num_seqs\x18\x04 \x01(\x05\x12\x16\n\x0ekv_cache_usage\x18\x05 \x01(\x01\x12\x15\n\rnum_kv_blocks\x18\x06 \x01(\x05\x12\x17\n\x0fnum_free_blocks\x18\x07 \x01(\x05\x12\x1d\n\x15num_preemptions_total\x18\x08 \x01(\x03\x12!\n\x19num_preemptions_in_window\x18\t \x01(\x03\x12\x10\n\x08window_s\x18\n \x01(\x01\x12\x1c\n\x14prefix_cache_queries\x18\x0b \x01(\x03\x12\x19\n\x11prefix_cache_hits\x18\x0c \x01(\x03\x12\x17\n\x0fnum_steps_total\x18\r \x01(\x03\x12\x14\n\x0cnum_sessions\x18\x0e \x01(\x05\x12\x11\n\tdiagnosis\x18\x0f \x01(\t\x12\x0f\n\x07summary\x18\x10 \x01(\t\x12\r\n\x05lever\x18\x11 \x01(\t\x12\x1c\n\x14\x61\x64mission_blocked_by\x18\x12 \x01(\t\x12\x18\n\x10worker_addresses\x18\x13 \x01(\t\x12#\n\x1bnum_worker_reconnects_total\x18\x14 \x01(\x03\x12\"\n\x1anum_worker_failovers_total\x18\x15 \x01(\x03\x12 \n\x18num_forward_passes_total\x18\x16 \x01(\x03\x32\xe1\x01\n\x06\x45ngine\x12\x46\n\x07Session\x12\x1a.gapserve.v1.EngineRequest\x1a\x1b.gapserve.v1.EngineResponse(\x01\x30\x01\x12H\n\x0cGetModelInfo\x12 .gapserve.v1.GetModelInfoRequest\x1a\x16.gapserve.v1.ModelInfo\x12\x45\n\tGetStatus\x12\x1d.gapserve.v1.GetStatusRequest\x1a\x19.gapserve.v1.EngineStatusb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18gapserve/v1/engine.proto\x12\x0bgapserve.v1\x1a\x18gapserve/v1/common.proto\"\xb9\x02\n\nAddRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x03(\x05\x12\x34\n\x0fsampling_params\x18\x03 \x01(\x0b\x32\x1b.gapserve.v1.SamplingParams\x12\x10\n\x08priority\x18\x04 \x01(\x05\x12\x17\n\ncache_salt\x18\x05 \x01(\tH\x00\x88\x01\x01\x12\x16\n\x0e\x61rrival_unix_s\x18\x06 \x01(\x01\x12@\n\rtrace_context\x18\x07 \x03(\x0b\x32).gapserve.v1.AddRequest.TraceContextEntry\x1a\x33\n\x11TraceContextEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\x42\r\n\x0b_cache_salt\"$\n\rAbortRequests\x12\x13\n\x0brequest_ids\x18\x01 \x03(\t\"\x9a\x01\n\rEngineRequest\x12&\n\x03\x61\x64\x64\x18\x01 \x01(\x0b\x32\x17.gapserve.v1.AddRequestH\x00\x12+\n\x05\x61\x62ort\x18\x02 \x01(\x0b\x32\x1a.gapserve.v1.AbortRequestsH\x00\x12,\n\x05\x62\x61tch\x18\x03 \x01(\x0b\x32\x1b.gapserve.v1.EngineRequestsH\x00\x42\x06\n\x04kind\">\n\x0e\x45ngineRequests\x12,\n\x08requests\x18\x01 \x03(\x0b\x32\x1a.gapserve.v1.EngineRequest\"\x80\x02\n\rRequestOutput\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\rnew_token_ids\x18\x02 \x03(\x05\x12\x30\n\x0cnew_logprobs\x18\x03 \x03(\x0b\x32\x1a.gapserve.v1.TokenLogprobs\x12\x30\n\rfinish_reason\x18\x04 \x01(\x0e\x32\x19.gapserve.v1.FinishReason\x12\x1a\n\rstop_token_id\x18\x05 \x01(\x05H\x00\x88\x01\x01\x12\x17\n\x0fnum_preemptions\x18\x06 \x01(\x05\x12\x19\n\x11num_cached_tokens\x18\x07 \x01(\x05\x42\x10\n\x0e_stop_token_id\"D\n\tRejection\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12#\n\x06status\x18\x02 \x01(\x0b\x32\x13.gapserve.v1.Status\"i\n\x0e\x45ngineResponse\x12+\n\x07outputs\x18\x01 \x03(\x0b\x32\x1a.gapserve.v1.RequestOutput\x12*\n\nrejections\x18\x02 \x03(\x0b\x32\x16.gapserve.v1.Rejection\"\x12\n\x10GetStatusRequest\"\xc7\x04\n\x0c\x45ngineStatus\x12\x13\n\x0bnum_running\x18\x01 \x01(\x05\x12\x13\n\x0bnum_waiting\x18\x02 \x01(\x05\x12\x1d\n\x15num_waiting_not_ready\x18\x03 \x01(\x05\x12\x14\n\x0cmax_num_seqs\x18\x04 \x01(\x05\x12\x16\n\x0ekv_cache_usage\x18\x05 \x01(\x01\x12\x15\n\rnum_kv_blocks\x18\x06 \x01(\x05\x12\x17\n\x0fnum_free_blocks\x18\x07 \x01(\x05\x12\x1d\n\x15num_preemptions_total\x18\x08 \x01(\x03\x12!\n\x19num_preemptions_in_window\x18\t \x01(\x03\x12\x10\n\x08window_s\x18\n \x01(\x01\x12\x1c\n\x14prefix_cache_queries\x18\x0b \x01(\x03\x12\x19\n\x11prefix_cache_hits\x18\x0c \x01(\x03\x12\x17\n\x0fnum_steps_total\x18\r \x01(\x03\x12\x14\n\x0cnum_sessions\x18\x0e \x01(\x05\x12\x11\n\tdiagnosis\x18\x0f \x01(\t\x12\x0f\n\x07summary\x18\x10 \x01(\t\x12\r\n\x05lever\x18\x11 \x01(\t\x12\x1c\n\x14\x61\x64mission_blocked_by\x18\x12 \x01(\t\x12\x18\n\x10worker_addresses\x18\x13 \x01(\t\x12#\n\x1bnum_worker_reconnects_total\x18\x14 \x01(\x03\x12\"\n\x1anum_worker_failovers_total\x18\x15 \x01(\x03\x12 \n\x18num_forward_passes_total\x18\x16 \x01(\x03\x32\xe1\x01\n\x06\x45ngine\x12\x46\n\x07Session\x12\x1a.gapserve.v1.EngineRequest\x1a\x1b.gapserve.v1.EngineResponse(\x01\x30\x01\x12H\n\x0cGetModelInfo\x12 .gapserve.v1.GetModelInfoRequest\x1a\x16.gapserve.v1.ModelInfo\x12\x45\n\tGetStatus\x12\x1d.gapserve.v1.GetStatusRequest\x1a\x19.gapserve.v1.EngineStatusb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -40,18 +40,20 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_ADDREQUEST_TRACECONTEXTENTRY']._serialized_end=366
   _globals['_ABORTREQUESTS']._serialized_start=383
   _globals['_ABORTREQUESTS']._serialized_end=419
-  _globals['_ENGINEREQUEST']._serialized_start=421
-  _globals['_ENGINEREQUEST']._serialized_end=529
-  _globals['_REQUESTOUTPUT']._serialized_start=532
-  _globals['_REQUESTOUTPUT']._serialized_end=788
-  _globals['_REJECTION']._serialized_start=790
-  _globals['_REJECTION']._serialized_end=858
-  _globals['_ENGINERESPONSE']._serialized_start=860
-  _globals['_ENGINERESPONSE']._serialized_end=965
-  _globals['_GETSTATUSREQUEST']._serialized_start=967
-  _globals['_GETSTATUSREQUEST']._serialized_end=985
-  _globals['_ENGINESTATUS']._serialized_start=988
-  _globals['_ENGINESTATUS']._serialized_end=1571
-  _globals['_ENGINE']._serialized_start=1574
-  _globals['_ENGINE']._serialized_end=1799
+  _globals['_ENGINEREQUEST']._serialized_start=422
+  _globals['_ENGINEREQUEST']._serialized_end=576
+  _globals['_ENGINEREQUESTS']._serialized_start=578
+  _globals['_ENGINEREQUESTS']._serialized_end=640
+  _globals['_REQUESTOUTPUT']._serialized_start=643
+  _globals['_REQUESTOUTPUT']._serialized_end=899
+  _globals['_REJECTION']._serialized_start=901
+  _globals['_REJECTION']._serialized_end=969
+  _globals['_ENGINERESPONSE']._serialized_start=971
+  _globals['_ENGINERESPONSE']._serialized_end=1076
+  _globals['_GETSTATUSREQUEST']._serialized_start=1078
+  _globals['_GETSTATUSREQUEST']._serialized_end=1096
+  _globals['_ENGINESTATUS']._serialized_start=1099
+  _globals['_ENGINESTATUS']._serialized_end=1682
+  _globals['_ENGINE']._serialized_start=1685
+  _globals['_ENGINE']._serialized_end=1910
 # @@protoc_insertion_point(module_scope)

@@ -39,12 +39,20 @@ class AbortRequests(_message.Message):
     def __init__(self, request_ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class EngineRequest(_message.Message):
-    __slots__ = ("add", "abort")
+    __slots__ = ("add", "abort", "batch")
     ADD_FIELD_NUMBER: _ClassVar[int]
     ABORT_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
     add: AddRequest
     abort: AbortRequests
-    def __init__(self, add: _Optional[_Union[AddRequest, _Mapping]] = ..., abort: _Optional[_Union[AbortRequests, _Mapping]] = ...) -> None: ...
+    batch: EngineRequests
+    def __init__(self, add: _Optional[_Union[AddRequest, _Mapping]] = ..., abort: _Optional[_Union[AbortRequests, _Mapping]] = ..., batch: _Optional[_Union[EngineRequests, _Mapping]] = ...) -> None: ...
+
+class EngineRequests(_message.Message):
+    __slots__ = ("requests",)
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    requests: _containers.RepeatedCompositeFieldContainer[EngineRequest]
+    def __init__(self, requests: _Optional[_Iterable[_Union[EngineRequest, _Mapping]]] = ...) -> None: ...
 
 class RequestOutput(_message.Message):
     __slots__ = ("request_id", "new_token_ids", "new_logprobs", "finish_reason", "stop_token_id", "num_preemptions", "num_cached_tokens")

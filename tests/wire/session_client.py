@@ -19,17 +19,18 @@ class SessionClient:
         self.rejected: dict[str, engine_pb2.Rejection] = {}
 
     def add(self, req_id: str, prompt: list[int], **sampling) -> None:
-        sp = SamplingParams(**sampling)
-        self._outbox.put(engine_pb2.EngineRequest(add=engine_pb2.AddRequest(
-            request_id=req_id, prompt_token_ids=prompt,
-            sampling_params=pc.sampling_to_proto(sp))))
+        self._outbox.put(add_message(req_id, prompt, **sampling))
+
+    def send_batch(self, *requests: engine_pb2.EngineRequest) -> None:
+        """Several adds/aborts in one message, as a frontend sends what queued up."""
+        self._outbox.put(engine_pb2.EngineRequest(
+            batch=engine_pb2.EngineRequests(requests=list(requests))))
 
     def add_raw(self, add: engine_pb2.AddRequest) -> None:
         self._outbox.put(engine_pb2.EngineRequest(add=add))
 
     def abort(self, *req_ids: str) -> None:
-        self._outbox.put(engine_pb2.EngineRequest(
-            abort=engine_pb2.AbortRequests(request_ids=list(req_ids))))
+        self._outbox.put(abort_message(*req_ids))
 
     def read(self) -> engine_pb2.EngineResponse:
         reply = next(self.call)
@@ -48,6 +49,16 @@ class SessionClient:
     def close(self) -> None:
         self._outbox.put(None)
         self.call.cancel()
+
+
+def add_message(req_id: str, prompt: list[int], **sampling) -> engine_pb2.EngineRequest:
+    return engine_pb2.EngineRequest(add=engine_pb2.AddRequest(
+        request_id=req_id, prompt_token_ids=prompt,
+        sampling_params=pc.sampling_to_proto(SamplingParams(**sampling))))
+
+
+def abort_message(*req_ids: str) -> engine_pb2.EngineRequest:
+    return engine_pb2.EngineRequest(abort=engine_pb2.AbortRequests(request_ids=list(req_ids)))
 
 
 def wait_for(predicate, timeout_s: float = 10.0, what: str = "condition") -> None:

@@ -12,7 +12,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from shared.proto import common_pb2, engine_pb2, worker_pb2, worker_pb2_grpc
-from tests.wire.session_client import SessionClient, wait_for
+from tests.wire.session_client import SessionClient, abort_message, add_message, wait_for
 from tests.integration.hf_reference import hf_greedy
 
 INVALID_ARGUMENT = grpc.StatusCode.INVALID_ARGUMENT.value[0]
@@ -96,6 +96,28 @@ def test_abort_ends_the_request_with_abort_and_frees_its_blocks(wire_stack):
     assert client.finished[req_id].finish_reason == common_pb2.FINISH_REASON_ABORT
     free, total = free_blocks(wire_stack)
     assert free == total
+    client.close()
+
+
+def test_a_batch_is_handled_as_its_requests_one_by_one_in_order(wire_stack, hf_model):
+    client = SessionClient(wire_stack.engine_stub)
+    nested, good, bad, dropped = rid(), rid(), rid(), rid()
+    client.send_batch(
+        # a batch inside a batch is skipped: had it been added, it would still run below
+        engine_pb2.EngineRequest(batch=engine_pb2.EngineRequests(requests=[add_message(
+            nested, [1, 2, 3], temperature=0.0, max_tokens=200, ignore_eos=True)])),
+        add_message(good, PROMPTS[0], temperature=0.0, max_tokens=12, ignore_eos=True),
+        add_message(bad, []),  # refused alone; the rest of the batch goes on
+        add_message(dropped, [5, 6], temperature=0.0, max_tokens=200, ignore_eos=True),
+        abort_message(dropped))  # after its add, as the frontend queued them
+    client.wait_ended(good, bad, dropped)
+    assert client.tokens[good] == hf_greedy(hf_model, PROMPTS[0], 12)
+    assert client.rejected[bad].status.code == INVALID_ARGUMENT
+    assert client.finished[dropped].finish_reason == common_pb2.FINISH_REASON_ABORT
+    assert nested not in client.tokens and nested not in client.rejected
+    assert not wire_stack.engine.run_on_loop(wire_stack.scheduler_core.has_unfinished_requests)
+    wait_for(lambda: free_blocks(wire_stack)[0] == free_blocks(wire_stack)[1],
+             what="all KV blocks free")
     client.close()
 
 
