@@ -138,13 +138,15 @@ def scheduler_output_from_proto(msg: worker_pb2.SchedulerOutput) -> t.SchedulerO
 def timings_to_proto(tm: t.StepTimings) -> worker_pb2.StepTimings:
     return worker_pb2.StepTimings(
         prepare_ms=tm.prepare_ms, forward_ms=tm.forward_ms, sample_ms=tm.sample_ms,
-        idle_ms=tm.idle_ms, start_unix_s=tm.start_unix_s, end_unix_s=tm.end_unix_s)
+        idle_ms=tm.idle_ms, start_unix_s=tm.start_unix_s, end_unix_s=tm.end_unix_s,
+        num_forward_passes=tm.num_forward_passes, num_tokens=tm.num_tokens)
 
 
 def timings_from_proto(msg: worker_pb2.StepTimings) -> t.StepTimings:
     return t.StepTimings(
         prepare_ms=msg.prepare_ms, forward_ms=msg.forward_ms, sample_ms=msg.sample_ms,
-        idle_ms=msg.idle_ms, start_unix_s=msg.start_unix_s, end_unix_s=msg.end_unix_s)
+        idle_ms=msg.idle_ms, start_unix_s=msg.start_unix_s, end_unix_s=msg.end_unix_s,
+        num_forward_passes=msg.num_forward_passes, num_tokens=msg.num_tokens)
 
 
 def runner_output_to_proto(out: t.ModelRunnerOutput) -> worker_pb2.ModelRunnerOutput:

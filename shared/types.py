@@ -206,6 +206,8 @@ class StepTimings:
     idle_ms: float = 0.0  # waiting for this step since the previous one finished
     start_unix_s: float = 0.0
     end_unix_s: float = 0.0
+    num_forward_passes: int = 0  # what ran: a multi-step may end early, skipping stopped requests
+    num_tokens: int = 0  # tokens computed over all passes
 
 
 @dataclass(slots=True)

@@ -48,7 +48,8 @@ WEIGHT_BYTES = Gauge("gapserve:worker_weight_bytes",
 STEP_TOKENS = Counter("gapserve:worker_tokens", "Tokens computed (prompt and output).", _L)
 FORWARD_PASSES = Counter("gapserve:worker_forward_passes",
                          "Forward passes run; more than the steps when multi-step decode "
-                         "(--num-scheduler-steps) runs several in one step.", _L)
+                         "(--num-scheduler-steps) runs several in one step, fewer than "
+                         "scheduled when every request in it stopped early.", _L)
 ARGMAX_SCREEN = Counter(
     "gapserve:worker_argmax_screen_rows",
     "Greedy rows of small CPU steps whose vocabulary projection was screened by its int8 "
@@ -102,8 +103,8 @@ class WorkerTelemetry:
         c[3].observe(timings.idle_ms)
         c[4].observe(timings.prepare_ms + timings.forward_ms + timings.sample_ms)
         c[5].inc()
-        c[6].inc(step.total_num_scheduled_tokens * step.num_steps)
-        c[7].inc(step.num_steps)
+        c[6].inc(timings.num_tokens)
+        c[7].inc(timings.num_forward_passes)
 
         if not tracing_enabled():
             return
@@ -124,7 +125,7 @@ class WorkerTelemetry:
                 "gapserve.worker.rank": self.rank,
                 "gapserve.step.num_scheduled_tokens": step.total_num_scheduled_tokens,
                 "gapserve.step.num_reqs": len(step.num_scheduled_tokens),
-                "gapserve.step.num_forward_passes": step.num_steps,
+                "gapserve.step.num_forward_passes": t.num_forward_passes,
                 "gapserve.worker.prepare_ms": t.prepare_ms,
                 "gapserve.worker.forward_ms": t.forward_ms,
                 "gapserve.worker.sample_ms": t.sample_ms,

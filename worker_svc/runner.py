@@ -52,6 +52,7 @@ class ModelRunner:
                              f"format; this worker runs on {self.device.type}")
         self.model_dir = resolve_model(None if config.model is None else str(config.model))
         self.model_config = cfg = load_model_config(self.model_dir)
+        self._eos = frozenset(cfg.eos_token_ids)  # a request's stop rule needs them
         self.max_model_len = _resolve_max_model_len(config.max_model_len, cfg)
         self.block_size = config.block_size
         self.max_num_batched_tokens = config.max_num_batched_tokens \
@@ -140,41 +141,57 @@ class ModelRunner:
         self._apply_increments(step)
         order = list(step.num_scheduled_tokens)
         out = ModelRunnerOutput(step_id=step.step_id, req_ids=order)
-        if not order:
+        states = [self.requests[r] for r in order]
+        out.sampled_token_ids = [[] for _ in order]
+        out.logprobs = [None if s.params.logprobs is None else [] for s in states]
+        # A request that stopped here (a stop token, possibly mid-way through a
+        # multi-step) was finished by the scheduler on that token; a step already
+        # scheduled behind it skips the request: no tokens, nothing computed.
+        live = [i for i, state in enumerate(states) if not state.stopped]
+        if not live:
             out.timings = StepTimings(prepare_ms=_ms(t0), start_unix_s=start_unix,
                                       end_unix_s=time.time())
             return out
-        states = [self.requests[r] for r in order]
         if self.config.zero_cost_steps:
-            return zero_cost_step(out, states, [step.num_scheduled_tokens[r] for r in order],
-                                  self.model_config.vocab_size, t0, start_unix,
+            return zero_cost_step(out, states, live, [step.num_scheduled_tokens[r] for r in order],
+                                  self.model_config.vocab_size, self._eos, t0, start_unix,
                                   step.num_steps)
-        inputs = self._prepare_inputs(states, [step.num_scheduled_tokens[r] for r in order])
+        inputs = self._prepare_inputs([states[i] for i in live],
+                                      [step.num_scheduled_tokens[order[i]] for i in live])
         t1 = time.perf_counter()
         if on_prepared is not None:
             on_prepared()
-        out.sampled_token_ids = [[] for _ in order]
-        out.logprobs = [None if s.params.logprobs is None else [] for s in states]
         prepare_s, forward_s, sample_s = t1 - t0, 0.0, 0.0
+        passes, num_tokens = 0, 0
         # A multi-step decode (num_steps > 1, every request one token that samples; the
-        # step check made sure) is that many passes, each fed the tokens of the last.
+        # step check made sure) is that many passes, each fed the tokens of the last;
+        # a request that stops sits out the rest, and when all have stopped it ends.
         for k in range(step.num_steps):
             if k:
+                live = [i for i in live if not states[i].stopped]
+                if not live:
+                    break
                 t1 = time.perf_counter()
-                inputs = self._prepare_inputs(states, inputs.num_scheduled)
+                inputs = self._prepare_inputs([states[i] for i in live], [1] * len(live))
                 prepare_s += time.perf_counter() - t1
             t2 = time.perf_counter()
-            pass_forward_s = self._forward_and_sample(states, inputs, out)
+            pass_forward_s = self._forward_and_sample([states[i] for i in live], live,
+                                                      inputs, out)
             forward_s += pass_forward_s
             sample_s += time.perf_counter() - t2 - pass_forward_s
+            passes += 1
+            num_tokens += sum(inputs.num_scheduled)
         out.timings = StepTimings(prepare_ms=prepare_s * 1e3, forward_ms=forward_s * 1e3,
                                   sample_ms=sample_s * 1e3, start_unix_s=start_unix,
-                                  end_unix_s=time.time())
+                                  end_unix_s=time.time(), num_forward_passes=passes,
+                                  num_tokens=num_tokens)
         return out
 
-    def _forward_and_sample(self, states: list[RequestState], inputs, out) -> float:
-        """One forward pass over the prepared inputs; the sampled tokens are appended to
-        the requests' states and to `out`. Returns the forward pass's seconds."""
+    def _forward_and_sample(self, states: list[RequestState], slots: list[int], inputs,
+                            out) -> float:
+        """One forward pass over the prepared inputs of `states` (whose places in
+        `out` are `slots`); the sampled tokens are appended to the requests' states
+        and to `out`. Returns the forward pass's seconds."""
         samplers = [states[i] for i in inputs.sample_rows]
         t0 = time.perf_counter()
         logits = self.model.forward(inputs.input_ids, inputs.positions, self.kv_caches,
@@ -189,10 +206,11 @@ class ModelRunner:
         for state, n in zip(states, inputs.num_scheduled):
             state.num_computed_tokens += n
         for i, state, token, lp in zip(inputs.sample_rows, samplers, token_list, logprobs):
-            state.record_sampled(token)
-            out.sampled_token_ids[i].append(token)
+            state.record_sampled(token, self._eos)
+            slot = slots[i]
+            out.sampled_token_ids[slot].append(token)
             if lp is not None:
-                out.logprobs[i].extend(lp)
+                out.logprobs[slot].extend(lp)
         return forward_s
 
     def _sample(self, logits: torch.Tensor | None, samplers: list[RequestState]):

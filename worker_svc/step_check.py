@@ -18,6 +18,7 @@ def check_step(step: SchedulerOutput, requests: dict[str, RequestState], *, voca
     finished = step.finished_req_ids
     # per request after this step's increments: (known tokens, blocks held, computed)
     after: dict[str, tuple[int, int, int]] = {}
+    stopped: set[str] = set()
     for new in step.scheduled_new_reqs:
         _check_new(new, requests, finished, after, vocab_size, max_model_len)
         _check_blocks(new.req_id, new.block_ids, num_blocks)
@@ -38,6 +39,10 @@ def check_step(step: SchedulerOutput, requests: dict[str, RequestState], *, voca
             _check_tokens(req_id, state, cached.resumed_token_checks.get(req_id))
         held = 0 if cached.resumed_from_preemption[i] or req_id in step.preempted_req_ids \
             else len(state.block_ids)
+        if state.stopped and not cached.resumed_from_preemption[i]:
+            # it stopped here on a token the scheduler had not seen when it scheduled
+            # this step: the runner skips it, so its counts need not add up
+            stopped.add(req_id)
         after[req_id] = (len(state.token_ids), held + len(cached.new_block_ids[i]),
                          cached.num_computed_tokens[i])
     if set(step.num_scheduled_tokens) != set(after):
@@ -45,7 +50,11 @@ def check_step(step: SchedulerOutput, requests: dict[str, RequestState], *, voca
                         "cached requests")
     if sum(step.num_scheduled_tokens.values()) != step.total_num_scheduled_tokens:
         raise StepError("total_num_scheduled_tokens is not the sum of num_scheduled_tokens")
+    for req_id in stopped:
+        del after[req_id]
     for req_id, n in step.num_scheduled_tokens.items():
+        if req_id in stopped:
+            continue
         num_tokens, num_held_blocks, computed = after[req_id]
         end = computed + n
         if n < 1 or computed < 0:
@@ -60,13 +69,14 @@ def check_step(step: SchedulerOutput, requests: dict[str, RequestState], *, voca
 
 def _check_multi_step(step: SchedulerOutput, after: dict[str, tuple[int, int, int]],
                       max_model_len: int, block_size: int) -> None:
-    """A multi-step decode: every request one token that samples, and room (positions,
-    blocks) for the token each of the step's passes computes."""
+    """A multi-step decode: every request (but the stopped ones, not in `after`) one
+    token that samples, and room (positions, blocks) for the token each of the step's
+    passes computes."""
     steps = step.num_steps
     if not 1 <= steps <= MAX_NUM_STEPS:
         raise StepError(f"num_steps {steps} outside [1, {MAX_NUM_STEPS}]")
-    for req_id, n in step.num_scheduled_tokens.items():
-        num_tokens, num_held_blocks, computed = after[req_id]
+    for req_id, (num_tokens, num_held_blocks, computed) in after.items():
+        n = step.num_scheduled_tokens[req_id]
         if n != 1 or computed + 1 != num_tokens:
             raise StepError(f"a multi-step decode of {steps} passes must schedule one "
                             f"token that samples; request {req_id!r} has {n} from "

@@ -25,18 +25,25 @@ def made_up_token(state: RequestState, vocab_size: int) -> int:
     return skip + (len(state.token_ids) * 7919) % span
 
 
-def zero_cost_step(out: ModelRunnerOutput, states: list[RequestState],
-                   num_scheduled: list[int], vocab_size: int, t0: float,
+def zero_cost_step(out: ModelRunnerOutput, states: list[RequestState], live: list[int],
+                   num_scheduled: list[int], vocab_size: int, eos: frozenset[int], t0: float,
                    start_unix: float, num_steps: int = 1) -> ModelRunnerOutput:
-    out.sampled_token_ids = [[] for _ in states]
+    """`out` comes with empty token lists; `live` are the states not stopped."""
     out.logprobs = [None] * len(states)
-    for i, (state, n) in enumerate(zip(states, num_scheduled)):
-        for _ in range(num_steps):  # a multi-step decode: one token a pass
+    passes = num_tokens = 0
+    for i in live:
+        state, n = states[i], num_scheduled[i]
+        for k in range(num_steps):  # a multi-step decode: one token a pass, until a stop
+            if state.stopped:
+                break
             state.num_computed_tokens += n
+            num_tokens += n
+            passes = max(passes, k + 1)
             if state.num_computed_tokens >= len(state.token_ids):  # prompt done: it samples
                 token = made_up_token(state, vocab_size)
-                state.record_sampled(token)
+                state.record_sampled(token, eos)
                 out.sampled_token_ids[i].append(token)
     out.timings = StepTimings(prepare_ms=(time.perf_counter() - t0) * 1e3,
-                              start_unix_s=start_unix, end_unix_s=time.time())
+                              start_unix_s=start_unix, end_unix_s=time.time(),
+                              num_forward_passes=passes, num_tokens=num_tokens)
     return out

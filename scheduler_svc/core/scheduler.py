@@ -428,7 +428,8 @@ class Scheduler:
                 raise ValueError(f"worker sampled for request {req_id!r} in step {step_id}, "
                                  f"whose chunk there did not reach the end of its tokens")
             if len(sampled) > entry.max_sampled or (
-                    entry.max_sampled > 1 and len(sampled) != entry.max_sampled):
+                    entry.samples and len(sampled) < entry.max_sampled
+                    and not self._stopped_short(entry.request, sampled)):
                 raise ValueError(f"worker sampled {len(sampled)} tokens for request "
                                  f"{req_id!r} in step {step_id}, which ran "
                                  f"{entry.max_sampled} forward pass(es)")
@@ -485,6 +486,20 @@ class Scheduler:
             if request.status is RequestStatus.RUNNING \
                     and request.num_preemptions == entry.num_preemptions:
                 cache(request, entry.num_computed_after)
+
+    @staticmethod
+    def _stopped_short(request: Request, sampled: list[int]) -> bool:
+        """May the worker answer with fewer tokens than the step's passes? Only for a
+        request that stopped (SCHEDULING.md, "Multi-step decode"): one that ended
+        before (the worker skips it: any number, none included), or one whose last
+        token is its first stop token (the worker ran no pass for it after that)."""
+        if request.status >= RequestStatus.FINISHED_STOPPED:
+            return True
+        num_output = len(request.output_token_ids)
+        for j, token_id in enumerate(sampled):
+            if token_id in request.stop_check_ids and num_output + j + 1 >= request.min_tokens:
+                return j == len(sampled) - 1
+        return False
 
     def _check_stop(self, request: Request, token_id: int) -> RequestStatus | None:
         # Order of SCHEDULING.md: EOS, stop token id, max_tokens, max_model_len. vLLM

@@ -13,9 +13,10 @@ from tests.observability.helpers import sample
 from worker_svc.metrics import WorkerTelemetry
 
 
-def timings(start=100.0, prepare=1.0, forward=8.0, sample_ms=1.0, idle=2.0) -> StepTimings:
+def timings(start=100.0, prepare=1.0, forward=8.0, sample_ms=1.0, idle=2.0, passes=1,
+            tokens=7) -> StepTimings:
     end = start + (prepare + forward + sample_ms) / 1000
-    return StepTimings(prepare, forward, sample_ms, idle, start, end)
+    return StepTimings(prepare, forward, sample_ms, idle, start, end, passes, tokens)
 
 
 def test_step_timings_become_histograms_per_rank(captured):
@@ -30,6 +31,12 @@ def test_step_timings_become_histograms_per_rank(captured):
     assert sample("gapserve:worker_idle_time_milliseconds_sum", model_name="wm",
                   rank="1") >= 2.0
     assert sample("gapserve:worker_tokens_total", model_name="wm", rank="1") >= 7
+    passes = sample("gapserve:worker_forward_passes_total", model_name="wm", rank="1")
+    # a multi-step of 8 passes whose requests all stopped after 3: what ran is counted
+    tel.step(SchedulerOutput(2, total_num_scheduled_tokens=2, num_steps=8),
+             timings(start=101.0, passes=3, tokens=5))
+    assert sample("gapserve:worker_forward_passes_total", model_name="wm",
+                  rank="1") == passes + 3
 
 
 def test_worker_step_span_nests_under_the_step_with_forward_and_sample_children(captured):

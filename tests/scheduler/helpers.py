@@ -33,18 +33,31 @@ def make_scheduler(num_blocks: int = 64, **config) -> Scheduler:
 
 class FakeWorker:
     """Keeps each request's token ids like a real worker (including tokens it sampled
-    itself) and samples `next_token(req_id, position)` when a step reaches the end."""
+    itself) and samples `next_token(req_id, position)` when a step reaches the end.
+    Like a real worker it stops a request on a stop token (EOS unless ignore_eos, or
+    a stop token id, once min_tokens are out): no more passes for it in that
+    multi-step, and a step scheduled behind that skips it (no tokens)."""
 
     def __init__(self, next_token: Callable[[str, int], int] | None = None) -> None:
         self.tokens: dict[str, list[int]] = {}
         self.next_token = next_token or (lambda req_id, pos: 1000 + pos)
+        self.params: dict[str, tuple[SamplingParams, int]] = {}  # and its prompt length
+        self.stopped: set[str] = set()
+        self.passes: dict[str, int] = {}  # of the last step: passes run per request
+
+    def _stops(self, req_id: str, token: int) -> bool:
+        params, num_prompt = self.params[req_id]
+        return (token in params.stop_token_ids or (token == EOS and not params.ignore_eos)) \
+            and len(self.tokens[req_id]) - num_prompt >= params.min_tokens
 
     def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
         for req_id in so.finished_req_ids:
             self.tokens.pop(req_id, None)
+            self.stopped.discard(req_id)
         computed = {}
         for new in so.scheduled_new_reqs:
             self.tokens[new.req_id] = [*new.prompt_token_ids, *new.output_token_ids]
+            self.params[new.req_id] = (new.sampling_params, len(new.prompt_token_ids))
             computed[new.req_id] = new.num_computed_tokens
         cached = so.scheduled_cached_reqs
         for req_id, resumed, num in zip(cached.req_ids, cached.resumed_from_preemption,
@@ -55,14 +68,20 @@ class FakeWorker:
                 assert cached.resumed_token_checks[req_id] == (len(tokens),
                                                                token_checksum(tokens))
         out = ModelRunnerOutput(step_id=so.step_id)
+        self.passes = {}
         for req_id, n in so.num_scheduled_tokens.items():
             tokens = self.tokens[req_id]
             sampled = []
-            if computed[req_id] + n >= len(tokens):
-                for _ in range(so.num_steps):  # multi-step: each pass feeds the next
+            self.passes[req_id] = 0 if req_id in self.stopped else 1
+            if req_id not in self.stopped and computed[req_id] + n >= len(tokens):
+                for k in range(so.num_steps):  # multi-step: each pass feeds the next
                     token = self.next_token(req_id, len(tokens))
                     tokens.append(token)
                     sampled.append(token)
+                    self.passes[req_id] = k + 1
+                    if self._stops(req_id, token):
+                        self.stopped.add(req_id)
+                        break
             out.req_ids.append(req_id)
             out.sampled_token_ids.append(sampled)
         return out
@@ -102,7 +121,8 @@ class KVWorker(FakeWorker):
         for req_id, n in so.num_scheduled_tokens.items():
             tokens = self.tokens[req_id]
             table = self.block_tables[req_id]
-            written = n if so.num_steps == 1 else so.num_steps  # multi-step: a token a pass
+            passes = self.passes[req_id]  # multi-step: a token a pass; 0 if skipped
+            written = n * passes if so.num_steps == 1 else passes
             for pos in range(computed[req_id], computed[req_id] + written):
                 self.kv[(table[pos // size], pos % size)] = (self.salts.get(req_id),
                                                              tuple(tokens[:pos + 1]))

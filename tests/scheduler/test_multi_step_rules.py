@@ -85,20 +85,85 @@ def test_without_blocks_for_every_pass_it_runs_one_and_preempts_nobody():
     check_invariants(s, so)
 
 
-def test_tokens_after_a_stop_in_the_middle_of_the_passes_are_dropped():
+def _stopping_at(pos_of_eos, steps=5, **sampling):
+    """One request decoding with `steps` passes a step; greedy EOS at pos_of_eos."""
     def token(req_id, pos):
-        return EOS if pos == 12 else 1000 + pos
-    s = make_scheduler(num_scheduler_steps=5)
+        return EOS if pos == pos_of_eos else 1000 + pos
+    s = make_scheduler(num_scheduler_steps=steps)
     w = FakeWorker(token)
-    s.add_request(make_request("a", 10, max_tokens=20))
+    s.add_request(make_request("a", 10, max_tokens=20, **sampling))
     so = s.schedule()
     s.update_from_output(so, w.execute(so))
+    return s, w
+
+
+def test_the_worker_stops_a_request_at_its_stop_token_and_answers_short():
+    s, w = _stopping_at(12)
     so = s.schedule()
     assert so.num_steps == 5
-    (out,) = s.update_from_output(so, w.execute(so))
+    mro = w.execute(so)
+    assert mro.sampled_token_ids == [[1011, EOS]] and w.passes == {"a": 2}
+    (out,) = s.update_from_output(so, mro)
     assert out.new_token_ids == [1011, EOS] and out.finish_reason == FinishReason.STOP
     assert s.num_free_blocks == s.num_total_blocks - 1
     assert s.schedule().finished_req_ids == {"a"}
+
+
+def test_a_full_answer_with_a_stop_in_the_middle_has_the_tokens_after_it_dropped():
+    s, w = _stopping_at(12)
+    so = s.schedule()
+    mro = w.execute(so)
+    mro.sampled_token_ids = [[1011, EOS, 1013, 1014, 1015]]  # a worker that ran every pass
+    (out,) = s.update_from_output(so, mro)
+    assert out.new_token_ids == [1011, EOS] and out.finish_reason == FinishReason.STOP
+
+
+@pytest.mark.parametrize("sampled, sampling", [
+    ([1011], {}),                      # short, and no stop in it
+    ([EOS, 1012], {}),                 # the stop is not its last token
+    ([1011, EOS], {"ignore_eos": True}),  # EOS does not stop this request
+    ([1011, EOS], {"min_tokens": 5}),  # nor before min_tokens are out
+])
+def test_a_short_answer_must_end_on_the_requests_first_stop(sampled, sampling):
+    s, w = _stopping_at(12, **sampling)
+    so = s.schedule()
+    mro = w.execute(so)
+    mro.sampled_token_ids = [sampled]
+    a = s.requests["a"]
+    before = (a.num_tokens, a.num_output_placeholders, a.status)
+    with pytest.raises(ValueError, match=f"sampled {len(sampled)} tokens"):
+        s.update_from_output(so, mro)
+    assert (a.num_tokens, a.num_output_placeholders, a.status) == before
+
+
+def test_a_step_scheduled_behind_a_stop_is_answered_without_the_stopped_request():
+    s = make_scheduler(num_scheduler_steps=5, async_scheduling=True)
+    w = FakeWorker(lambda req_id, pos: EOS if (req_id, pos) == ("a", 12) else 1000 + pos)
+    s.add_request(make_request("a", 10, max_tokens=20))
+    s.add_request(make_request("b", 10, max_tokens=20))
+    so = s.schedule()
+    s.update_from_output(so, w.execute(so))
+    first = s.schedule()
+    second = s.schedule()  # async: scheduled before the first's answer, "a" in both
+    assert first.num_steps == second.num_steps == 5 and "a" in second.num_scheduled_tokens
+    mro1, mro2 = w.execute(first), w.execute(second)
+    assert w.passes == {"a": 0, "b": 5}  # the worker skipped "a" in the second
+    assert mro2.sampled_token_ids[mro2.req_ids.index("a")] == []
+    outs = {o.req_id: o for o in s.update_from_output(first, mro1)}
+    assert outs["a"].new_token_ids == [1011, EOS]
+    assert outs["a"].finish_reason == FinishReason.STOP
+    outs = {o.req_id: o for o in s.update_from_output(second, mro2)}
+    assert set(outs) == {"b"} and len(s.requests["b"].output_token_ids) == 11
+    check_invariants(s)
+
+
+def test_an_empty_answer_for_a_request_that_did_not_stop_is_refused():
+    s, w = _decoding(steps=1)
+    so = s.schedule()
+    mro = w.execute(so)
+    mro.sampled_token_ids[0] = []
+    with pytest.raises(ValueError, match="sampled 0 tokens"):
+        s.update_from_output(so, mro)
 
 
 @pytest.mark.parametrize("driver", [drive, drive_async])

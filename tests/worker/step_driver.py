@@ -23,6 +23,7 @@ class DriverRequest:
     computed: int = 0
     sent: bool = False
     resumed: bool = False  # preempted since it last ran: its next blocks replace the table
+    stopped: bool = False  # sampled a stop token (the scheduler's rule, as the worker's)
 
     @property
     def tokens(self) -> list[int]:
@@ -30,7 +31,16 @@ class DriverRequest:
 
     @property
     def done(self) -> bool:
-        return len(self.output) >= self.max_new
+        return self.stopped or len(self.output) >= self.max_new
+
+    def take(self, tokens: list[int], eos: frozenset[int]) -> None:
+        p = self.params
+        for j, token in enumerate(tokens):
+            self.output.append(token)
+            if (token in p.stop_token_ids or (token in eos and not p.ignore_eos)) \
+                    and len(self.output) >= p.min_tokens:
+                self.stopped = True
+                assert j == len(tokens) - 1, "the worker ran passes after a stop"
 
 
 class StepDriver:
@@ -44,6 +54,7 @@ class StepDriver:
         self.finished: set[str] = set()
         self.preempted: set[str] = set()
         self.step_id = 0
+        self.eos = frozenset(runner.model_config.eos_token_ids)
 
     def add(self, req_id: str, prompt: list[int], max_new: int,
             params: SamplingParams | None = None) -> DriverRequest:
@@ -85,7 +96,7 @@ class StepDriver:
         result = self.runner.execute(out)
         for req_id, tokens in zip(result.req_ids, result.sampled_token_ids):
             req = self.requests[req_id]
-            req.output.extend(tokens)
+            req.take(tokens, self.eos)
             if req.done:
                 self.finished.add(req_id)
                 self.free.extend(reversed(req.blocks))

@@ -81,3 +81,85 @@ def test_multi_step_blocks_must_cover_every_pass(runners):
     with pytest.raises(StepError, match="cannot hold 18 tokens of 3 passes"):
         runner.execute(step)
     assert runner.requests["b"].num_computed_tokens == 15
+
+
+def _sampled(runner, prompt, n, **sampling):
+    """One request alone, one pass a step: the tokens to compare with. Seeded
+    sampling: the tiny random model's greedy tokens repeat one id."""
+    driver = StepDriver(runner)
+    driver.add("g", prompt, max_new=n, params=SamplingParams(
+        temperature=1.0, seed=11, ignore_eos=True, **sampling))
+    driver.run_to_completion()
+    driver.step({})
+    return driver.requests["g"].output
+
+
+def _first_new_at(tokens, at):
+    """A stop token that greedy decoding meets first at index `at` (or later)."""
+    return next(t for i, t in enumerate(tokens) if i >= at and t not in tokens[:i])
+
+
+def test_a_request_that_stops_sits_out_the_rest_of_the_passes(runners):
+    runner = runners[0]
+    want_a, want_b = _sampled(runner, PROMPTS[0], 8), _sampled(runner, PROMPTS[1], 8)
+    stop = _first_new_at(want_a, 2)
+    at = want_a.index(stop)
+    driver = StepDriver(runner)
+    driver.add("a", PROMPTS[0], max_new=8, params=SamplingParams(
+        temperature=1.0, seed=11, stop_token_ids=[stop], ignore_eos=True))
+    driver.add("b", PROMPTS[1], max_new=8, params=SamplingParams(temperature=1.0, seed=11,
+                                                                 ignore_eos=True))
+    driver.step()  # prefill: one token each
+    result = driver.step({"a": 1, "b": 1}, num_steps=7)
+    got = dict(zip(result.req_ids, result.sampled_token_ids))
+    assert got["a"] == want_a[1:at + 1] and got["a"][-1] == stop  # no pass after its stop
+    assert got["b"] == want_b[1:8]  # the other request's tokens are unchanged
+    assert result.timings.num_forward_passes == 7
+    assert result.timings.num_tokens == at + 7
+    assert runner.requests["a"].stopped and not runner.requests["b"].stopped
+    driver.step({})
+    assert not {"a", "b"} & set(runner.requests)
+
+
+def test_a_multi_step_ends_when_every_request_in_it_stopped(runners):
+    runner = runners[1]
+    want = _sampled(runner, PROMPTS[2], 10)
+    stop = _first_new_at(want, 3)
+    at = want.index(stop)
+    driver = StepDriver(runner)
+    driver.add("s", PROMPTS[2], max_new=10, params=SamplingParams(
+        temperature=1.0, seed=11, stop_token_ids=[stop], ignore_eos=True))
+    driver.step()
+    result = driver.step({"s": 1}, num_steps=9)
+    assert result.sampled_token_ids == [want[1:at + 1]]
+    assert result.timings.num_forward_passes == at  # not 9
+    # A step the scheduler had already scheduled behind (async) skips the request
+    # whose stop it had not seen: no tokens, no pass, no token added.
+    state = runner.requests["s"]
+    before = list(state.token_ids)
+    from shared.types import CachedRequestData, SchedulerOutput
+    req = driver.requests["s"]
+    cached = CachedRequestData()
+    cached.append("s", False, [], req.computed + 9, None)  # the scheduler's count
+    behind = runner.execute(SchedulerOutput(
+        step_id=driver.step_id, scheduled_cached_reqs=cached, num_scheduled_tokens={"s": 1},
+        total_num_scheduled_tokens=1, num_steps=9))
+    driver.step_id += 1
+    assert behind.sampled_token_ids == [[]] and behind.timings.num_forward_passes == 0
+    assert state.token_ids == before
+    driver.step({})
+    assert "s" not in runner.requests
+
+
+@pytest.mark.parametrize("params, outputs_before, stops", [
+    (SamplingParams(), 0, True),                        # EOS stops
+    (SamplingParams(ignore_eos=True), 0, False),        # not with ignore_eos
+    (SamplingParams(min_tokens=3), 1, False),           # nor as the 2nd of min 3
+    (SamplingParams(min_tokens=3), 2, True),            # but as the 3rd
+    (SamplingParams(stop_token_ids=[2], ignore_eos=True), 0, True),  # a stop id does
+])
+def test_the_workers_stop_rule_is_the_schedulers(params, outputs_before, stops):
+    from worker_svc.request_state import RequestState
+    state = RequestState("r", [5, 6] + [9] * outputs_before, 2, [], 0, params, 0, None)
+    state.record_sampled(2, frozenset({2}))
+    assert state.stopped is stops
