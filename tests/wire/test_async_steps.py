@@ -113,18 +113,30 @@ def test_async_greedy_outputs_equal_sync_outputs_and_transformers(tiny_runner, h
         assert tokens == hf_greedy(hf_model, prompt, 12), prompt
 
 
-def test_token_after_a_stop_token_is_computed_but_never_sent(async_stack, hf_model):
+def test_the_step_after_a_stop_token_skips_the_request_and_sends_nothing(
+        async_stack, tiny_runner, hf_model):
     prompt = PROMPTS[0]
     ref = hf_greedy(hf_model, prompt, 12)
     stop = ref[3]
     k = ref.index(stop)  # the first time greedy produces it
     steps = record_steps(async_stack)
-    client, (req_id,) = run_all(async_stack, [prompt], max_tokens=12, stop_token_ids=[stop])
+    answers = []
+    execute = tiny_runner.execute
+    tiny_runner.execute = lambda step, *a, **kw: answers.append(execute(step, *a, **kw)) \
+        or answers[-1]
+    try:
+        client, (req_id,) = run_all(async_stack, [prompt], max_tokens=12,
+                                    stop_token_ids=[stop])
+    finally:
+        del tiny_runner.execute
     out = client.finished[req_id]
     assert client.tokens[req_id] == ref[:k + 1]
     assert out.finish_reason == STOP and out.stop_token_id == stop
-    # it was scheduled once more before its stop was known: that token was discarded
+    # it was scheduled once more before its stop was known; the worker, which saw
+    # the stop, skipped it there: no token, no forward pass
     assert steps_of(steps, req_id) == k + 2
+    last = next(a for a in reversed(answers) if req_id in a.req_ids)
+    assert last.sampled_token_ids == [[]] and last.timings.num_forward_passes == 0
     wait_for(lambda: pool_is_fully_free(async_stack), what="all blocks free")
     client.close()
 
