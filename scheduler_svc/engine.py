@@ -88,7 +88,6 @@ class Session:
 class EngineCounters:
     num_steps: int = 0
     num_forward_passes: int = 0  # > num_steps when multi-step decode ran
-    num_tokens_scheduled: int = 0
 
 
 class EngineFailed(RuntimeError):
@@ -376,7 +375,6 @@ class Engine:
         self._reconnect_delay = 0.05
         self.counters.num_steps += 1
         self.counters.num_forward_passes += step.num_steps
-        self.counters.num_tokens_scheduled += step.total_num_scheduled_tokens * step.num_steps
         if tel is not None:
             tel.step_finished(step.step_id, result)
             tel.request_outputs(outputs)

@@ -97,18 +97,22 @@ def test_ranks_form_one_group_and_a_preempted_request_resumes_greedy_equal(
         driver = StepDriver(group)
         prompt, other = [1, 504, 3209, 28, 253, 4821, 99], [7, 8, 9, 10, 11]
         victim = driver.add("victim", prompt, 12)
-        driver.add("other", other, 12)
+        other_ref = hf_greedy(hf_tiny, other, 12)
+        stop = other_ref[8]  # sampled in the multi-step below, by every rank alike
+        assert stop not in other_ref[:8]
+        driver.add("other", other, 12, SamplingParams(temperature=0.0, stop_token_ids=[stop]))
         for _ in range(5):
             driver.step()
         driver.preempt("victim")
         driver.step({"other": 1})
         driver.step()  # the victim recomputes; the other decodes
-        # a multi-step decode: each rank runs the 3 passes, rank 1 fed rank 0's tokens
+        # a multi-step decode: each rank runs the 3 passes, rank 1 fed rank 0's tokens;
+        # "other" stops at its stop token in the 2nd pass and sits out the 3rd on both
         result = driver.step({"victim": 1, "other": 1}, num_steps=3)
-        assert [len(t) for t in result.sampled_token_ids] == [3, 3]
+        assert [len(t) for t in result.sampled_token_ids] == [3, 2]
         driver.run_to_completion()
         assert victim.output == hf_greedy(hf_tiny, prompt, 12)
-        assert driver.requests["other"].output == hf_greedy(hf_tiny, other, 12)
+        assert driver.requests["other"].output == other_ref[:9]
         group.close()
     finally:
         stack.stop()

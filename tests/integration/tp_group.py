@@ -22,6 +22,7 @@ class RankGroupClient:
             for stub in stubs]
         info = self.infos[0].model_info
         self.block_size, self.num_kv_blocks = info.block_size, info.num_kv_blocks
+        self.eos_token_ids = list(info.eos_token_ids)
         self.outboxes = [queue.SimpleQueue() for _ in stubs]
         self.replies = [stub.Step(iter(box.get, None)) for stub, box in
                         zip(stubs, self.outboxes)]

@@ -54,7 +54,9 @@ class StepDriver:
         self.finished: set[str] = set()
         self.preempted: set[str] = set()
         self.step_id = 0
-        self.eos = frozenset(runner.model_config.eos_token_ids)
+        # the stop rule's EOS ids: a ModelRunner's, or a rank group's (tp_group.py)
+        self.eos = frozenset(runner.model_config.eos_token_ids if hasattr(runner, "model_config")
+                             else runner.eos_token_ids)
 
     def add(self, req_id: str, prompt: list[int], max_new: int,
             params: SamplingParams | None = None) -> DriverRequest:
