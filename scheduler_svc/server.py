@@ -54,20 +54,16 @@ def _request_from_proto(msg: engine_pb2.AddRequest, eos_token_ids: list[int]) ->
 
 
 def _response(items: list, reply: engine_pb2.EngineResponse | None = None
-              ) -> tuple[engine_pb2.EngineResponse, int]:
-    """One step's outputs and rejections appended to `reply` (a new one if None);
-    returns it and the bytes they added."""
+              ) -> engine_pb2.EngineResponse:
+    """One step's outputs and rejections, appended to `reply` (a new one if None)."""
     reply = engine_pb2.EngineResponse() if reply is None else reply
-    added = 0
     for item in items:
         if isinstance(item, Failure):
-            msg = reply.rejections.add(request_id=item.req_id, status=common_pb2.Status(
+            reply.rejections.add(request_id=item.req_id, status=common_pb2.Status(
                 code=_CODES[item.code].value[0], message=item.message))
         else:
-            msg = pc.request_output_to_proto(item)
-            reply.outputs.append(msg)
-        added += msg.ByteSize()
-    return reply, added
+            reply.outputs.append(pc.request_output_to_proto(item))
+    return reply
 
 
 def coalesce(first: list, outbox: queue.SimpleQueue
@@ -75,20 +71,21 @@ def coalesce(first: list, outbox: queue.SimpleQueue
     """The next message of a session: `first` (one step's items) and the steps that
     queued up behind it while the frontend read the last message, up to
     COALESCE_BYTES. Returns the message, how many steps it holds, and whether the
-    session's CLOSED came after them."""
-    reply, size = _response(first)
-    steps = 1
-    while size < COALESCE_BYTES:
+    session's CLOSED came after them. Sizes are measured only when steps did queue
+    up: the usual message is one step's, sent as it is."""
+    reply, steps, size = _response(first), 1, None
+    while size is None or size < COALESCE_BYTES:
         try:
             items = outbox.get_nowait()
         except queue.Empty:
             break
         if items is CLOSED:
             return reply, steps, True
-        size += _response(items, reply)[1]
+        part = _response(items)
+        size = (reply.ByteSize() if size is None else size) + part.ByteSize()
+        reply.MergeFrom(part)  # repeated fields: appended, in step order
         steps += 1
     return reply, steps, False
-
 
 class EngineServicer(engine_pb2_grpc.EngineServicer):
     def __init__(self, status_fn=None) -> None:

@@ -156,8 +156,8 @@ class ModelRunner:
             return zero_cost_step(out, states, live, [step.num_scheduled_tokens[r] for r in order],
                                   self.model_config.vocab_size, self._eos, t0, start_unix,
                                   step.num_steps)
-        inputs = self._prepare_inputs([states[i] for i in live],
-                                      [step.num_scheduled_tokens[order[i]] for i in live])
+        running = [states[i] for i in live]
+        inputs = self._prepare_inputs(running, [step.num_scheduled_tokens[order[i]] for i in live])
         t1 = time.perf_counter()
         if on_prepared is not None:
             on_prepared()
@@ -172,11 +172,11 @@ class ModelRunner:
                 if not live:
                     break
                 t1 = time.perf_counter()
-                inputs = self._prepare_inputs([states[i] for i in live], [1] * len(live))
+                running = [states[i] for i in live]
+                inputs = self._prepare_inputs(running, [1] * len(live))
                 prepare_s += time.perf_counter() - t1
             t2 = time.perf_counter()
-            pass_forward_s = self._forward_and_sample([states[i] for i in live], live,
-                                                      inputs, out)
+            pass_forward_s = self._forward_and_sample(running, live, inputs, out)
             forward_s += pass_forward_s
             sample_s += time.perf_counter() - t2 - pass_forward_s
             passes += 1

@@ -52,10 +52,8 @@ def check_step(step: SchedulerOutput, requests: dict[str, RequestState], *, voca
         raise StepError("total_num_scheduled_tokens is not the sum of num_scheduled_tokens")
     for req_id in stopped:
         del after[req_id]
-    for req_id, n in step.num_scheduled_tokens.items():
-        if req_id in stopped:
-            continue
-        num_tokens, num_held_blocks, computed = after[req_id]
+    for req_id, (num_tokens, num_held_blocks, computed) in after.items():
+        n = step.num_scheduled_tokens[req_id]
         end = computed + n
         if n < 1 or computed < 0:
             raise StepError(f"request {req_id!r}: scheduled {n} tokens from {computed}")

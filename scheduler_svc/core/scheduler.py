@@ -250,8 +250,9 @@ class Scheduler:
         """Multi-step decode (vLLM V0's --num-scheduler-steps; docs/scheduling.md):
         how many forward passes this step runs. Only a step of decodes alone (each
         request one token that samples) and nothing waiting qualifies, so an arrival
-        waits at most for the multi-step running (and one queued behind it). Bounded by each request's max_tokens and
-        max_model_len, so no pass computes a token that cannot be kept for length, and
+        waits at most for the multi-step running (and one queued behind it). Bounded
+        by each request's max_tokens and max_model_len, so no pass computes a token
+        that cannot be kept for length, and
         by the free blocks: the extra passes' blocks are taken only if all fit, and
         never by preemption. Allocates those blocks; returns 1 if it does not apply."""
         steps = self.config.num_scheduler_steps

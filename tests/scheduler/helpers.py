@@ -53,6 +53,7 @@ class FakeWorker:
     def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
         for req_id in so.finished_req_ids:
             self.tokens.pop(req_id, None)
+            self.params.pop(req_id, None)
             self.stopped.discard(req_id)
         computed = {}
         for new in so.scheduled_new_reqs:
