@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
+from shared import stop_rule
 from shared.types import SamplingParams
 
 
@@ -26,6 +27,7 @@ class RequestState:
     # Sampled a stop token: the scheduler finishes the request on it, so a step it
     # had already scheduled behind (async scheduling) skips the request here.
     stopped: bool = False
+    stop_ids: frozenset[int] | None = None  # of the stop rule, built on the first token
 
     @property
     def num_output_tokens(self) -> int:
@@ -39,13 +41,12 @@ class RequestState:
 
     def record_sampled(self, token_id: int, eos_token_ids: frozenset[int]) -> None:
         """Append a sampled token; mark the request stopped if the token stops it by
-        the scheduler's rule (SCHEDULING.md): once min_tokens are out, an EOS id
-        (unless ignore_eos) or one of its stop_token_ids. Length limits need no
-        check here: the scheduler schedules no token past them."""
+        the scheduler's rule (shared/stop_rule.py, so the two cannot disagree). Length
+        limits need no check here: the scheduler schedules no token past them."""
         self.token_ids.append(token_id)
         if self.output_counts is not None:
             self.output_counts[token_id] += 1
-        p = self.params
-        if (token_id in p.stop_token_ids or (token_id in eos_token_ids and not p.ignore_eos)) \
-                and self.num_output_tokens >= p.min_tokens:
+        if self.stop_ids is None:
+            self.stop_ids = stop_rule.stop_ids(self.params, eos_token_ids)
+        if stop_rule.is_stop(token_id, self.num_output_tokens, self.stop_ids, self.params.min_tokens):
             self.stopped = True

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 
+from shared.stop_rule import stop_ids
 from shared.types import FinishReason, SamplingParams
 
 
@@ -34,7 +35,7 @@ class Request:
         "priority", "cache_salt", "output_token_ids", "all_token_ids", "num_prompt_tokens",
         "num_computed_tokens", "num_output_placeholders", "status", "stop_token_id",
         "num_preemptions", "num_cached_tokens", "ready", "block_hashes", "block_hasher",
-        "max_tokens", "min_tokens", "stop_token_ids", "ignore_eos", "next_hash_at",
+        "max_tokens", "min_tokens", "next_hash_at",
         "num_lost_tokens", "stop_check_ids", "max_num_tokens", "worker_forgot",
     )
 
@@ -67,12 +68,9 @@ class Request:
         # Copied out of sampling_params: read on every step's hot path.
         self.max_tokens = sampling_params.max_tokens
         self.min_tokens = sampling_params.min_tokens
-        self.stop_token_ids = frozenset(sampling_params.stop_token_ids)
-        self.ignore_eos = sampling_params.ignore_eos
         # A sampled token needs the full stop check only if it is in here or the
         # request reaches max_num_tokens (the scheduler lowers it to max_model_len).
-        self.stop_check_ids = self.stop_token_ids if self.ignore_eos \
-            else self.stop_token_ids | self.eos_token_ids
+        self.stop_check_ids = stop_ids(sampling_params, self.eos_token_ids)
         self.max_num_tokens = self.num_prompt_tokens + self.max_tokens
 
     @property

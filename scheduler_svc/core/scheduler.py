@@ -14,8 +14,10 @@ from scheduler_svc.core.kv_cache_manager import KVCacheManager
 from scheduler_svc.core.queues import make_queue
 from scheduler_svc.core.request import Request, RequestStatus
 from scheduler_svc.core.stats import SchedulerStats
+from shared.stop_rule import finish_reason, first_stop
 from shared.token_checksum import token_checksum
 from shared.types import (
+    FinishReason,
     InvalidRequestError,
     ModelRunnerOutput,
     NewRequestData,
@@ -491,29 +493,25 @@ class Scheduler:
     @staticmethod
     def _stopped_short(request: Request, sampled: list[int]) -> bool:
         """May the worker answer with fewer tokens than the step's passes? Only for a
-        request that stopped (SCHEDULING.md, "Multi-step decode"): one that ended
+        request that stopped (docs/scheduling.md, "Multi-step decode"): one that ended
         before (the worker skips it: any number, none included), or one whose last
         token is its first stop token (the worker ran no pass for it after that)."""
         if request.status >= RequestStatus.FINISHED_STOPPED:
             return True
-        num_output = len(request.output_token_ids)
-        for j, token_id in enumerate(sampled):
-            if token_id in request.stop_check_ids and num_output + j + 1 >= request.min_tokens:
-                return j == len(sampled) - 1
-        return False
+        j = first_stop(sampled, len(request.output_token_ids), request.stop_check_ids,
+                       request.min_tokens)
+        return j is not None and j == len(sampled) - 1
 
     def _check_stop(self, request: Request, token_id: int) -> RequestStatus | None:
-        # Order of SCHEDULING.md: EOS, stop token id, max_tokens, max_model_len. vLLM
-        # tests length first; we report STOP when the last allowed token is a stop token.
-        if len(request.output_token_ids) >= request.min_tokens:
-            if (token_id in request.eos_token_ids and not request.ignore_eos) \
-                    or token_id in request.stop_token_ids:
-                request.stop_token_id = token_id
-                return RequestStatus.FINISHED_STOPPED
-        if len(request.output_token_ids) >= request.max_tokens \
-                or len(request.all_token_ids) >= self.config.max_model_len:
-            return RequestStatus.FINISHED_LENGTH
-        return None
+        # The one stop rule of both services (shared/stop_rule.py).
+        reason = finish_reason(token_id, len(request.output_token_ids),
+                               len(request.all_token_ids), request.stop_check_ids,
+                               request.min_tokens, request.max_tokens,
+                               self.config.max_model_len)
+        if reason is FinishReason.STOP:
+            request.stop_token_id = token_id
+            return RequestStatus.FINISHED_STOPPED
+        return None if reason is None else RequestStatus.FINISHED_LENGTH
 
     def _finish(self, request: Request, status: RequestStatus) -> None:
         """Mark finished and free its blocks; the caller drops it from RUNNING."""

@@ -8,6 +8,7 @@ from collections import Counter
 from collections.abc import Callable
 
 from scheduler_svc.core import Request, Scheduler, SchedulerConfig
+from shared.stop_rule import is_stop, stop_ids
 from shared.token_checksum import token_checksum
 from shared.types import ModelRunnerOutput, SamplingParams, SchedulerOutput
 
@@ -46,9 +47,9 @@ class FakeWorker:
         self.passes: dict[str, int] = {}  # of the last step: passes run per request
 
     def _stops(self, req_id: str, token: int) -> bool:
-        params, num_prompt = self.params[req_id]
-        return (token in params.stop_token_ids or (token == EOS and not params.ignore_eos)) \
-            and len(self.tokens[req_id]) - num_prompt >= params.min_tokens
+        params, num_prompt = self.params[req_id]  # the services' own rule, as a worker's
+        return is_stop(token, len(self.tokens[req_id]) - num_prompt,
+                       stop_ids(params, {EOS}), params.min_tokens)
 
     def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
         for req_id in so.finished_req_ids:
