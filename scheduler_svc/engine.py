@@ -28,6 +28,7 @@ from typing import Protocol
 import structlog
 
 from scheduler_svc.core.request import Request
+from scheduler_svc.core.scheduler import WorkerOutputError
 from shared.types import (FinishReason, InvalidRequestError, ModelInfo,
                           ModelRunnerOutput, RequestOutput, SchedulerOutput)
 
@@ -99,6 +100,18 @@ class WorkerLost(EngineFailed):
     state is gone, and the engine recovers by recompute (docs/resilience.md)."""
 
 
+class WorkerDisagreement(WorkerLost):
+    """The workers' answer contradicts the scheduler (a stop decided otherwise, a token
+    count, another step): their state is not to be trusted, so the engine recovers as
+    from a lost worker: the streams are reopened (the worker drops its requests) and
+    every request is recomputed from the scheduler's tokens (docs/scheduling.md).
+    `sides` maps each request named to both sides' tokens."""
+
+    def __init__(self, message: str, sides: dict[str, dict] | None = None) -> None:
+        super().__init__(message)
+        self.sides = sides or {}
+
+
 class Engine:
     """`telemetry` (scheduler_svc.metrics.SchedulerTelemetry) is called only from
     the loop thread, like the Scheduler."""
@@ -123,6 +136,7 @@ class Engine:
         if telemetry is not None and self.worker_addresses:
             telemetry.worker_group_active(self.worker_addresses)
         self.num_requests_recovered = 0
+        self.num_worker_disagreements = 0  # answers refused as a worker fault (recovered)
         self._reconnect_delay = 0.05  # doubles per failed attempt; reset by a good step
         self._cond = threading.Condition()
         self._inbox: deque[tuple] = deque()
@@ -369,9 +383,13 @@ class Engine:
                 for s in (step, *self._in_flight):
                     tel.step_finished(s.step_id, None)
             raise
-        if result.step_id != step.step_id:
-            raise EngineFailed(f"worker answered step {result.step_id} to step {step.step_id}")
-        outputs = self._scheduler.update_from_output(step, result)
+        try:
+            if result.step_id != step.step_id:
+                raise WorkerOutputError(f"worker answered step {result.step_id} to step "
+                                        f"{step.step_id}")
+            outputs = self._scheduler.update_from_output(step, result)
+        except WorkerOutputError as e:  # nothing was applied: recompute, keep serving
+            raise WorkerDisagreement(str(e), e.sides) from e
         self._reconnect_delay = 0.05
         self.counters.num_steps += 1
         self.counters.num_forward_passes += step.num_steps
@@ -418,9 +436,15 @@ class Engine:
         """The workers lost every request: requeue them all by recompute (prompt and
         tokens so far are kept here) and reconnect with backoff, applying the inbox
         meanwhile (adds queue, aborts end). False if told to stop first."""
+        tel = self._tel
+        if isinstance(error, WorkerDisagreement):  # a worker fault the loss log understates
+            self.num_worker_disagreements += 1
+            log.error("worker_disagreement", error=str(error), req_ids=sorted(error.sides),
+                      sides=error.sides)
+            if tel is not None:
+                tel.worker_disagreement()
         log.warning("worker_lost", error=str(error), in_flight_steps=len(self._in_flight))
         self._set_workers_connected(False)
-        tel = self._tel
         self._in_flight.clear()  # their results will never come; telemetry drops them below
         recovered = self._scheduler.requeue_all_for_recompute()
         self.num_requests_recovered += len(recovered)

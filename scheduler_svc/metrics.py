@@ -88,6 +88,9 @@ WORKER_RECONNECTS = Counter("gapserve:worker_reconnects",
 REQUESTS_RECOVERED = Counter("gapserve:requests_recovered",
                              "Running requests requeued by recompute when a worker was lost.",
                              _M)
+WORKER_DISAGREEMENTS = Counter("gapserve:worker_disagreements",
+                               "Step answers that contradicted the scheduler (stop decision, "
+                               "tokens); each is recovered as a worker loss.", _M)
 WORKER_FAILOVERS = Counter("gapserve:worker_failovers",
                            "Reconnects after a worker loss that made another worker group "
                            "(a spare in --worker-addresses) the active one.", _M)
@@ -210,6 +213,7 @@ class SchedulerTelemetry:
         # made at start, so dashboards see 0 rather than no series
         WORKER_RECONNECTS.labels(self.model_name)
         WORKER_FAILOVERS.labels(self.model_name)
+        WORKER_DISAGREEMENTS.labels(self.model_name)
         REQUESTS_RECOVERED.labels(self.model_name)
         WORKERS_CONNECTED.labels(self.model_name).set(1)
 
@@ -441,6 +445,9 @@ class SchedulerTelemetry:
         REQUESTS_RECOVERED.labels(m).inc(num_recovered)
         for step_id in list(self._steps):  # their results will never come
             self.step_finished(step_id, None)
+
+    def worker_disagreement(self) -> None:
+        WORKER_DISAGREEMENTS.labels(self.model_name).inc()
 
     def worker_reconnected(self, failover: bool = False) -> None:
         WORKER_RECONNECTS.labels(self.model_name).inc()

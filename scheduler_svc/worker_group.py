@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import grpc
 
 from scheduler_svc.core.config import ConfigError
-from scheduler_svc.engine import EngineFailed, WorkerLost
+from scheduler_svc.engine import WorkerDisagreement, WorkerLost
 from shared import proto_convert as pc
 from shared.config import WorkerGroups, worker_groups
 from shared.grpc_server import CHANNEL_OPTIONS
@@ -201,7 +201,8 @@ class WorkerGroup:
                 raise item
             answers.append(item)
         if len({a.step_id for a in answers}) != 1:
-            raise EngineFailed(f"ranks answered different steps: {[a.step_id for a in answers]}")
+            raise WorkerDisagreement(f"ranks answered different steps: "
+                                     f"{[a.step_id for a in answers]}")
         return pc.runner_output_from_proto(answers[0])
 
     def close(self) -> None:

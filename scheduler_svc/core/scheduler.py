@@ -31,6 +31,24 @@ from shared.types import (
 MAX_STEPS_IN_FLIGHT = 2
 
 
+class WorkerOutputError(ValueError):
+    """A step's answer that contradicts the scheduler (a stop decided otherwise, a token
+    count or request it did not schedule, another step): raised before anything
+    changes. `sides` maps each request named to both sides' tokens, for the log; the
+    engine recovers from it as from a lost worker (docs/scheduling.md)."""
+
+    def __init__(self, message: str, sides: dict[str, dict] | None = None) -> None:
+        super().__init__(message)
+        self.sides = sides or {}
+
+
+def _both_sides(entry: "InFlight", sampled: list[int]) -> dict:
+    request = entry.request
+    return {"worker": list(sampled), "scheduler_output_tail": request.output_token_ids[-8:],
+            "scheduler_num_output": len(request.output_token_ids),
+            "scheduled_passes": entry.max_sampled if entry.samples else 0}
+
+
 class InFlight(NamedTuple):
     """One request's share of a step in flight."""
 
@@ -412,30 +430,35 @@ class Scheduler:
         step_id = model_runner_output.step_id
         step = self.in_flight.get(step_id)
         if scheduler_output.step_id != step_id:
-            raise ValueError(f"worker output is for step {step_id}, "
-                             f"but it was passed with step {scheduler_output.step_id}")
+            raise WorkerOutputError(f"worker output is for step {step_id}, "
+                                    f"but it was passed with step {scheduler_output.step_id}")
         req_ids = model_runner_output.req_ids
         if step is None:
             if not scheduler_output.num_scheduled_tokens and not req_ids \
                     and step_id < self.next_step_id:
                 return []  # an empty step: nothing was in flight, nothing to apply
-            raise ValueError(f"step {step_id} is not in flight (unknown or already applied)")
+            raise WorkerOutputError(f"step {step_id} is not in flight (unknown or already "
+                                    f"applied)")
         sampled_ids = model_runner_output.sampled_token_ids
         if len(req_ids) != len(sampled_ids):
-            raise ValueError("worker output has a different number of request ids and token lists")
+            raise WorkerOutputError("worker output has a different number of request ids "
+                                    "and token lists")
         for req_id, sampled in zip(req_ids, sampled_ids):
             entry = step.get(req_id)
             if entry is None:
-                raise ValueError(f"worker output names request {req_id!r}, not in step {step_id}")
+                raise WorkerOutputError(f"worker output names request {req_id!r}, not in "
+                                        f"step {step_id}", {req_id: {"worker": list(sampled)}})
+            problem = None
             if sampled and not entry.samples:
-                raise ValueError(f"worker sampled for request {req_id!r} in step {step_id}, "
-                                 f"whose chunk there did not reach the end of its tokens")
-            if len(sampled) > entry.max_sampled or (
+                problem = (f"worker sampled for request {req_id!r} in step {step_id}, whose "
+                           f"chunk there did not reach the end of its tokens")
+            elif len(sampled) > entry.max_sampled or (
                     entry.samples and len(sampled) < entry.max_sampled
                     and not self._stopped_short(entry.request, sampled)):
-                raise ValueError(f"worker sampled {len(sampled)} tokens for request "
-                                 f"{req_id!r} in step {step_id}, which ran "
-                                 f"{entry.max_sampled} forward pass(es)")
+                problem = (f"worker sampled {len(sampled)} tokens for request {req_id!r} in "
+                           f"step {step_id}, which ran {entry.max_sampled} forward pass(es)")
+            if problem is not None:
+                raise WorkerOutputError(problem, {req_id: _both_sides(entry, sampled)})
         del self.in_flight[step_id]
         self._commit_kv(step)
 

@@ -2,8 +2,10 @@
 
 import pytest
 
+from scheduler_svc.core import WorkerOutputError
 from shared.types import FinishReason, ModelRunnerOutput, TokenLogprobs
-from tests.scheduler.helpers import EOS, FakeWorker, check_invariants, make_request, make_scheduler
+from tests.scheduler.helpers import (EOS, FakeWorker, check_invariants, drive, make_request,
+                                     make_scheduler)
 
 
 def run(req, script, **config):
@@ -112,3 +114,23 @@ def test_an_empty_step_needs_no_update_and_accepts_one():
         s.schedule()
     so = s.schedule()
     assert s.update_from_output(so, w.execute(so)) == []
+
+
+def test_a_disagreeing_answer_names_both_sides_tokens_and_the_request_can_be_recomputed():
+    s = make_scheduler()
+    w = FakeWorker()
+    s.add_request(make_request("a", 5, max_tokens=4))
+    so = s.schedule()
+    s.update_from_output(so, w.execute(so))  # one token out: 1005
+    so = s.schedule()
+    mro = w.execute(so)
+    mro.sampled_token_ids = [[1006, 1007]]  # two tokens from one pass
+    with pytest.raises(WorkerOutputError) as caught:
+        s.update_from_output(so, mro)
+    assert caught.value.sides == {"a": {"worker": [1006, 1007], "scheduler_output_tail": [1005],
+                                        "scheduler_num_output": 1, "scheduled_passes": 1}}
+    # the engine's recovery: the worker forgets, the scheduler replays its own tokens
+    s.requeue_all_for_recompute()
+    outs = drive(s, FakeWorker())
+    assert [t for o in outs["a"] for t in o.new_token_ids] == [1006, 1007, 1008]
+    assert s.num_free_blocks == s.num_total_blocks - 1
