@@ -29,16 +29,13 @@ class SchedulerConfig:
     policy: str = "fcfs"
     enable_chunked_prefill: bool = True
     enable_prefix_caching: bool = True
-    async_scheduling: bool = False
+    # Two steps in flight (docs/scheduling.md, "Async scheduling"); on, as --async-scheduling.
+    async_scheduling: bool = True
     # Multi-step decode (vLLM V0's --num-scheduler-steps): while every running request
     # is decoding and none waits, one step runs up to this many forward passes, so the
     # per-message cost of the gRPC links is paid once per that many tokens
     # (docs/scheduling.md). 1 = off.
     num_scheduler_steps: int = 1
-    # Fraction of all blocks an admission must leave free (0 = no watermark).
-    watermark: float = 0.0
-    # Admit a prompt only if blocks for all of it (not just its first chunk) are free now.
-    check_whole_prompt_fits: bool = False
     # Per-deployment salt of the prefix-cache hash chain; random unless pinned.
     hash_seed: str = field(default_factory=lambda: secrets.token_hex(16))
 
@@ -77,7 +74,5 @@ class SchedulerConfig:
                 or not 1 <= steps <= MAX_SCHEDULER_STEPS:
             bad(f"num_scheduler_steps must be an integer in [1, {MAX_SCHEDULER_STEPS}], "
                 f"got {steps!r}")
-        if not 0.0 <= self.watermark < 1.0:
-            bad(f"watermark must be in [0, 1), got {self.watermark}")
         if not isinstance(self.hash_seed, str) or not self.hash_seed:
             bad("hash_seed must be a non-empty string")

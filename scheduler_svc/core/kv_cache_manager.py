@@ -11,12 +11,11 @@ NO_BLOCKS: tuple[KVBlock, ...] = ()
 
 class KVCacheManager:
     def __init__(self, num_blocks: int, block_size: int, max_model_len: int,
-                 enable_prefix_caching: bool = True, watermark: float = 0.0) -> None:
+                 enable_prefix_caching: bool = True) -> None:
         self.pool = BlockPool(num_blocks)
         self.block_size = block_size
         self.max_model_len = max_model_len
         self.enable_prefix_caching = enable_prefix_caching
-        self.watermark_blocks = int(watermark * (num_blocks - 1))
         self.req_to_blocks: dict[str, list[KVBlock]] = {}
         # How many leading blocks of each request are registered in the prefix cache.
         self.num_cached_blocks: dict[str, int] = {}
@@ -56,13 +55,10 @@ class KVCacheManager:
 
     def allocate_slots(self, request: Request, num_new_tokens: int,
                        new_computed_blocks: list[KVBlock] | tuple = NO_BLOCKS,
-                       num_lookahead_tokens: int = 0, admission: bool = False,
-                       num_tokens_to_fit: int = 0) -> list[KVBlock] | None:
+                       num_lookahead_tokens: int = 0) -> list[KVBlock] | None:
         """Give the request blocks for `num_new_tokens` (+ lookahead) beyond what it has
         computed (including `new_computed_blocks`, a prefix hit being admitted). Returns
-        the newly allocated blocks, or None (changing nothing) if they do not fit.
-        `admission` applies the free-block watermark; `num_tokens_to_fit` > 0 also
-        requires blocks for that many tokens to be free now (whole-prompt check)."""
+        the newly allocated blocks, or None (changing nothing) if they do not fit."""
         req_id = request.req_id
         blocks = self.req_to_blocks.get(req_id)
         num_held = len(blocks) if blocks is not None else 0
@@ -74,14 +70,8 @@ class KVCacheManager:
         num_needed = max(num_needed, 0)
         # Prefix-hit blocks sitting in the free queue are taken out of it, so they count.
         num_evictable_hits = sum(1 for b in new_computed_blocks if b.ref_cnt == 0)
-        reserve = self.watermark_blocks if admission else 0
-        free = self.pool.num_free_blocks - reserve
-        if num_needed + num_evictable_hits > free:
+        if num_needed + num_evictable_hits > self.pool.num_free_blocks:
             return None
-        if num_tokens_to_fit:
-            fit = -(-min(num_computed + num_tokens_to_fit, self.max_model_len) // self.block_size)
-            if fit - num_held - len(new_computed_blocks) + num_evictable_hits > free:
-                return None
         if blocks is None:
             blocks = self.req_to_blocks[req_id] = []
             self.num_cached_blocks[req_id] = 0

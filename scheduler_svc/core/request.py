@@ -34,7 +34,7 @@ class Request:
         "req_id", "prompt_token_ids", "sampling_params", "eos_token_ids", "arrival_time",
         "priority", "cache_salt", "output_token_ids", "all_token_ids", "num_prompt_tokens",
         "num_computed_tokens", "num_output_placeholders", "status", "stop_token_id",
-        "num_preemptions", "num_cached_tokens", "ready", "block_hashes", "block_hasher",
+        "num_preemptions", "num_cached_tokens", "block_hashes", "block_hasher",
         "max_tokens", "min_tokens", "next_hash_at",
         "num_lost_tokens", "stop_check_ids", "max_num_tokens", "worker_forgot",
     )
@@ -59,7 +59,6 @@ class Request:
         self.num_preemptions = 0
         self.num_lost_tokens = 0  # computed tokens dropped by the last preemption
         self.num_cached_tokens = 0  # prompt tokens served from the prefix cache at admission
-        self.ready = True  # False while it waits on something outside the scheduler
         # The workers lost their state (one was replaced): resend it whole, as new.
         self.worker_forgot = False
         self.block_hashes: list[bytes] = []  # hashes of the full blocks of committed tokens

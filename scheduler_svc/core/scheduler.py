@@ -67,18 +67,15 @@ class Scheduler:
                               f"got {num_blocks}")
         # The longest request keeps KV for max_model_len - 1 tokens (its last token is
         # sampled, never computed); if that cannot fit, it could never finish.
-        # An admission also leaves the watermark free.
         need = -(-(config.max_model_len - 1) // config.block_size)
-        reserve = int(config.watermark * (num_blocks - 1))
-        if need + reserve > num_blocks - 1:
+        if need > num_blocks - 1:
             raise ConfigError(
                 f"max_model_len {config.max_model_len} needs {need} KV blocks of "
-                f"{config.block_size} tokens (+{reserve} kept free by the watermark), but "
-                f"the pool has only {num_blocks - 1}; lower max_model_len or the watermark, "
-                f"or give the workers more memory")
+                f"{config.block_size} tokens, but the pool has only {num_blocks - 1}; lower "
+                f"max_model_len or give the workers more memory")
         self.config = config
         self.kv = KVCacheManager(num_blocks, config.block_size, config.max_model_len,
-                                 config.enable_prefix_caching, config.watermark)
+                                 config.enable_prefix_caching)
         self.hasher = BlockHasher(config.block_size, config.hash_seed) \
             if config.enable_prefix_caching else None
         self.requests: dict[str, Request] = {}  # every unfinished request
@@ -144,39 +141,59 @@ class Scheduler:
         # The whole state machine is one comparison: a request needs work while
         # num_computed_tokens < num_tokens + num_output_placeholders, and gets
         # min(gap, limits) tokens. Prefill, chunked prefill, decode and recompute
-        # after preemption are all that same rule.
+        # after preemption are all that same rule (docs/scheduling.md, "The gap").
         if len(self.in_flight) >= MAX_STEPS_IN_FLIGHT:
             raise RuntimeError(f"{MAX_STEPS_IN_FLIGHT} steps are already in flight; apply "
                                f"the oldest one's output (update_from_output) first")
         cfg = self.config
-        kv = self.kv
-        running = self.running
-        waiting = self.waiting
-        budget = cfg.max_num_batched_tokens
-        max_len = cfg.max_model_len
         threshold = cfg.long_prefill_token_threshold
         # The per-request cap does not apply when only one request is eligible (unless
         # configured to follow vLLM, which always applies it).
-        cap = threshold if threshold and (len(running) + len(waiting) > 1
+        cap = threshold if threshold and (len(self.running) + len(self.waiting) > 1
                                           or not cfg.long_prefill_exempt_lone_request) else 0
-
         num_scheduled: dict[str, int] = {}
         new_blocks_of: dict[str, list[KVBlock]] = {}
         scheduled_running: list[Request] = []
         preempted: list[Request] = []
+        budget = self._schedule_running(cfg.max_num_batched_tokens, cap, num_scheduled,
+                                        new_blocks_of, scheduled_running, preempted)
+        new_reqs: list[Request] = []
+        resumed: list[Request] = []
+        if not preempted:
+            blocked_by = self._schedule_waiting(budget, cap, num_scheduled, new_reqs, resumed)
+        else:  # never evict one request and admit another in the same step
+            blocked_by = "preemption" if self.waiting.peek() is not None else None
+        steps = 1
+        if cfg.num_scheduler_steps > 1 and scheduled_running and not len(self.waiting) \
+                and not (new_reqs or resumed or preempted):
+            steps = self._multi_steps(scheduled_running, num_scheduled, new_blocks_of)
+        return self._emit(new_reqs, resumed, scheduled_running, new_blocks_of,
+                          num_scheduled, preempted, blocked_by, steps)
 
-        # Pass 1: RUNNING, in admission order.
+    def _clamp(self, n: int, cap: int, budget: int, num_computed: int) -> int:
+        """The token clamp of both passes: min(gap `n`, the long-prefill cap, the
+        budget left, max_model_len - 1 - computed: the last token is sampled, never
+        computed)."""
+        if cap and n > cap:
+            n = cap
+        if n > budget:
+            n = budget
+        room = self.config.max_model_len - 1 - num_computed
+        return room if n > room else n
+
+    def _schedule_running(self, budget: int, cap: int, num_scheduled: dict[str, int],
+                          new_blocks_of: dict[str, list[KVBlock]],
+                          scheduled_running: list[Request], preempted: list[Request]) -> int:
+        """Pass 1: RUNNING, in admission order; preempts a victim while blocks do not
+        fit. Fills the step's tables; returns the budget left."""
+        kv = self.kv
+        running = self.running
         i = 0
         while i < len(running) and budget > 0:
             request = running[i]
-            n = len(request.all_token_ids) + request.num_output_placeholders \
-                - request.num_computed_tokens
-            if cap and n > cap:
-                n = cap
-            if n > budget:
-                n = budget
-            if n > max_len - 1 - request.num_computed_tokens:
-                n = max_len - 1 - request.num_computed_tokens
+            n = self._clamp(len(request.all_token_ids) + request.num_output_placeholders
+                            - request.num_computed_tokens, cap, budget,
+                            request.num_computed_tokens)
             # Async: a request whose in-flight steps reach max_tokens gets no further step.
             if len(request.output_token_ids) + request.num_output_placeholders >= request.max_tokens:
                 n = 0
@@ -207,40 +224,29 @@ class Scheduler:
             scheduled_running.append(request)
             budget -= n
             i += 1
+        return budget
 
-        # Pass 2: WAITING; never admit in a step that preempted.
-        new_reqs: list[Request] = []
-        resumed: list[Request] = []
-        skipped: list[Request] = []
-        blocked_by = None
+    def _schedule_waiting(self, budget: int, cap: int, num_scheduled: dict[str, int],
+                          new_reqs: list[Request], resumed: list[Request]) -> str | None:
+        """Pass 2: admit from the head of WAITING (never in a step that preempted:
+        the caller skips it). Returns why admission stopped, None if WAITING emptied."""
+        cfg = self.config
+        kv = self.kv
+        running = self.running
+        waiting = self.waiting
         while (request := waiting.peek()) is not None:
-            if preempted:
-                blocked_by = "preemption"
-                break
             if len(running) >= cfg.max_num_seqs:
-                blocked_by = "max_num_seqs"
-                break
+                return "max_num_seqs"
             if budget <= 0:
-                blocked_by = "token_budget"
-                break
-            if not request.ready:  # set aside; it must not block those behind it
-                skipped.append(waiting.pop())
-                continue
+                return "token_budget"
             hit_blocks, num_hit = kv.get_computed_blocks(request)
             n = request.num_tokens - num_hit
-            if cap and n > cap:
-                n = cap
-            if n > budget:
-                if not cfg.enable_chunked_prefill:  # admitted only whole
-                    blocked_by = "token_budget"
-                    break
-                n = budget
-            fit = request.num_tokens - num_hit if cfg.check_whole_prompt_fits else 0
-            blocks = kv.allocate_slots(request, n, hit_blocks, admission=True,
-                                       num_tokens_to_fit=fit)
+            if n > budget and not cfg.enable_chunked_prefill:  # admitted only whole
+                return "token_budget"
+            n = self._clamp(n, cap, budget, num_hit)
+            blocks = kv.allocate_slots(request, n, hit_blocks)
             if blocks is None:  # head-of-line blocking, deliberately: no search further down
-                blocked_by = "kv_cache"
-                break
+                return "kv_cache"
             waiting.pop()
             kv.record_prefix_lookup(request.num_tokens, num_hit)
             if request.status is RequestStatus.PREEMPTED:
@@ -255,15 +261,7 @@ class Scheduler:
             running.append(request)
             num_scheduled[request.req_id] = n
             budget -= n
-        if skipped:
-            waiting.prepend_all(skipped)
-
-        steps = 1
-        if cfg.num_scheduler_steps > 1 and scheduled_running and not len(waiting) \
-                and not (new_reqs or resumed or preempted):
-            steps = self._multi_steps(scheduled_running, num_scheduled, new_blocks_of)
-        return self._emit(new_reqs, resumed, scheduled_running, new_blocks_of,
-                          num_scheduled, preempted, skipped, blocked_by, steps)
+        return None
 
     def _multi_steps(self, scheduled: list[Request], num_scheduled: dict[str, int],
                      new_blocks_of: dict[str, list[KVBlock]]) -> int:
@@ -298,7 +296,7 @@ class Scheduler:
         return steps
 
     def _emit(self, new_reqs, resumed, scheduled_running, new_blocks_of, num_scheduled,
-              preempted, skipped, blocked_by, steps: int = 1) -> SchedulerOutput:
+              preempted, blocked_by, steps: int = 1) -> SchedulerOutput:
         kv = self.kv
         out = SchedulerOutput(step_id=self.next_step_id)
         self.next_step_id += 1
@@ -360,7 +358,6 @@ class Scheduler:
         stats.step_num_scheduled_tokens = total
         stats.step_num_scheduled_reqs = len(num_scheduled)
         stats.step_num_preempted = len(preempted)
-        stats.num_waiting_not_ready = len(skipped)
         stats.admission_blocked_by = blocked_by
         stats.num_steps += 1
         return out

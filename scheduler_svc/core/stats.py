@@ -13,7 +13,9 @@ class SchedulerStats:
     num_running: int = 0
     num_waiting: int = 0
     num_waiting_preempted: int = 0  # of num_waiting: preempted, to be recomputed
-    num_waiting_not_ready: int = 0  # of num_waiting: skipped as not ready in the last step
+    # of num_waiting: deferred (not ready). 0 until grammars bring the deferred state
+    # back (docs/scheduling.md, pass 2); kept so the wire field and metric stay stable.
+    num_waiting_not_ready: int = 0
     admission_blocked_by: str | None = None  # one of BLOCKED_BY
     kv_usage: float = 0.0  # 1 - free / (total - 1)
     num_free_blocks: int = 0

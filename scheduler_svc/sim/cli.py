@@ -44,7 +44,6 @@ SWEEPABLE = {
     "long-prefill-token-threshold": ("long_prefill_token_threshold", int,
                                      "most tokens one request may take per step (0 = off)"),
     "scheduling-policy": ("policy", _policy, "fcfs or priority"),
-    "watermark": ("watermark", float, "fraction of blocks an admission must leave free"),
     "num-scheduler-steps": ("num_scheduler_steps", int,
                             "multi-step decode: forward passes a step of decodes alone runs"),
     "num-gpu-blocks-override": ("pool", int,
@@ -61,7 +60,6 @@ BOOLEANS = {
     "enable-chunked-prefill": "enable_chunked_prefill",
     "enable-prefix-caching": "enable_prefix_caching",
     "async-scheduling": "async_scheduling",
-    "check-whole-prompt-fits": "check_whole_prompt_fits",
     "long-prefill-exempt-lone-request": "long_prefill_exempt_lone_request",
 }
 STEP_FIELDS = {"fixed_ms", "per_seq_ms", "per_prefill_token_ms"}
@@ -111,7 +109,8 @@ def settings_of(given: dict[str, list]):
 
 
 def configure(setting: dict, hash_seed: str) -> tuple[SchedulerConfig, int, StepModel]:
-    cfg = SchedulerConfig(hash_seed=hash_seed)
+    # the simulated worker answers each step before the next is scheduled
+    cfg = SchedulerConfig(hash_seed=hash_seed, async_scheduling=False)
     model = StepModel()
     pool = None
     for flag, value in setting.items():

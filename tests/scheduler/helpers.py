@@ -29,6 +29,7 @@ def make_scheduler(num_blocks: int = 64, **config) -> Scheduler:
     config.setdefault("max_model_len", 256)
     config.setdefault("max_num_seqs", 8)
     config.setdefault("hash_seed", "test-seed")
+    config.setdefault("async_scheduling", False)  # drive() applies each step before the next
     return Scheduler(SchedulerConfig(**config), num_blocks)
 
 

@@ -10,7 +10,8 @@ def test_defaults_follow_the_reference_without_a_large_gpu():
     assert cfg.max_num_seqs == 256
     assert cfg.block_size == 16
     assert cfg.enable_chunked_prefill and cfg.enable_prefix_caching
-    assert cfg.long_prefill_token_threshold == 0 and cfg.watermark == 0.0
+    assert cfg.long_prefill_token_threshold == 0
+    assert cfg.async_scheduling  # as the scheduler's --async-scheduling flag
 
 
 def test_hash_seed_is_random_per_deployment_unless_pinned():
@@ -33,7 +34,7 @@ def test_without_chunked_prefill_budget_must_cover_max_model_len():
 
 @pytest.mark.parametrize("field,value", [
     ("max_num_seqs", 0), ("max_num_batched_tokens", -1), ("block_size", 0),
-    ("max_model_len", 1), ("policy", "lifo"), ("watermark", 1.0), ("watermark", -0.1),
+    ("max_model_len", 1), ("policy", "lifo"),
     ("long_prefill_token_threshold", -5), ("hash_seed", ""),
 ])
 def test_bad_values_are_rejected_with_their_name(field, value):

@@ -110,22 +110,6 @@ def test_free_releases_deepest_blocks_first():
     assert queue[-3:] == [ids[2], ids[1], ids[0]]  # shallowest evicted last
 
 
-def test_watermark_applies_to_admissions_only():
-    kv = manager(num_blocks=11, watermark=0.2)  # 10 usable, keep 2 free at admission
-    a = hashed("a", list(range(36)))
-    assert kv.allocate_slots(a, 36, admission=True) is None  # 9 blocks leave 1
-    assert kv.allocate_slots(a, 32, admission=True) is not None  # 8 leave 2
-    a.num_computed_tokens = 32
-    assert kv.allocate_slots(a, 4) is not None  # running growth may use the reserve
-
-
-def test_whole_prompt_check_requires_blocks_for_the_whole_prompt():
-    kv = manager(num_blocks=5)  # 4 usable
-    a = hashed("a", list(range(20)))  # 5 blocks
-    assert kv.allocate_slots(a, 4, admission=True, num_tokens_to_fit=20) is None
-    assert kv.allocate_slots(a, 4, admission=True) is not None
-
-
 def test_allocation_alone_registers_no_block():
     kv = manager()
     a = hashed("a", list(range(9)))

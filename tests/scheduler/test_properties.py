@@ -35,17 +35,13 @@ def configs(draw):
         budget = max(budget, max_model_len)
     need = -(-(max_model_len - 1) // block_size)
     num_blocks = 1 + need + draw(st.sampled_from([0, 1, 2, need]))  # tight pools: preemption
-    watermark = draw(st.sampled_from([0.0, 0.0, 0.1]))
-    if need + int(watermark * (num_blocks - 1)) > num_blocks - 1:
-        watermark = 0.0
     cfg = SchedulerConfig(
         max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
         max_model_len=max_model_len, block_size=block_size,
         long_prefill_token_threshold=draw(st.sampled_from([0, 0, 3, 17])) if chunked else 0,
         policy=draw(st.sampled_from(["fcfs", "priority"])),
         enable_chunked_prefill=chunked, enable_prefix_caching=draw(st.booleans()),
-        async_scheduling=draw(st.booleans()), watermark=watermark,
-        check_whole_prompt_fits=draw(st.booleans()), hash_seed="prop",
+        async_scheduling=draw(st.booleans()), hash_seed="prop",
         num_scheduler_steps=draw(st.sampled_from([1, 1, 2, 5])))
     return cfg, num_blocks
 
@@ -69,7 +65,6 @@ def workloads(draw, max_model_len):
             req=Request(f"r{i}", prompt, params, [EOS], float(i), draw(st.integers(0, 2)),
                         draw(st.sampled_from([None, "t1"]))),
             arrive=draw(st.integers(0, 10)),
-            ready_after=draw(st.sampled_from([0, 0, 0, 3])),
             abort_at=draw(st.sampled_from([None, None, None, 2, 7, 15]))))
     return reqs, draw(st.sampled_from([3, 7, 1000]))
 
@@ -102,10 +97,7 @@ def serve(cfg: SchedulerConfig, num_blocks: int, reqs, eos_every: int):
         for spec in reqs:
             req = spec["req"]
             if spec["arrive"] == step:
-                req.ready = spec["ready_after"] == 0
                 sched.add_request(req)
-            if spec["ready_after"] and step == spec["arrive"] + spec["ready_after"]:
-                req.ready = True
             if spec["abort_at"] == step:
                 for out in sched.abort_requests([req.req_id]):
                     outputs.setdefault(out.req_id, []).append(out)

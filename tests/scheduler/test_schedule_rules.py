@@ -150,11 +150,11 @@ def three_growing(s, prios=(0, 0, 0)):
 
 
 def test_fcfs_victim_is_the_most_recently_admitted_and_goes_to_front_of_waiting():
-    s = make_scheduler(num_blocks=9, max_num_batched_tokens=128, max_model_len=128)
+    s = make_scheduler(num_blocks=9, max_num_batched_tokens=128, max_model_len=128,
+                       max_num_seqs=3)
     w = FakeWorker()
     three_growing(s)
-    s.add_request(make_request("later", 4))
-    s.requests["later"].ready = False
+    s.add_request(make_request("later", 4))  # waits: max_num_seqs is taken
     so, _ = grow_until_preemption(s, w)
     assert so.preempted_req_ids == {"r2"}
     victim = s.requests["r2"]
@@ -262,18 +262,6 @@ def test_waiting_requests_never_cause_preemption():
     s.add_request(make_request("b", 100))
     so, _ = step(s, w)
     assert not so.preempted_req_ids and "b" not in so.num_scheduled_tokens
-
-
-def test_requests_not_ready_are_skipped_without_blocking_and_keep_their_order():
-    s = make_scheduler(max_num_batched_tokens=64, max_num_seqs=8)
-    for name in ("x", "y", "ok"):
-        s.add_request(make_request(name, 4))
-    s.requests["x"].ready = False
-    s.requests["y"].ready = False
-    so = s.schedule()
-    assert set(so.num_scheduled_tokens) == {"ok"}
-    assert [r.req_id for r in s.waiting] == ["x", "y"]
-    assert s.stats().num_waiting_not_ready == 2
 
 
 def test_fcfs_admits_in_arrival_order_and_priority_by_priority_then_arrival():

@@ -65,6 +65,7 @@ def start_worker(runner, max_workers: int = 4, port: int = 0) -> tuple[ServiceSe
 
 
 def start_wire_stack(runner, **scheduler_flags) -> WireStack:
+    scheduler_flags.setdefault("async_scheduling", False)  # one step in flight unless asked
     worker, worker_port = start_worker(runner)
     group = WorkerGroup([f"127.0.0.1:{worker_port}"])
     info = group.handshake(timeout_s=10)
