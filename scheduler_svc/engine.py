@@ -29,6 +29,7 @@ import structlog
 
 from scheduler_svc.core.request import Request
 from scheduler_svc.core.scheduler import WorkerOutputError
+from shared.request_limits import token_ids_problem
 from shared.types import (FinishReason, InvalidRequestError, ModelInfo,
                           ModelRunnerOutput, RequestOutput, SchedulerOutput)
 
@@ -217,23 +218,12 @@ class Engine:
         prompt = request.prompt_token_ids
         if not request.req_id:
             raise InvalidRequestError("request_id must not be empty")
-        if not prompt:
-            raise InvalidRequestError("the prompt must contain at least one token")
-        bad = next((t for t in prompt if not 0 <= t < info.vocab_size), None)
-        if bad is not None:
-            raise InvalidRequestError(
-                f"prompt token id {bad} is outside the vocabulary [0, {info.vocab_size})")
         request.sampling_params.validate(info.vocab_size)
-        if len(prompt) >= self.max_model_len:
-            raise InvalidRequestError(
-                f"the prompt has {len(prompt)} tokens; max_model_len is {self.max_model_len}, "
-                f"which leaves no room for an output token")
+        problem = token_ids_problem(prompt, self.max_model_len, info.vocab_size,
+                                    request.sampling_params.max_tokens)
+        if problem is not None:  # the frontend's checks, asserted for any other client
+            raise InvalidRequestError(problem)
         need = len(prompt) + request.sampling_params.max_tokens
-        if need > self.max_model_len:
-            raise InvalidRequestError(
-                f"prompt ({len(prompt)} tokens) + max_tokens "
-                f"({request.sampling_params.max_tokens}) = {need} exceeds max_model_len "
-                f"({self.max_model_len})")
         # A request whose tokens cannot fit the whole KV pool would wait forever.
         blocks = -(-min(need, self.max_model_len) // info.block_size)
         if blocks > info.num_kv_blocks - 1:

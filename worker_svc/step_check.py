@@ -4,6 +4,7 @@ exactly as it was."""
 
 from __future__ import annotations
 
+from shared.request_limits import token_ids_problem
 from shared.token_checksum import token_checksum
 from shared.types import MAX_NUM_STEPS, InvalidRequestError, SchedulerOutput
 from worker_svc.request_state import RequestState
@@ -113,21 +114,15 @@ def _check_new(new, requests, finished, after, vocab_size: int, max_model_len: i
         raise StepError(f"new request {new.req_id!r} is already held by this worker")
     new.sampling_params.validate(vocab_size)
     prompt = new.prompt_token_ids
-    if not prompt:
-        raise InvalidRequestError(f"request {new.req_id!r}: the prompt is empty")
-    if len(prompt) > max_model_len:
-        raise InvalidRequestError(f"request {new.req_id!r}: prompt of {len(prompt)} tokens "
-                                  f"exceeds max_model_len {max_model_len}")
-    if min(prompt) < 0 or max(prompt) >= vocab_size:
-        raise InvalidRequestError(f"request {new.req_id!r}: prompt token ids must be in "
-                                  f"[0, {vocab_size})")
+    # the scheduler's invariants (shared/request_limits.py), prompt alone then with output
+    problem = token_ids_problem(prompt, max_model_len, vocab_size,
+                                what=f"request {new.req_id!r}: the prompt")
+    if problem is None and new.output_token_ids:
+        problem = token_ids_problem([*prompt, *new.output_token_ids], max_model_len,
+                                    vocab_size, what=f"request {new.req_id!r}: its tokens")
+    if problem is not None:
+        raise InvalidRequestError(problem)
     num_tokens = len(prompt) + len(new.output_token_ids)
-    if num_tokens > max_model_len:
-        raise InvalidRequestError(f"request {new.req_id!r}: {num_tokens} tokens exceed "
-                                  f"max_model_len {max_model_len}")
-    if new.output_token_ids and not all(0 <= t < vocab_size for t in new.output_token_ids):
-        raise InvalidRequestError(f"request {new.req_id!r}: output token ids must be in "
-                                  f"[0, {vocab_size})")
     if not 0 <= new.num_computed_tokens < num_tokens:
         raise StepError(f"request {new.req_id!r}: num_computed_tokens "
                         f"{new.num_computed_tokens} outside [0, {num_tokens})")

@@ -14,6 +14,7 @@ from scheduler_svc.core.kv_cache_manager import KVCacheManager
 from scheduler_svc.core.queues import make_queue
 from scheduler_svc.core.request import Request, RequestStatus
 from scheduler_svc.core.stats import SchedulerStats
+from shared.request_limits import token_ids_problem
 from shared.stop_rule import finish_reason, first_stop
 from shared.token_checksum import token_checksum
 from shared.types import (
@@ -93,14 +94,10 @@ class Scheduler:
         """Queue a request; bad input raises InvalidRequestError and queues nothing."""
         if request.req_id in self.requests:
             raise InvalidRequestError(f"request id {request.req_id!r} is already in use")
-        if request.num_prompt_tokens == 0:
-            raise InvalidRequestError("the prompt is empty")
         limit = self.config.max_model_len
-        if request.num_prompt_tokens >= limit:
-            # A prompt of exactly max_model_len tokens leaves no room for one output token.
-            raise InvalidRequestError(
-                f"the prompt has {request.num_prompt_tokens} tokens; this model's context "
-                f"is {limit} tokens, which must hold the prompt and at least one output token")
+        problem = token_ids_problem(request.prompt_token_ids, limit)  # the door's invariant
+        if problem is not None:
+            raise InvalidRequestError(problem)
         request.sampling_params.validate()
         if request.status is not RequestStatus.WAITING or request.num_computed_tokens:
             raise InvalidRequestError(f"request {request.req_id!r} was already scheduled")
