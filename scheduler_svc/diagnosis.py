@@ -1,6 +1,6 @@
-"""The capacity diagnosis of SCHEDULING.md, evaluated live.
+"""The capacity diagnosis of docs/scheduling.md ("Observability"), evaluated live.
 
-SCHEDULING.md's table, whose problem rows all have requests waiting for capacity; which
+That table, whose problem rows all have requests waiting for capacity; which
 limit stopped admission is read from the scheduler's `admission_blocked_by`, not
 guessed from the counts:
 

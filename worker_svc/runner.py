@@ -340,7 +340,7 @@ BIG_GPU_BYTES = 70 << 30
 
 
 def default_max_num_batched_tokens(device: torch.device) -> int:
-    """SCHEDULING.md's default budget: 8,192 on GPUs with 70 GiB or more, else 2,048."""
+    """docs/scheduling.md's default budget: 8,192 on GPUs with 70 GiB or more, else 2,048."""
     if device.type == "cuda" and \
             torch.cuda.get_device_properties(device).total_memory >= BIG_GPU_BYTES:
         return 8192

@@ -1,4 +1,4 @@
-"""Scheduler configuration and its start-up validation (rules in SCHEDULING.md)."""
+"""Scheduler configuration and its start-up validation (rules in docs/scheduling.md)."""
 
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ class SchedulerConfig:
     max_model_len: int = 8192
     block_size: int = 16
     long_prefill_token_threshold: int = 0  # 0 = off
-    # SCHEDULING.md: the threshold does not apply while only one request is eligible.
+    # docs/scheduling.md, "Limits of one step": the threshold does not apply while only
+    # one request is eligible.
     # False = vLLM's rule: it always applies (docs/scheduling.md, deviations).
     long_prefill_exempt_lone_request: bool = True
     policy: str = "fcfs"

@@ -82,7 +82,7 @@ class Request:
 
     @property
     def gap(self) -> int:
-        """Tokens this request still needs scheduled: the one quantity of SCHEDULING.md."""
+        """Tokens this request still needs scheduled: the gap of docs/scheduling.md."""
         return len(self.all_token_ids) + self.num_output_placeholders - self.num_computed_tokens
 
     @property

@@ -1,6 +1,6 @@
 """The scheduler: decides, each step, how many tokens of which requests to compute.
 
-Rules: ../shared/docs/SCHEDULING.md (vLLM V1 semantics); deviations: docs/scheduling.md.
+Rules (vLLM V1 semantics) and where we deviate: docs/scheduling.md.
 """
 
 from __future__ import annotations

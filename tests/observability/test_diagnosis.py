@@ -1,4 +1,4 @@
-"""The capacity diagnosis table of SCHEDULING.md, and its sliding window."""
+"""The capacity diagnosis table of docs/scheduling.md ("Observability"), and its sliding window."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from scheduler_svc.diagnosis import CapacityMonitor, CapacityReading, Diagnosis,
 
 
 @pytest.mark.parametrize("running, waiting, preemptions, blocked_by, expected", [
-    # SCHEDULING.md's rows, each with the limit that actually stopped admission
+    # the table's rows, each with the limit that actually stopped admission
     (8, 3, 0, "max_num_seqs", Diagnosis.CONCURRENCY_CAPPED),  # at the cap, waiting
     (5, 3, 0, "kv_cache", Diagnosis.MEMORY_CAPPED),  # below the cap, no free blocks
     (5, 3, 2, "preemption", Diagnosis.PAST_CAPACITY),  # below the cap, preemptions rising

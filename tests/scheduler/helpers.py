@@ -1,5 +1,5 @@
 """Test helpers: requests, a worker stand-in that produces the worker's output data,
-and the invariants of SCHEDULING.md checked after every step."""
+and the invariants of docs/scheduling.md checked after every step."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Multi-step decode (num_scheduler_steps > 1, docs/scheduling.md): a step of decodes
 alone, with nothing waiting, runs several forward passes; everything else is the one
-pass of SCHEDULING.md. The random workloads of test_properties cover it too."""
+pass of "schedule(): two passes". The random workloads of test_properties cover it too."""
 
 import pytest
 

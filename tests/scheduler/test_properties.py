@@ -1,4 +1,4 @@
-"""Random workloads under random configurations; the invariants of SCHEDULING.md are
+"""Random workloads under random configurations; the invariants of docs/scheduling.md are
 checked after every step (helpers.check_invariants), and every request's output is
 compared with what a correct server must return, token for token."""
 

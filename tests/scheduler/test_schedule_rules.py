@@ -1,4 +1,4 @@
-"""schedule(): one test per rule of SCHEDULING.md."""
+"""schedule(): one test per rule of docs/scheduling.md."""
 
 import pytest
 

@@ -1,6 +1,6 @@
 """The scheduler and the workers agree on the step token budget: the worker profiled
 its activation memory with its budget, so the handshake refuses any other one, and a
-scheduler given no budget adopts the worker's (SCHEDULING.md's device-based default)."""
+scheduler given no budget adopts the worker's (docs/scheduling.md's device-based default)."""
 
 from types import SimpleNamespace
 
