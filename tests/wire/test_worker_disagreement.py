@@ -7,12 +7,19 @@ transformers' (tiny random-weight model, the real Step stream on loopback)."""
 from __future__ import annotations
 
 import pytest
+import torch
 from prometheus_client import REGISTRY
 
 from tests.wire.conftest import start_wire_stack
 from tests.wire.session_client import wait_for
-from tests.wire.test_async_steps import LENGTH, PROMPTS, hf_model, pool_is_fully_free, run_all  # noqa: F401
+from tests.wire.test_async_steps import LENGTH, PROMPTS, pool_is_fully_free, run_all
 from tests.wire.test_engine_service import hf_greedy
+
+
+@pytest.fixture(scope="module")
+def hf_model(tiny_model_dir):
+    from transformers import LlamaForCausalLM
+    return LlamaForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
 
 
 def disagreements(model_name: str) -> float:
@@ -45,7 +52,7 @@ def corrupt_one_answer(runner, how: str, after_samples: int = 3):
 
 @pytest.mark.parametrize("async_scheduling, how", [(False, "extra"), (True, "stop")])
 def test_a_disagreeing_answer_is_recomputed_and_the_engine_keeps_serving(
-        tiny_runner, hf_model, async_scheduling, how):  # noqa: F811
+        tiny_runner, hf_model, async_scheduling, how):
     stack = start_wire_stack(tiny_runner, async_scheduling=async_scheduling)
     model = stack.engine.model_info.model_name
     before = disagreements(model)
