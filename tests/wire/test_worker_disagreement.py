@@ -6,10 +6,15 @@ transformers' (tiny random-weight model, the real Step stream on loopback)."""
 
 from __future__ import annotations
 
+import queue
+
 import pytest
 import torch
 from prometheus_client import REGISTRY
 
+from scheduler_svc.engine import WorkerDisagreement, WorkerLost
+from scheduler_svc.worker_group import WorkerGroup
+from shared.proto import worker_pb2
 from tests.wire.conftest import start_wire_stack
 from tests.wire.session_client import wait_for
 from tests.wire.test_async_steps import LENGTH, PROMPTS, pool_is_fully_free, run_all
@@ -76,3 +81,13 @@ def test_a_disagreeing_answer_is_recomputed_and_the_engine_keeps_serving(
     finally:
         del tiny_runner.execute
         stack.close()
+
+
+def test_ranks_that_answer_different_steps_are_a_disagreement_not_an_engine_failure():
+    group = WorkerGroup(["127.0.0.1:1", "127.0.0.1:2"])  # two ranks; never connected
+    group._answers = [queue.SimpleQueue(), queue.SimpleQueue()]
+    group._answers[0].put(worker_pb2.ModelRunnerOutput(step_id=4))
+    group._answers[1].put(worker_pb2.ModelRunnerOutput(step_id=5))
+    with pytest.raises(WorkerDisagreement, match=r"different steps: \[4, 5\]") as caught:
+        group.collect()
+    assert isinstance(caught.value, WorkerLost)  # so the engine recovers by recompute

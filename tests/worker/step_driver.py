@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from shared.stop_rule import is_stop, stop_ids
 from shared.token_checksum import token_checksum
 from shared.types import (CachedRequestData, NewRequestData, SamplingParams,
                           SchedulerOutput)
@@ -37,8 +38,7 @@ class DriverRequest:
         p = self.params
         for j, token in enumerate(tokens):
             self.output.append(token)
-            if (token in p.stop_token_ids or (token in eos and not p.ignore_eos)) \
-                    and len(self.output) >= p.min_tokens:
+            if is_stop(token, len(self.output), stop_ids(p, eos), p.min_tokens):  # shared rule
                 self.stopped = True
                 assert j == len(tokens) - 1, "the worker ran passes after a stop"
 
