@@ -43,7 +43,7 @@ class WorkerOutputError(ValueError):
         self.sides = sides or {}
 
 
-def _both_sides(entry: "InFlight", sampled: list[int]) -> dict:
+def _both_sides(entry: InFlight, sampled: list[int]) -> dict:
     request = entry.request
     return {"worker": list(sampled), "scheduler_output_tail": request.output_token_ids[-8:],
             "scheduler_num_output": len(request.output_token_ids),
