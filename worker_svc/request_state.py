@@ -48,5 +48,6 @@ class RequestState:
             self.output_counts[token_id] += 1
         if self.stop_ids is None:
             self.stop_ids = stop_rule.stop_ids(self.params, eos_token_ids)
-        if stop_rule.is_stop(token_id, self.num_output_tokens, self.stop_ids, self.params.min_tokens):
+        if stop_rule.is_stop(token_id, self.num_output_tokens, self.stop_ids,
+                             self.params.min_tokens):
             self.stopped = True

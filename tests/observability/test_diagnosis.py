@@ -1,4 +1,4 @@
-"""The capacity diagnosis table of docs/scheduling.md ("Observability"), and its sliding window."""
+"""The capacity diagnosis table of docs/scheduling.md, and its sliding window."""
 
 from __future__ import annotations
 
