@@ -210,6 +210,10 @@ class Engine:
             raise InvalidRequestError(
                 f"prompt token id {bad} is outside the vocabulary [0, {info.vocab_size})")
         request.sampling_params.validate(info.vocab_size)
+        if request.sampling_params.num_output_prefix_tokens >= len(prompt):
+            raise InvalidRequestError(
+                f"num_output_prefix_tokens ({request.sampling_params.num_output_prefix_tokens}) "
+                f"must be less than the prompt's {len(prompt)} tokens, of which it is the tail")
         if len(prompt) >= self.max_model_len:
             raise InvalidRequestError(
                 f"the prompt has {len(prompt)} tokens; max_model_len is {self.max_model_len}, "
