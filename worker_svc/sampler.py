@@ -119,8 +119,9 @@ def _srl(x: torch.Tensor, k: int) -> torch.Tensor:
 
 def seeded_exponential(keys: list[int], vocab: int, device: torch.device) -> torch.Tensor:
     """[len(keys), vocab] fp64 Exp(1) noise: element (r, j) is -log(u) for u the top 53
-    bits of SplitMix64 output j+1 of state keys[r], computed in int64 tensor arithmetic
-    (which wraps mod 2**64), so the same on every device and thread count."""
+    bits of SplitMix64 output j+1 of state keys[r]. The hash is exact int64 tensor
+    arithmetic (it wraps mod 2**64), the same whatever the thread count; only the
+    final log is floating point."""
     j = torch.arange(1, vocab + 1, device=device, dtype=torch.int64).mul_(_int64(_GOLDEN))
     x = torch.tensor([_int64(k) for k in keys], device=device, dtype=torch.int64)[:, None] + j
     x.bitwise_xor_(_srl(x, 30)).mul_(_int64(_M1))
