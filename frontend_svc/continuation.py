@@ -3,8 +3,10 @@ scheduler (docs/resilience.md): the prompt, the parameters and every token
 streamed so far. When a session to a (restarted) scheduler opens, each open
 request is re-submitted as a continuation: prompt + generated tokens as the
 prompt, the remaining max_tokens, under a fresh wire id (the old scheduler may
-still hold the old one for a moment). Greedy output continues exactly; the
-client's stream, detokenizer and usage never see the seam."""
+still hold the old one for a moment), and num_output_prefix_tokens saying how much
+of that prompt is output, so penalties and seeded draws go on where they were.
+Greedy and seeded output continue exactly; the client's stream, detokenizer and
+usage never see the seam."""
 
 from __future__ import annotations
 
@@ -53,7 +55,8 @@ class OpenRequest:
             prompt = prompt + self.generated
             params = dataclasses.replace(
                 params, max_tokens=params.max_tokens - done,
-                min_tokens=max(0, params.min_tokens - done))
+                min_tokens=max(0, params.min_tokens - done),
+                num_output_prefix_tokens=params.num_output_prefix_tokens + done)
         add = engine_pb2.AddRequest(
             request_id=self.wire_id, prompt_token_ids=prompt,
             sampling_params=convert.sampling_to_proto(params), priority=self.priority,

@@ -223,6 +223,10 @@ class Engine:
                                     request.sampling_params.max_tokens)
         if problem is not None:  # the frontend's checks, asserted for any other client
             raise InvalidRequestError(problem)
+        if request.sampling_params.num_output_prefix_tokens >= len(prompt):
+            raise InvalidRequestError(
+                f"num_output_prefix_tokens ({request.sampling_params.num_output_prefix_tokens}) "
+                f"must be less than the prompt's {len(prompt)} tokens, of which it is the tail")
         need = len(prompt) + request.sampling_params.max_tokens
         # A request whose tokens cannot fit the whole KV pool would wait forever.
         blocks = -(-min(need, self.max_model_len) // info.block_size)

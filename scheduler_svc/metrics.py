@@ -233,6 +233,9 @@ class SchedulerTelemetry:
                 "gen_ai.request.top_p": params.top_p,
                 "gen_ai.usage.input_tokens": num_prompt_tokens,
             })
+        if params.num_output_prefix_tokens:  # a continuation: its prompt's tail is output
+            span.set_attribute("gapserve.request.num_output_prefix_tokens",
+                               params.num_output_prefix_tokens)
         span.add_event("queued")
         self._requests[req_id] = _Request(span, self.clock(), num_prompt_tokens)
 

@@ -9,7 +9,7 @@ from shared.proto import common_pb2, engine_pb2, worker_pb2
 _OPTIONAL_SAMPLING_FIELDS = (
     "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed",
     "presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens",
-    "ignore_eos", "logprobs",
+    "ignore_eos", "logprobs", "num_output_prefix_tokens",
 )
 
 

@@ -51,6 +51,10 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None
     logit_bias: dict[int, float] = field(default_factory=dict)  # OpenAI's: token id -> bias
+    # The prompt's last n tokens are this request's own earlier output (a continuation
+    # after a scheduler loss): penalties count them as output, and seeded draws go on
+    # from output position n, so the continuation samples what the original would.
+    num_output_prefix_tokens: int = 0
 
     MAX_LOGPROBS = 20
     MAX_LOGIT_BIAS = 100.0  # OpenAI's range is [-100, 100]
@@ -93,6 +97,9 @@ class SamplingParams:
             bad(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
         if self.logprobs is not None and not 0 <= self.logprobs <= self.MAX_LOGPROBS:
             bad(f"logprobs must be in [0, {self.MAX_LOGPROBS}], got {self.logprobs}")
+        if self.num_output_prefix_tokens < 0:
+            bad("num_output_prefix_tokens must be non-negative, "
+                f"got {self.num_output_prefix_tokens}")
         if self.seed is not None and not -(2**63) <= self.seed < 2**63:
             bad("seed must fit in a signed 64-bit integer")  # int64 on the wire
         for tid in self.stop_token_ids:

@@ -21,7 +21,6 @@ class RequestState:
     num_computed_tokens: int
     params: SamplingParams
     row: int  # this request's row in the runner's on-device last-sampled-token tensor
-    generator: torch.Generator | None  # per-request seed: same seed, same tokens
     prompt_mask: torch.Tensor | None = None  # [vocab] bool, for the repetition penalty
     output_counts: torch.Tensor | None = None  # [vocab] int, frequency/presence penalties
     # Sampled a stop token: the scheduler finishes the request on it, so a step it

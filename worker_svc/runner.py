@@ -252,15 +252,12 @@ class ModelRunner:
         params = new.sampling_params
         if not self.free_rows:  # more requests held (running + preempted) than rows
             self._grow_rows()
-        generator = None
-        if params.seed is not None:
-            generator = torch.Generator(self.device).manual_seed(params.seed)
         output = new.output_token_ids  # non-empty: resent after a worker was lost
         state = RequestState(req_id=new.req_id, token_ids=[*new.prompt_token_ids, *output],
                              num_prompt_tokens=len(new.prompt_token_ids),
                              block_ids=list(new.block_ids),
                              num_computed_tokens=new.num_computed_tokens, params=params,
-                             row=self.free_rows.pop(), generator=generator)
+                             row=self.free_rows.pop())
         if output:  # inputs read a request's last sampled token from this row
             self.last_sampled[state.row] = output[-1]
         if state.has_penalties:
@@ -268,10 +265,12 @@ class ModelRunner:
             state.prompt_mask = torch.zeros(vocab, dtype=torch.bool, device=self.device)
             state.prompt_mask[torch.tensor(new.prompt_token_ids, device=self.device)] = True
             state.output_counts = torch.zeros(vocab, dtype=torch.long, device=self.device)
-            if output:
+            # earlier output: resent after a worker loss, and a continuation's prompt tail
+            earlier = state.token_ids[state.num_prompt_tokens - params.num_output_prefix_tokens:]
+            if earlier:
                 state.output_counts.index_add_(
-                    0, torch.tensor(output, device=self.device),
-                    torch.ones(len(output), dtype=torch.long, device=self.device))
+                    0, torch.tensor(earlier, device=self.device),
+                    torch.ones(len(earlier), dtype=torch.long, device=self.device))
         return state
 
     def _grow_rows(self) -> None:

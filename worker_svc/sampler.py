@@ -3,8 +3,10 @@
 Order follows the reference system (vLLM): logprobs are taken from the raw model
 distribution; then penalties, min_tokens suppression, then greedy argmax, or
 temperature -> min_p -> top-k -> top-p -> a draw. The draw is the exponential race
-(argmax of probs / Exp(1) noise), which lets a seeded request draw its noise from its
-own generator: its tokens depend only on its seed, not on its neighbours in the batch.
+(argmax of probs / Exp(1) noise). A seeded request's noise is counter-based: a pure
+function of (seed, output position, token id) (seeded_exponential), so its tokens
+depend on nothing else: not its neighbours in the batch, how many draws came before,
+a preemption, a replaced worker or a restarted scheduler (docs/resilience.md).
 """
 
 from __future__ import annotations
@@ -74,10 +76,59 @@ def _random_sample(logits: torch.Tensor, states: list[RequestState],
         logits = _top_k(logits, top_k)
     probs = logits.softmax(dim=-1)
     noise = torch.empty_like(probs).exponential_(generator=generator)
-    for i, s in enumerate(states):  # seeded rows redraw from their own generator only
-        if s.generator is not None:
-            noise[i].exponential_(generator=s.generator)
+    seeded = [i for i, s in enumerate(states) if s.params.seed is not None]
+    if seeded:  # their noise replaced by their own (seed, position) draw
+        keys = [row_key(states[i].params.seed, output_position(states[i])) for i in seeded]
+        idx = torch.tensor(seeded, device=device)
+        noise[idx] = seeded_exponential(keys, probs.shape[1], device).to(noise.dtype)
     return probs.div_(noise).argmax(dim=-1)
+
+
+def output_position(state: RequestState) -> int:
+    """Output tokens before the one being sampled, counting those a continuation
+    carries in its prompt (SamplingParams.num_output_prefix_tokens)."""
+    return state.num_output_tokens + state.params.num_output_prefix_tokens
+
+
+# SplitMix64 (Steele, Lea, Flood 2014): its output i of state k is mix64(k + i * GOLDEN).
+_MASK64 = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15
+_M1, _M2 = 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+
+
+def _mix64(x: int) -> int:
+    x &= _MASK64
+    x = ((x ^ (x >> 30)) * _M1) & _MASK64
+    x = ((x ^ (x >> 27)) * _M2) & _MASK64
+    return x ^ (x >> 31)
+
+
+def row_key(seed: int, position: int) -> int:
+    """The key of one seeded draw: a strong mix of the seed and the output position."""
+    return _mix64(_mix64(seed) ^ position)
+
+
+def _int64(x: int) -> int:  # the same 64 bits as a signed int64, for torch
+    return x - (1 << 64) if x >> 63 else x
+
+
+def _srl(x: torch.Tensor, k: int) -> torch.Tensor:
+    """Logical right shift of int64 bits (torch's >> is arithmetic)."""
+    return (x >> k) & ((1 << (64 - k)) - 1)
+
+
+def seeded_exponential(keys: list[int], vocab: int, device: torch.device) -> torch.Tensor:
+    """[len(keys), vocab] fp64 Exp(1) noise: element (r, j) is -log(u) for u the top 53
+    bits of SplitMix64 output j+1 of state keys[r]. The hash is exact int64 tensor
+    arithmetic (it wraps mod 2**64), the same whatever the thread count; only the
+    final log is floating point."""
+    j = torch.arange(1, vocab + 1, device=device, dtype=torch.int64).mul_(_int64(_GOLDEN))
+    x = torch.tensor([_int64(k) for k in keys], device=device, dtype=torch.int64)[:, None] + j
+    x.bitwise_xor_(_srl(x, 30)).mul_(_int64(_M1))
+    x.bitwise_xor_(_srl(x, 27)).mul_(_int64(_M2))
+    x.bitwise_xor_(_srl(x, 31))
+    u = _srl(x, 11).double().add_(0.5).mul_(2.0 ** -53)  # in (0, 1): -log never sees 0
+    return u.log_().neg_()
 
 
 def _top_k(logits: torch.Tensor, top_k: list[int]) -> torch.Tensor:

@@ -63,6 +63,27 @@ def test_an_open_request_is_resubmitted_as_its_continuation():
     run(body())
 
 
+def test_a_continuation_says_how_much_of_its_prompt_is_output_across_every_resume():
+    # penalties count those tokens as output and seeded draws go on from that position
+    async def body():
+        client = connected_client()
+        client.add("a", [1, 2, 3], SamplingParams(max_tokens=10, seed=7, frequency_penalty=1.0))
+        first = client._outbox.get_nowait().add
+        assert first.sampling_params.num_output_prefix_tokens == 0
+        client._route(output("a", [7, 8]))
+        add = (await lose_and_reconnect(client)).get_nowait().add
+        assert list(add.prompt_token_ids) == [1, 2, 3, 7, 8]
+        assert add.sampling_params.num_output_prefix_tokens == 2
+        assert add.sampling_params.seed == 7  # the same seed: the position carries on
+        client._route(output(add.request_id, [9]))
+        again = (await lose_and_reconnect(client)).get_nowait().add
+        assert list(again.prompt_token_ids) == [1, 2, 3, 7, 8, 9]
+        assert again.sampling_params.num_output_prefix_tokens == 3
+        assert again.sampling_params.max_tokens == 7
+        await client.close()
+    run(body())
+
+
 def test_an_abort_after_resubmission_names_the_new_wire_id():
     async def body():
         client = connected_client()

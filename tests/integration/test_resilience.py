@@ -7,7 +7,9 @@ with finish_reason length and exactly the text of the no-fault run from the same
 stack, and the KV pool is whole again. The same holds when the scheduler is killed
 and restarted mid-stream: the frontend re-submits each open request as its
 continuation, and when the worker is killed for good with a spare worker listed
-after ';' in --worker-addresses: the scheduler fails over to the spare."""
+after ';' in --worker-addresses: the scheduler fails over to the spare. Seeded
+streams at temperature 0.8 with frequency/presence penalties are likewise the text
+of the no-fault run across a worker SIGKILL and a scheduler SIGKILL."""
 
 from __future__ import annotations
 
@@ -30,11 +32,22 @@ STEP_TIMEOUT_S = 3.0
 PROMPTS = [f"Request {i}: the weather in city number {i} is" for i in range(NUM_STREAMS)]
 
 
+def greedy(i: int) -> dict:
+    return {"temperature": 0.0}
+
+
+def seeded(base: int):
+    """Stream i's sampling: temperature 0.8, seed base + i, penalties that count output."""
+    return lambda i: {"temperature": 0.8, "seed": base + i, "frequency_penalty": 0.5,
+                      "presence_penalty": 0.5}
+
+
 class Streams:
     """NUM_STREAMS concurrent streaming completions on threads (the openai client)."""
 
-    def __init__(self, stack) -> None:
+    def __init__(self, stack, sampling=greedy) -> None:
         self.client = stack.openai(timeout=120.0)
+        self.sampling = sampling
         self.chunks = [0] * NUM_STREAMS
         self.text = [""] * NUM_STREAMS
         self.finish = [None] * NUM_STREAMS
@@ -48,8 +61,8 @@ class Streams:
     def _one(self, i: int) -> None:
         try:
             stream = self.client.completions.create(
-                model=self._model, prompt=PROMPTS[i], max_tokens=MAX_TOKENS, temperature=0.0,
-                stream=True, extra_body={"ignore_eos": True})
+                model=self._model, prompt=PROMPTS[i], max_tokens=MAX_TOKENS,
+                stream=True, extra_body={"ignore_eos": True}, **self.sampling(i))
             for chunk in stream:
                 choice = chunk.choices[0]
                 self.text[i] += choice.text
@@ -122,9 +135,9 @@ def replace_worker(stack) -> None:
     sup.launch(child, env={k: v for k, v in sup.env.items() if k != FAULT_ENV})
 
 
-def start_faulty_run(stack) -> Streams:
+def start_faulty_run(stack, sampling=greedy) -> Streams:
     """16 streams; returns once the worker has stopped itself mid-stream."""
-    run = Streams(stack)
+    run = Streams(stack, sampling)
     wait_until(lambda: process_stopped(stack.process("worker").pid), "the worker to stop")
     # every request reached the scheduler (a thread may start late on a busy machine)
     wait_until(lambda: (lambda s: s["num_running"] + s["num_waiting"])(
@@ -134,7 +147,7 @@ def start_faulty_run(stack) -> Streams:
     return run
 
 
-def assert_recovered(stack, metrics_port: int, run: Streams) -> None:
+def assert_recovered(stack, metrics_port: int, run: Streams, sampling=greedy) -> None:
     """Every stream ends with length and the text of a no-fault run from the same stack."""
     run.join()
     assert run.finish == ["length"] * NUM_STREAMS
@@ -143,10 +156,10 @@ def assert_recovered(stack, metrics_port: int, run: Streams) -> None:
     assert scheduler_metric(metrics_port, "gapserve:requests_recovered_total") >= 1
     assert check_health(stack.scheduler_address)  # SERVING again
     wait_until(lambda: httpx.get(stack.http_url + "/ready").status_code == 200, "ready")
-    reference = Streams(stack)  # no fault now
+    reference = Streams(stack, sampling)  # no fault now
     reference.join()
     assert reference.finish == ["length"] * NUM_STREAMS
-    assert run.text == reference.text  # greedy: identical to the no-fault run
+    assert run.text == reference.text  # greedy or seeded: identical to the no-fault run
 
 
 def test_worker_sigkill_mid_stream_loses_no_request(fault_stack):
@@ -213,6 +226,39 @@ def test_scheduler_restart_mid_stream_loses_no_request(fault_stack):
     resumed = [line for line in metrics.splitlines()
                if line.startswith("gapserve:requests_resumed_total{")]
     assert resumed and float(resumed[0].rsplit(" ", 1)[1]) == NUM_STREAMS
+
+
+def assert_other_seeds_differ(stack, run: Streams) -> None:
+    """The equality above can fail: other seeds give every stream other text."""
+    other = Streams(stack, seeded(5000))
+    other.join()
+    assert all(a != b for a, b in zip(run.text, other.text))
+
+
+def test_seeded_streams_across_a_worker_sigkill_equal_the_no_fault_run(fault_stack):
+    stack, metrics_port = fault_stack
+    run = start_faulty_run(stack, seeded(1000))
+    replace_worker(stack)  # the new worker gets each request with its output so far
+    assert_recovered(stack, metrics_port, run, seeded(1000))
+    assert_other_seeds_differ(stack, run)
+
+
+def test_seeded_streams_across_a_scheduler_sigkill_equal_the_no_fault_run(fault_stack):
+    stack, _ = fault_stack
+    run = start_faulty_run(stack, seeded(1000))
+    sup = stack.supervisor
+    scheduler = next(c for c in sup.children if c.name == "scheduler")
+    scheduler.process.kill()
+    scheduler.process.wait()
+    os.kill(stack.process("worker").pid, signal.SIGCONT)
+    sup.launch(scheduler)  # continuations: output folded into the prompt, and marked so
+    run.join()
+    assert run.finish == ["length"] * NUM_STREAMS
+    wait_until(lambda: idle(stack), "the KV pool to be whole again", 10.0)
+    reference = Streams(stack, seeded(1000))
+    reference.join()
+    assert run.text == reference.text
+    assert_other_seeds_differ(stack, run)
 
 
 def test_worker_sigstop_is_caught_by_the_step_watchdog(fault_stack):

@@ -84,6 +84,18 @@ def test_request_span_continues_the_frontend_trace_with_genai_attributes(capture
                                             "finished"]
 
 
+def test_a_continuations_request_span_says_how_much_of_its_prompt_is_output(captured):
+    out = captured("scheduler")
+    tel = telemetry(model="smol")
+    tel.request_added("a@resume1", 9, SamplingParams(num_output_prefix_tokens=4), {})
+    tel.request_added("b", 3, SamplingParams(), {})
+    tel.request_outputs([RequestOutput(r, [7], finish_reason=FinishReason.LENGTH)
+                         for r in ("a@resume1", "b")])
+    spans = {s.attributes["gen_ai.request.id"]: s for s in out.spans("scheduler.request")}
+    assert spans["a@resume1"].attributes["gapserve.request.num_output_prefix_tokens"] == 4
+    assert "gapserve.request.num_output_prefix_tokens" not in spans["b"].attributes
+
+
 def format_traceparent(span) -> str:
     ctx = span.get_span_context()
     return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-01"

@@ -55,6 +55,8 @@ def test_concurrent_greedy_outputs_equal_transformers_alone(wire_stack, hf_model
     ([1] * 200, {"max_tokens": 100}, "exceeds max_model_len"),
     ([1, 2], {"temperature": -1.0}, "temperature"),
     ([1, 2], {"top_p": 0.0}, "top_p"),
+    ([1, 2], {"num_output_prefix_tokens": 2}, "must be less than the prompt's 2 tokens"),
+    ([1, 2], {"num_output_prefix_tokens": -1}, "num_output_prefix_tokens must be non-negative"),
 ])
 def test_bad_request_is_rejected_invalid_argument_and_nothing_is_queued(
         wire_stack, prompt, sampling, needle):

@@ -37,7 +37,7 @@ def _chunk_logits(runner, state: RequestState, n: int) -> torch.Tensor:
 def _state(prompt: list[int]) -> RequestState:
     return RequestState(req_id="r", token_ids=list(prompt), num_prompt_tokens=len(prompt),
                         block_ids=[5, 9, 2, 7, 11, 3], num_computed_tokens=0,
-                        params=SamplingParams(temperature=0.0), row=0, generator=None)
+                        params=SamplingParams(temperature=0.0), row=0)
 
 
 def _relative_error(got: torch.Tensor, want: torch.Tensor) -> float:

@@ -1,14 +1,15 @@
-"""Sampling rules: each filter keeps exactly the tokens it should, seeds make draws
-reproducible whatever the batch, penalties and min_tokens change the right logits,
-and logprobs are the model's own."""
+"""Sampling rules: each filter keeps exactly the tokens it should, a seeded draw is a
+function of (seed, output position) only, whatever the batch or the draws before,
+penalties and min_tokens change the right logits, and logprobs are the model's own."""
 
+import dataclasses
 import math
 
 import torch
 
 from shared.types import SamplingParams
 from worker_svc.request_state import RequestState
-from worker_svc.sampler import sample
+from worker_svc.sampler import row_key, sample, seeded_exponential
 
 VOCAB = 50
 EOS = 2
@@ -17,9 +18,7 @@ EOS = 2
 def _state(params: SamplingParams, prompt=(5, 6, 7), output=(), req_id="r") -> RequestState:
     s = RequestState(req_id=req_id, token_ids=list(prompt) + list(output),
                      num_prompt_tokens=len(prompt), block_ids=[], num_computed_tokens=0,
-                     params=params, row=0,
-                     generator=None if params.seed is None
-                     else torch.Generator().manual_seed(params.seed))
+                     params=params, row=0)
     if s.has_penalties:
         s.prompt_mask = torch.zeros(VOCAB, dtype=torch.bool)
         s.prompt_mask[list(prompt)] = True
@@ -69,17 +68,60 @@ def test_same_seed_same_tokens_whatever_else_is_in_the_batch():
     logits[2] = logits[0]  # the seeded request sees the same logits in both batches
     seeded = SamplingParams(temperature=1.5, seed=77)
 
-    def run(batch_params, row, batch_seed):
-        states = [_state(p, req_id=str(i)) for i, p in enumerate(batch_params)]
+    def run(batch_params, row, batch_seed):  # output positions 0..29
         g = torch.Generator().manual_seed(batch_seed)
-        return [sample(logits[:len(states)].clone(), states, [EOS], g)[1][row]
-                for _ in range(30)]
+        return [sample(logits[:len(batch_params)].clone(),
+                       [_state(p, output=[9] * k, req_id=str(i))
+                        for i, p in enumerate(batch_params)], [EOS], g)[1][row]
+                for k in range(30)]
 
     alone = run([seeded], 0, batch_seed=1)
     crowded = run([SamplingParams(temperature=1.0), SamplingParams(temperature=0.0),
                    seeded], 2, batch_seed=2)
     assert crowded == alone
     assert run([SamplingParams(temperature=1.5, seed=78)], 0, batch_seed=1) != alone
+
+
+def test_a_seeded_draw_is_a_function_of_seed_and_output_position_only():
+    logits = _logits(4, rows=4)
+    logits[1] = logits[3] = logits[0]
+    seeded = SamplingParams(temperature=0.8, seed=2024)
+
+    def at(position, neighbours=(), draws_before=0, shared_seed=0):
+        g = torch.Generator().manual_seed(shared_seed)
+        states = [_state(seeded, output=[9] * position), *neighbours]
+        for _ in range(draws_before):  # a long history of draws changes nothing
+            sample(logits[:len(states)].clone(), states, [EOS], g)
+        return sample(logits[:len(states)].clone(), states, [EOS], g)[1][0]
+
+    want = [at(k) for k in range(40)]
+    assert [at(k, draws_before=3, shared_seed=9) for k in range(40)] == want
+    crowd = (_state(SamplingParams(temperature=1.0)), _state(SamplingParams(seed=5)),
+             _state(SamplingParams(temperature=0.0)))
+    assert [at(k, neighbours=crowd) for k in range(40)] == want
+    assert len(set(want)) >= 3  # the position does change the draw
+    # a continuation whose prompt holds k outputs draws as the original at position k
+    tail = _state(dataclasses.replace(seeded, num_output_prefix_tokens=7), output=[9] * 3)
+    assert sample(logits[:1].clone(), [tail], [EOS], torch.Generator())[1][0] == want[10]
+
+
+def test_seeded_noise_is_splitmix64_bit_for_bit_and_exponential():
+    mask, golden = (1 << 64) - 1, 0x9E3779B97F4A7C15
+
+    def splitmix64(x):  # the reference, in exact Python integers
+        x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & mask
+        return x ^ (x >> 31)
+
+    keys = [row_key(seed, pos) for seed, pos in [(0, 0), (-1, 5), (2**63 - 1, 10**6), (7, 3)]]
+    noise = seeded_exponential(keys, 300, torch.device("cpu"))
+    for r, key in enumerate(keys):
+        for j in (0, 1, 150, 299):
+            u = ((splitmix64((key + (j + 1) * golden) & mask) >> 11) + 0.5) * 2.0 ** -53
+            assert noise[r, j].item() == -math.log(u)
+    big = seeded_exponential(list(range(8)), 20_000, torch.device("cpu"))
+    assert abs(big.mean().item() - 1.0) < 0.01 and abs(big.var().item() - 1.0) < 0.03
+    assert row_key(1, 0) != row_key(0, 1) != row_key(1, 1)
 
 
 def test_repetition_penalty_demotes_seen_tokens_both_signs():
