@@ -192,16 +192,14 @@ def _origin(hint):
 
 def _shape_problem(f, attr: str, hint) -> list[str]:
     origin = _origin(hint)
+    shown = getattr(origin, "__name__", origin)
     if _is_map(f):
-        want = (dict,)
-    elif f.is_repeated:
-        want = (list, set)
-    else:
-        return [f"{attr}: a container ({origin.__name__}) for the single field {f.name!r}"] \
-            if origin in (list, set, dict) else []
-    return [] if origin in want else \
-        [f"{attr}: {getattr(origin, '__name__', origin)} for the {'map' if _is_map(f) else 'repeated'} "
-         f"field {f.name!r}"]
+        return [] if origin is dict else [f"{attr}: {shown} for the map field {f.name!r}"]
+    if f.is_repeated:
+        return [] if origin in (list, set) else \
+            [f"{attr}: {shown} for the repeated field {f.name!r}"]
+    return [f"{attr}: a container ({shown}) for the single field {f.name!r}"] \
+        if origin in (list, set, dict) else []
 
 
 def _nested(desc, ns: dict) -> Pair:
