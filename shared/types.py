@@ -1,8 +1,9 @@
 """Plain types that cross a service boundary: what the scheduler tells the workers
 each step, what the workers answer, what the scheduler streams to a frontend.
 
-They mirror the protobuf messages in protos/ one to one; the services translate
-at their edges (a servicer is a thin translation), and the cores work on these.
+Each mirrors a protobuf message in protos/ field by field, under the same names:
+shared/wire/ derives the mapping from the descriptors, so a new field here needs
+its line in the .proto and nothing in between (tests/wire/test_proto_parity.py).
 The wire rule lives here too: a request's full data (prompt ids, sampling
 parameters) travels once in NewRequestData; afterwards a step carries only
 increments in CachedRequestData (new block ids, computed counts, resumed flags).

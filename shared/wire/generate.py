@@ -1,0 +1,21 @@
+"""generate.proto: the client-facing gRPC API. Nothing here is paired: its messages
+are the client's shapes, read into the frontend's GenerationInput and built from its
+RequestState by frontend_svc/grpc_api.py (the sampling parameters and logprobs inside
+them are common.proto's, paired in shared/wire/common.py)."""
+
+_BUILT = "built from the frontend's RequestState by frontend_svc/grpc_api.py"
+
+UNPAIRED = {
+    "GenerateRequest": "validated and tokenized into a GenerationInput by "
+                       "frontend_svc/grpc_api.py (text in, a different shape out)",
+    "TokenIds": "a oneof arm of GenerateRequest (proto has no repeated inside a oneof)",
+    "GenerateResponse": "a delta of text and token ids, " + _BUILT,
+    "GenerateFinal": "the end of a stream: finish reason, matched stop, usage; " + _BUILT,
+    "Usage": "token counts, " + _BUILT,
+    "RequestTimings": "per-request timings, " + _BUILT,
+    "AbortRequest": "a list of client ids, read in place",
+    "AbortResponse": "how many ids were still running, built in place",
+    "TokenizeRequest": "text, read in place",
+    "TokenizeResponse": "the tokenizer's answer, built in place",
+    "GetModelInfoResponse": "its ModelInfo is paired; the served name is a flag",
+}
