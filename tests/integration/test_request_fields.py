@@ -104,6 +104,13 @@ def test_every_field_of_the_openai_client_and_vllm_is_honoured_refused_or_docume
                 assert callable(getattr(importlib.import_module(module or __name__), test))
 
 
+def test_docs_api_md_lists_every_honoured_refused_and_inert_field():
+    from pathlib import Path
+    text = (Path(__file__).parents[2] / "docs" / "api.md").read_text()
+    missing = [name for name in (*HONOURED, *REFUSED, *NO_EFFECT) if f"`{name}`" not in text]
+    assert not missing, missing
+
+
 @pytest.mark.parametrize("endpoint,name", sorted(
     [("/v1/completions", n) for n in COMPLETION_FIELDS if n in REFUSED]
     + [("/v1/chat/completions", n) for n in CHAT_FIELDS if n in REFUSED]))
