@@ -11,17 +11,17 @@ import re
 from collections.abc import Awaitable
 from typing import TypeVar
 
-from pydantic import BaseModel, ValidationError
-
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from shared.types import InvalidRequestError
 
 from frontend_svc.admission import RETRY_AFTER_S
 from frontend_svc.auth import Forbidden, Unauthenticated
+from frontend_svc.caps import REJECTED
 from frontend_svc.errors import EngineError, FieldError, error_body
 
 T = TypeVar("T")
@@ -93,6 +93,7 @@ def parse_body(body: bytes, model: type[M]) -> M:
     try:
         data = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        REJECTED.labels("bad_json").inc()
         where = f" at line {exc.lineno} column {exc.colno}" \
             if isinstance(exc, json.JSONDecodeError) else ""
         raise FieldError(f"the request body is not valid JSON{where}: "
@@ -100,6 +101,7 @@ def parse_body(body: bytes, model: type[M]) -> M:
     if _MAYBE_SURROGATE.search(body):
         path = _unencodable_path(data, ())
         if path is not None:
+            REJECTED.labels("bad_text").inc()
             param = ".".join(map(str, path)) or None
             raise FieldError(f"{param or 'the body'} contains a lone UTF-16 surrogate, "
                              "which is not valid Unicode text", param)

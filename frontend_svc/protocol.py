@@ -17,6 +17,7 @@ from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from frontend_svc.caps import REJECTED
 from frontend_svc.errors import FieldError
 from frontend_svc.observe import log
 
@@ -106,6 +107,7 @@ def check_refused(req: BaseModel) -> None:
         if name in given:
             value = extra[name] if name in extra else getattr(req, name)
             if rule.refuses(value):
+                REJECTED.labels("unsupported_field").inc()
                 raise FieldError(f"{name}: {rule.message}", name)
     ignored = sorted(set(extra) - NO_EFFECT - set(REFUSED))
     if ignored:

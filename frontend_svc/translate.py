@@ -67,7 +67,7 @@ def stop_strings(stop: str | list[str] | None, caps: RequestCaps,
                  stop_token_ids: list[int] | None = None) -> list[str]:
     stops = [stop] if isinstance(stop, str) else list(stop or [])
     if any(s == "" for s in stops):
-        raise InvalidRequestError("stop strings must not be empty")
+        raise FieldError("stop strings must not be empty", "stop")
     caps.check_stops(stops, stop_token_ids)
     return stops
 
@@ -99,7 +99,11 @@ def sampling_params(req: SamplingFields, max_tokens: int, logprobs: int | None,
                             stop_token_ids=list(req.stop_token_ids or []),
                             ignore_eos=req.ignore_eos, logprobs=logprobs,
                             logit_bias=logit_bias(req.logit_bias), **given)
-    params.validate(limits.vocab_size)
+    try:
+        params.validate(limits.vocab_size)
+    except InvalidRequestError as exc:  # its messages start with the field's name
+        name = str(exc).split(" ", 1)[0]
+        raise FieldError(str(exc), name if name in req.model_fields else None) from None
     if params.seed is not None and \
             not -INT64 <= params.seed <= INT64 - choices_per_prompt(req):
         raise FieldError("seed must fit in a signed 64-bit integer", "seed")
@@ -123,8 +127,8 @@ def logit_bias(raw: dict[str, float] | None) -> dict[int, float]:
         try:
             out[int(key)] = float(value)
         except ValueError:
-            raise InvalidRequestError(f"logit_bias keys must be token ids, got {key!r}") \
-                from None
+            raise FieldError(f"logit_bias keys must be token ids, got {key!r}",
+                             "logit_bias") from None
     return out
 
 
@@ -141,15 +145,15 @@ def completion_inputs(req: CompletionRequest, tokenizer: TextTokenizer,
     check_refused(req)
     width = choices_per_prompt(req)
     if req.echo and req.logprobs is not None:
-        raise InvalidRequestError("echo with logprobs is not supported "
-                                  "(prompt logprobs are not computed)")
+        raise FieldError("echo with logprobs is not supported "
+                         "(prompt logprobs are not computed)", "echo")
     prompt = req.prompt
     if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
         prompts = [prompt]
     else:
         prompts = list(prompt)
     if not prompts:
-        raise InvalidRequestError("the prompt is empty")
+        raise FieldError("the prompt is empty", "prompt")
     limits.caps.check_batch(len(prompts), width)
     stops = stop_strings(req.stop, limits.caps, req.stop_token_ids)
     for p in prompts:  # every cap before the first (costly) tokenization

@@ -253,3 +253,11 @@ def test_get_on_a_post_route_is_a_405_invalid_request_error(tiny_stack):
     reply = httpx.get(tiny_stack.http_url + "/v1/completions", timeout=60)
     assert reply.status_code == 405
     assert reply.json()["error"]["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize("field,value", [("temperature", -1), ("top_p", 0), ("top_k", -5),
+                                         ("min_tokens", 99), ("logprobs", 50),
+                                         ("stop_token_ids", [10**6]), ("stop", [""])])
+def test_a_bad_sampling_value_names_its_field(tiny_stack, field, value):
+    reply = post(tiny_stack, "/v1/completions", {**COMPLETION, field: value})
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == field
