@@ -268,17 +268,22 @@ def test_tokenize_and_detokenize_floods_leave_health_fast(stack):
     huge_ids = b'{"tokens": [' + b",".join([b"1234"] * 1_500_000) + b"]}"  # 7.5 MB
     fits_text = json.dumps({"prompt": "hello world " * (MAX_PROMPT_BYTES // 12 - 1)}).encode()
     huge_text = b'{"prompt": "' + b"hello world " * 600_000 + b'"}'  # 7.2 MB
-    # fewer places than LIMIT; the fitting text is real work on the pool, and more of
-    # it would only measure how busy the shared box's two cores are
-    cases = [("/detokenize", fits_ids, 200), ("/detokenize", huge_ids, 400),
-             ("/tokenize", huge_text, 400)] * 4 + [("/tokenize", fits_text, 200)]
+    # fewer places than LIMIT at once; the fitting text is real work on the pool, and
+    # more of it would only measure how busy the shared box's two cores are
+    wave = [("/detokenize", fits_ids, 200), ("/detokenize", huge_ids, 400),
+            ("/tokenize", huge_text, 400)] * 2 + [("/detokenize", fits_ids, 200),
+                                                  ("/tokenize", fits_text, 200)]
+    cases = wave * 4
 
     async def run():
         async with httpx.AsyncClient(timeout=60) as client:
-            return await asyncio.gather(*[
-                client.post(stack.http_url + path, content=body,
-                            headers={"content-type": "application/json"})
-                for path, body, _ in cases])
+            replies = []
+            for _ in range(len(cases) // len(wave)):  # waves: enough probes for a p95
+                replies += await asyncio.gather(*[
+                    client.post(stack.http_url + path, content=body,
+                                headers={"content-type": "application/json"})
+                    for path, body, _ in wave])
+            return replies
 
     prober = HealthProber("127.0.0.1", stack.http_port)
     try:
@@ -292,7 +297,7 @@ def test_tokenize_and_detokenize_floods_leave_health_fast(stack):
     assert replies[-1].json()["count"] > 10_000
     # p95 under 100 ms (the slowest may be descheduled on a shared box: HEALTH_STALL_S);
     # parsing these bodies on the loop stalled it for seconds
-    assert len(latencies) > 5
+    assert len(latencies) > 20
     assert_health_fast(latencies)
     assert in_flight(stack) == 0
 
