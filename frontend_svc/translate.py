@@ -103,7 +103,8 @@ def sampling_params(req: SamplingFields, max_tokens: int, logprobs: int | None,
         params.validate(limits.vocab_size)
     except InvalidRequestError as exc:  # its messages start with the field's name
         name = str(exc).split(" ", 1)[0]
-        raise FieldError(str(exc), name if name in req.model_fields else None) from None
+        raise FieldError(str(exc), name if name in type(req).model_fields else None) \
+            from None
     if params.seed is not None and \
             not -INT64 <= params.seed <= INT64 - choices_per_prompt(req):
         raise FieldError("seed must fit in a signed 64-bit integer", "seed")
