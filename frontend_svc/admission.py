@@ -10,7 +10,7 @@ import contextlib
 import grpc
 from prometheus_client import Gauge
 
-from frontend_svc.caps import REJECTED, refuse
+from frontend_svc.caps import REJECTED, too_many_choices
 from frontend_svc.errors import EngineError
 
 IN_FLIGHT = Gauge("gapserve:frontend_requests_in_flight",
@@ -32,10 +32,8 @@ class Admission:
         """Raise EngineError(429) if `num_choices` would not fit now: called before
         parsing and tokenizing too, so an overload is refused at the least cost."""
         if num_choices > self.limit:  # retrying would not help: not a 429
-            raise refuse("choices", f"this request starts {num_choices} choices; at most "
-                                    f"{self.limit} are admitted at once "
-                                    "(--max-queued-requests plus the scheduler's "
-                                    "--max-num-seqs)")
+            raise too_many_choices(num_choices, self.limit, "--max-queued-requests plus "
+                                   "the scheduler's --max-num-seqs")
         if self.in_flight + num_choices > self.limit:
             REJECTED.labels("queue_full").inc()
             raise EngineError(grpc.StatusCode.RESOURCE_EXHAUSTED,

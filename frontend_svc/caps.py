@@ -24,6 +24,12 @@ def refuse(reason: str, message: str) -> InvalidRequestError:
     return InvalidRequestError(message)
 
 
+def too_many_choices(count: int, limit: int, flags: str) -> InvalidRequestError:
+    """The one wording of every bound on choices (a choice is a request at the scheduler)."""
+    return refuse("choices", f"this request asks for {count} choices (prompts x n, or x "
+                             f"best_of); at most {limit} are allowed ({flags})")
+
+
 @dataclass(frozen=True, slots=True)
 class RequestCaps:
     max_client_batch_size: int = 128
@@ -52,9 +58,8 @@ class RequestCaps:
             raise refuse("batch", f"at most {self.max_client_batch_size} prompts per request "
                                   f"(--max-client-batch-size), got {num_prompts}")
         if num_prompts * n > self.max_choices_per_request:
-            raise refuse("choices", f"prompts x n must be at most "
-                                    f"{self.max_choices_per_request} "
-                                    f"(--max-choices-per-request), got {num_prompts * n}")
+            raise too_many_choices(num_prompts * n, self.max_choices_per_request,
+                                   "--max-choices-per-request")
 
     def check_stops(self, stops: list[str], stop_token_ids: list[int] | None) -> None:
         if len(stops) > self.max_stop_sequences:
@@ -69,6 +74,23 @@ class RequestCaps:
         if count > self.max_stop_token_ids:
             raise refuse("stop_token_ids", f"at most {self.max_stop_token_ids} stop_token_ids "
                                            f"(--max-stop-token-ids), got {count}")
+
+    def check_body_for_text(self, body_bytes: int) -> None:
+        """Before parsing a body that is mostly text: a JSON escape (\\u0041) takes at
+        most 6 bytes per byte of text, so a larger body cannot hold a prompt within
+        the bound, and is refused without holding the GIL to parse it."""
+        if self.max_prompt_bytes is not None and \
+                body_bytes > 6 * self.max_prompt_bytes + (64 << 10):
+            raise refuse("prompt_bytes", f"the request body is {body_bytes} bytes; a prompt "
+                                         f"of at most {self.max_prompt_bytes} bytes is "
+                                         "accepted (--max-prompt-bytes)")
+
+    @staticmethod
+    def check_token_ids(count: int, max_model_len: int) -> None:
+        """No sequence of this model is longer than its context."""
+        if count > max_model_len:
+            raise refuse("token_ids", f"at most {max_model_len} token ids (the model's "
+                                      f"context) are accepted, got {count}")
 
     def check_text(self, text: str, what: str = "the prompt") -> None:
         """Before tokenizing: text longer than any prompt of max_model_len tokens

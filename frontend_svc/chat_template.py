@@ -11,7 +11,7 @@ from typing import Any
 from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from shared.types import InvalidRequestError
+from frontend_svc.errors import FieldError
 
 
 def _raise_exception(message: str) -> None:
@@ -40,11 +40,28 @@ class ChatTemplate:
         self.template = env.from_string(source)
         self.special_tokens = special_tokens  # bos_token, eos_token, ...: templates use them
 
-    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+    def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+               continue_final_message: bool = False) -> str:
         try:
-            return self.template.render(messages=messages,
+            text = self.template.render(messages=messages,
                                         add_generation_prompt=add_generation_prompt,
                                         **self.special_tokens)
-        except TemplateError as exc:  # e.g. a template that refuses a role order
-            raise InvalidRequestError(f"the chat template refused these messages: {exc}") \
-                from exc
+        except (TemplateError, TypeError, ValueError, KeyError) as exc:
+            # e.g. a template that refuses a role order, or trips on a message's shape
+            raise FieldError(f"the chat template refused these messages: {exc}",
+                             "messages") from exc
+        return _continued(text, messages[-1]["content"]) if continue_final_message else text
+
+
+def _continued(text: str, final: str) -> str:
+    """The rendering cut right after the last message's content, so generation
+    continues it (transformers' continue_final_message, whose rule this copies:
+    a template may strip the message's trailing whitespace)."""
+    stripped = final.strip()
+    if not stripped or stripped not in text:
+        raise FieldError("continue_final_message: the last message's content does not "
+                         "appear in the chat template's rendering", "continue_final_message")
+    at = text.rindex(stripped)
+    if text[at:at + len(final.lstrip())] == final.lstrip():
+        return text[:at + len(final.lstrip())]
+    return text[:at + len(stripped)]

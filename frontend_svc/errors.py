@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import grpc
 
+from shared.types import InvalidRequestError
+
 HTTP_FROM_GRPC = {
     grpc.StatusCode.INVALID_ARGUMENT: 400,
     grpc.StatusCode.OUT_OF_RANGE: 400,
@@ -18,11 +20,19 @@ HTTP_FROM_GRPC = {
     grpc.StatusCode.DEADLINE_EXCEEDED: 504,
 }
 ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error",
-               403: "permission_error", 404: "not_found_error", 409: "conflict_error",
-               413: "invalid_request_error", 429: "rate_limit_error",
+               403: "permission_error", 404: "not_found_error", 405: "invalid_request_error",
+               409: "conflict_error", 413: "invalid_request_error", 429: "rate_limit_error",
                499: "client_closed_request", 500: "server_error",
                503: "service_unavailable", 504: "timeout"}
 _CODES_BY_NUMBER = {c.value[0]: c for c in grpc.StatusCode}
+
+
+class FieldError(InvalidRequestError):
+    """A 400 about one request field: `param` names it, as OpenAI's error body does."""
+
+    def __init__(self, message: str, param: str | None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class EngineError(Exception):

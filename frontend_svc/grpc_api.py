@@ -17,7 +17,7 @@ from frontend_svc.context import Frontend
 from frontend_svc.errors import EngineError
 from frontend_svc.generation import Choice
 from frontend_svc.request_state import RequestState
-from frontend_svc.translate import GenerationInput, check_prompt, stop_strings
+from frontend_svc.translate import GenerationInput, check_prompt, encode, stop_strings
 
 SERVICE_NAME = "gapserve.v1.Generation"
 
@@ -33,7 +33,7 @@ def generate_input(req: generate_pb2.GenerateRequest, fe: Frontend) -> Generatio
     which = req.WhichOneof("input")
     if which == "text":
         limits.caps.check_text(req.text)
-        ids = fe.tokenizer.encode(req.text, add_special)
+        ids = encode(fe.tokenizer, req.text, add_special, "text")
     elif which == "token_ids":
         ids = list(req.token_ids.ids)
     else:
@@ -44,6 +44,17 @@ def generate_input(req: generate_pb2.GenerateRequest, fe: Frontend) -> Generatio
         req.include_stop_str_in_output if req.HasField("include_stop_str_in_output") else False,
         req.skip_special_tokens if req.HasField("skip_special_tokens") else True,
         req.priority, req.cache_salt if req.HasField("cache_salt") else None)
+
+
+def tokenize_reply(req: generate_pb2.TokenizeRequest, fe: Frontend
+                   ) -> generate_pb2.TokenizeResponse:
+    """Validate and tokenize (call it on fe.pool)."""
+    limits = fe.limits
+    limits.caps.check_text(req.text)
+    add_special = req.add_special_tokens if req.HasField("add_special_tokens") else True
+    ids = encode(fe.tokenizer, req.text, add_special, "text")
+    return generate_pb2.TokenizeResponse(token_ids=ids, tokens=fe.tokenizer.tokens(ids),
+                                         max_model_len=limits.max_model_len)
 
 
 def final_message(state: RequestState) -> generate_pb2.GenerateFinal:
@@ -81,24 +92,24 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
 
     async def Generate(self, request, context):
         caller = await self._caller(context)
-        try:
-            self.fe.keys.check_priority(caller, request.priority)
-            inp = await self.fe.offload(generate_input, request, self.fe)
-        except Forbidden as exc:
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
-        except InvalidRequestError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        except EngineError as exc:
-            await context.abort(exc.code, exc.message)
         client_id = request.request_id or self.fe.new_id("gen")
         key = (caller, client_id)
-        if key in self.active:
-            await context.abort(grpc.StatusCode.ALREADY_EXISTS,
-                                f"request {client_id!r} is already running")
-        choice = Choice(self.fe.new_id("grpc"), inp, inp.params,
-                        context.invocation_metadata(), "text_completion")
+        choice = None
         try:
-            with self.fe.admission.admit(1):  # RESOURCE_EXHAUSTED when the queue is full
+            # RESOURCE_EXHAUSTED when the queue is full, before any tokenizing
+            with self.fe.admission.admit(1):
+                try:
+                    self.fe.keys.check_priority(caller, request.priority)
+                    inp = await self.fe.offload(generate_input, request, self.fe)
+                except Forbidden as exc:
+                    await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
+                except InvalidRequestError as exc:
+                    await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+                if key in self.active:  # checked here: no await until it is taken
+                    await context.abort(grpc.StatusCode.ALREADY_EXISTS,
+                                        f"request {client_id!r} is already running")
+                choice = Choice(self.fe.new_id("grpc"), inp, inp.params,
+                                context.invocation_metadata(), "text_completion")
                 self.active[key] = choice.req_id
                 async with aclosing(generation.stream(self.fe.engine, self.fe.tokenizer,
                                                       choice, self.fe.observer)) as deltas:
@@ -113,7 +124,7 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
         except EngineError as exc:
             await context.abort(exc.code, exc.message)
         finally:
-            if self.active.get(key) == choice.req_id:
+            if choice is not None and self.active.get(key) == choice.req_id:
                 del self.active[key]
 
     async def Abort(self, request, context):
@@ -124,19 +135,13 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
 
     async def Tokenize(self, request, context):
         await self._caller(context)
-        add_special = request.add_special_tokens if request.HasField("add_special_tokens") \
-            else True
         try:
-            limits = self.fe.limits
-            limits.caps.check_text(request.text)
+            with self.fe.admission.admit(1):  # like HTTP /tokenize: a slot, then the pool
+                return await self.fe.offload(tokenize_reply, request, self.fe)
         except EngineError as exc:
             await context.abort(exc.code, exc.message)
         except InvalidRequestError as exc:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        ids = await self.fe.offload(self.fe.tokenizer.encode, request.text, add_special)
-        max_model_len = limits.max_model_len
-        return generate_pb2.TokenizeResponse(token_ids=ids, tokens=self.fe.tokenizer.tokens(ids),
-                                             max_model_len=max_model_len)
 
     async def GetModelInfo(self, request, context):
         await self._caller(context)

@@ -2,7 +2,9 @@
 pass through untouched): API-key check (401) on every route but the open ones,
 an immediate 429 while admission is full (before the body is read), and the
 body-size limit (413), enforced on Content-Length and on the bytes that
-actually arrive (a chunked body has no Content-Length)."""
+actually arrive (a chunked body has no Content-Length). It is also the last
+resort for a bug: one log line and OpenAI's 500 body, instead of Starlette's
+re-raise that uvicorn logs a second time."""
 
 from __future__ import annotations
 
@@ -14,9 +16,12 @@ from frontend_svc.admission import RETRY_AFTER_S
 from frontend_svc.auth import ApiKeys, Unauthenticated, bearer
 from frontend_svc.caps import REJECTED
 from frontend_svc.errors import EngineError, error_body
+from frontend_svc.observe import log
 
 OPEN_PATHS = frozenset({"/health", "/metrics"})  # probes and scrapers need no key
-GENERATE_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})
+# the routes that cost CPU or a request slot: all go through admission
+ADMITTED_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/tokenize",
+                            "/detokenize"})
 
 
 class PayloadTooLarge(HTTPException):
@@ -45,7 +50,7 @@ class HttpGuard:
                 body["error"]["code"] = "invalid_api_key"  # OpenAI's code for this case
                 return await _send_json(send, 401, body, [(b"www-authenticate", b"Bearer")])
             scope.setdefault("state", {})["caller"] = caller
-        if self.admission is not None and scope["path"] in GENERATE_PATHS:
+        if self.admission is not None and scope["path"] in ADMITTED_PATHS:
             try:  # full already: refuse before reading or parsing the body
                 self.admission.check(1)
             except EngineError as exc:
@@ -55,7 +60,19 @@ class HttpGuard:
         if length is not None and length.isdigit() and int(length) > self.limit:
             exc = PayloadTooLarge(self.limit)
             return await _send_json(send, 413, error_body(exc.detail, 413))
-        await self.app(scope, self._limited(receive), send)
+        started = False
+
+        async def tracked_send(message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, self._limited(receive), tracked_send)
+        except Exception as exc:  # a bug: answer in the shape clients parse, log it once
+            log.error("unexpected error", path=scope["path"], error=repr(exc), exc_info=exc)
+            if not started:
+                await _send_json(send, 500, error_body("internal server error", 500))
 
     def _limited(self, receive):
         received = 0

@@ -6,22 +6,29 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import re
 from collections.abc import Awaitable
 from typing import TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from shared.types import InvalidRequestError
 
 from frontend_svc.admission import RETRY_AFTER_S
 from frontend_svc.auth import Forbidden, Unauthenticated
-from frontend_svc.errors import EngineError, error_body
-from frontend_svc.observe import log
+from frontend_svc.caps import REJECTED
+from frontend_svc.errors import EngineError, FieldError, error_body
 
 T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
+# A lone UTF-16 surrogate, as a JSON escape or as raw (CESU-style) bytes: json.loads
+# accepts both, and the tokenizer then fails on the string it returns.
+_MAYBE_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F]|\xed[\xa0-\xbf]")
 
 
 class HttpError(Exception):
@@ -55,7 +62,7 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(InvalidRequestError)
     async def _invalid(_: Request, exc: InvalidRequestError) -> JSONResponse:
-        return error_response(400, str(exc))
+        return error_response(400, str(exc), getattr(exc, "param", None))
 
     @app.exception_handler(EngineError)
     async def _engine(_: Request, exc: EngineError) -> JSONResponse:
@@ -70,13 +77,6 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _auth(_: Request, exc: Unauthenticated | Forbidden) -> JSONResponse:
         return error_response(exc.status, str(exc))
 
-    @app.exception_handler(Exception)
-    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        # a bug must still answer in the shape clients parse, and leave a trail
-        log.error("unexpected error", path=request.url.path, error=repr(exc),
-                  exc_info=exc)
-        return error_response(500, "internal server error")
-
     @app.exception_handler(ClientGone)
     async def _gone(_: Request, exc: ClientGone) -> JSONResponse:
         return error_response(499, "the client closed the request")
@@ -84,6 +84,53 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _starlette(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         return error_response(exc.status_code, str(exc.detail))
+
+
+def parse_body(body: bytes, model: type[M]) -> M:
+    """A request body as `model` (run it on the tokenizer pool: a body of up to
+    --payload-limit bytes takes long to parse). Bad JSON, a string that is not
+    valid Unicode, or a field of the wrong type is a 400 naming what is wrong."""
+    try:
+        data = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        REJECTED.labels("bad_json").inc()
+        where = f" at line {exc.lineno} column {exc.colno}" \
+            if isinstance(exc, json.JSONDecodeError) else ""
+        raise FieldError(f"the request body is not valid JSON{where}: "
+                         f"{getattr(exc, 'msg', None) or exc.reason}", None) from None
+    if _MAYBE_SURROGATE.search(body):
+        path = _unencodable_path(data, ())
+        if path is not None:
+            REJECTED.labels("bad_text").inc()
+            param = ".".join(map(str, path)) or None
+            raise FieldError(f"{param or 'the body'} contains a lone UTF-16 surrogate, "
+                             "which is not valid Unicode text", param)
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise RequestValidationError(exc.errors(include_url=False)) from None
+
+
+def _unencodable_path(value, path: tuple) -> tuple | None:
+    """Where the first string that UTF-8 cannot encode is (a lone surrogate)."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return path
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            found = _unencodable_path(key, path)
+            if found is None:
+                found = _unencodable_path(item, (*path, key))
+            if found is not None:
+                return found
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            found = _unencodable_path(item, (*path, i))
+            if found is not None:
+                return found
+    return None
 
 
 async def _wait_for_disconnect(request: Request) -> None:

@@ -1,29 +1,38 @@
 """The OpenAI-compatible HTTP API: a thin translation between JSON and the
-frontend's choices (translate.py in, openai_format.py out)."""
+frontend's choices (translate.py in, openai_format.py out), as three routers:
+generation, tokenize/detokenize, and the operator's (health, ready, metrics,
+status, models).
+
+Nothing that costs CPU runs on the event loop that serves every stream: request
+bodies are parsed, tokenized and decoded on the tokenizer pool, and every route
+that does so goes through admission first (HttpGuard, then Admission.admit)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 
-from fastapi import FastAPI, Request, Response
+from fastapi import APIRouter, FastAPI, Request, Response
 from fastapi.responses import JSONResponse
-
-from shared.types import InvalidRequestError
 
 from frontend_svc import openai_format as fmt
 from frontend_svc.auth import ANONYMOUS
 from frontend_svc.context import Frontend
-from frontend_svc.errors import EngineError, error_body
+from frontend_svc.errors import EngineError, FieldError, error_body
 from frontend_svc.generation import Choice
 from frontend_svc.http_guard import HttpGuard
 from frontend_svc.http_util import (
-    HttpError, SSEResponse, install_error_handlers, unless_disconnected)
+    HttpError, SSEResponse, install_error_handlers, parse_body, unless_disconnected)
 from frontend_svc.observe import metrics_text
 from frontend_svc.protocol import (
     ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest)
 from frontend_svc.request_state import RequestState
 from frontend_svc.translate import (
-    GenerationInput, chat_input, completion_inputs, fan_out)
+    GenerationInput, ModelLimits, chat_input, check_chat_template_flags, choices_per_prompt,
+    completion_inputs, encode, fan_out)
+
+# slack for the other fields' commas when counting /detokenize's ids before parsing
+DETOKENIZE_COMMA_SLACK = 16
 
 
 def build_app(fe: Frontend, payload_limit: int = 8 << 20) -> FastAPI:
@@ -31,22 +40,27 @@ def build_app(fe: Frontend, payload_limit: int = 8 << 20) -> FastAPI:
     install_error_handlers(app)
     app.add_middleware(HttpGuard, keys=fe.keys, payload_limit=payload_limit,
                        admission=fe.admission)
+    app.include_router(operator_router(fe))
+    app.include_router(token_router(fe))
+    app.include_router(generation_router(fe))
+    return app
 
-    def check_priority(request: Request, priority: int) -> None:
-        fe.keys.check_priority(getattr(request.state, "caller", ANONYMOUS), priority)
 
-    def check_model(name: str | None) -> None:
-        if name is not None and name != fe.served_model_name:
-            raise HttpError(404, f"The model `{name}` does not exist.", "model")
+def check_model(fe: Frontend, name: str | None) -> None:
+    if name is not None and name != fe.served_model_name:
+        raise HttpError(404, f"The model `{name}` does not exist.", "model")
 
-    def choices_for(inputs: list[GenerationInput], n: int, resp_id: str, request: Request,
-                    operation: str) -> list[Choice]:
-        """n choices per prompt; choice k of the response is request `resp_id-k`."""
-        pairs = [(inp, params) for inp in inputs for params in fan_out(inp.params, n)]
-        return [Choice(f"{resp_id}-{k}", inp, params, request.headers, operation)
-                for k, (inp, params) in enumerate(pairs)]
 
-    @app.get("/health")
+def json_bytes(body: dict) -> Response:
+    """A JSON response serialized by the caller (on the pool: a long id list is slow)."""
+    return Response(json.dumps(body, separators=(",", ":")).encode(),
+                    media_type="application/json")
+
+
+def operator_router(fe: Frontend) -> APIRouter:
+    router = APIRouter()
+
+    @router.get("/health")
     async def health() -> Response:
         """Liveness: fails until the whole stack was ready once, then stays up while
         the scheduler or a worker is away (this process holds their requests)."""
@@ -55,7 +69,7 @@ def build_app(fe: Frontend, payload_limit: int = 8 << 20) -> FastAPI:
                                            "yet", 503), 503)
         return Response(status_code=200)
 
-    @app.get("/ready")
+    @router.get("/ready")
     async def ready() -> Response:
         """Readiness: the scheduler session is open and the scheduler holds its workers."""
         if not fe.ready:
@@ -63,7 +77,7 @@ def build_app(fe: Frontend, payload_limit: int = 8 << 20) -> FastAPI:
                                            "not connected", 503), 503)
         return Response(status_code=200)
 
-    @app.get("/v1/models", response_model=None)
+    @router.get("/v1/models", response_model=None)
     async def models() -> dict | JSONResponse:
         if not fe.ready:
             return JSONResponse(error_body("the scheduler or its workers are not connected",
@@ -74,12 +88,12 @@ def build_app(fe: Frontend, payload_limit: int = 8 << 20) -> FastAPI:
             "owned_by": "gapserve", "root": fe.model_path,
             "max_model_len": info.max_model_len if info else None}]}
 
-    @app.get("/metrics")
+    @router.get("/metrics")
     async def metrics() -> Response:
         body, content_type = metrics_text()
         return Response(body, media_type=content_type)
 
-    @app.get("/v1/status")
+    @router.get("/v1/status")
     async def status() -> dict:
         reply = await fe.engine.get_status()
         # every field, with 64-bit counters as JSON numbers (MessageToDict makes them strings)
@@ -89,39 +103,94 @@ def build_app(fe: Frontend, payload_limit: int = 8 << 20) -> FastAPI:
             out["preemption_rate_per_s"] = out["num_preemptions_in_window"] / out["window_s"]
         return out
 
-    @app.post("/tokenize")
-    async def tokenize(req: TokenizeRequest) -> dict:
-        check_model(req.model)
-        if (req.prompt is None) == (req.messages is None):
-            raise InvalidRequestError("give exactly one of prompt and messages")
-        caps = fe.limits.caps
-        if req.prompt is not None:
-            caps.check_text(req.prompt)
-            ids = await fe.offload(fe.tokenizer.encode, req.prompt, req.add_special_tokens)
-        else:
-            messages = [m.model_dump(exclude_none=True) for m in req.messages]
-            caps.check_text(str(messages), "the messages")
-            ids = await fe.offload(fe.tokenizer.apply_chat_template, messages,
-                                   req.add_generation_prompt)
-        return {"tokens": ids, "count": len(ids), "max_model_len": fe.limits.max_model_len}
+    return router
 
-    @app.post("/detokenize")
-    async def detokenize(req: DetokenizeRequest) -> dict:
-        check_model(req.model)
-        vocab = fe.limits.vocab_size
-        bad = next((t for t in req.tokens if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise InvalidRequestError(f"token id {bad} is outside the vocabulary [0, {vocab})")
-        return {"prompt": fe.tokenizer.decode(req.tokens, skip_special_tokens=False)}
 
-    @app.post("/v1/completions")
-    async def completions(req: CompletionRequest, request: Request):
-        check_model(req.model)
+def token_router(fe: Frontend) -> APIRouter:
+    """/tokenize and /detokenize: admitted like a generation request (one place
+    each), parsed and run on the tokenizer pool, bounded before parsing."""
+    router = APIRouter()
+
+    @router.post("/tokenize")
+    async def tokenize(request: Request) -> Response:
+        body = await request.body()
+        with fe.admission.admit(1):
+            return await fe.offload(_tokenize, fe, fe.limits, body)
+
+    @router.post("/detokenize")
+    async def detokenize(request: Request) -> Response:
+        body = await request.body()
+        with fe.admission.admit(1):
+            return await fe.offload(_detokenize, fe, fe.limits, body)
+
+    return router
+
+
+def _tokenize(fe: Frontend, limits: ModelLimits, body: bytes) -> Response:
+    limits.caps.check_body_for_text(len(body))
+    req = parse_body(body, TokenizeRequest)
+    check_model(fe, req.model)
+    if (req.prompt is None) == (req.messages is None):
+        raise FieldError("give exactly one of prompt and messages", "prompt")
+    if req.prompt is not None:
+        limits.caps.check_text(req.prompt)
+        ids = encode(fe.tokenizer, req.prompt, req.add_special_tokens, "prompt")
+    else:
+        check_chat_template_flags(req.add_generation_prompt, req.continue_final_message)
+        messages = [m.model_dump(exclude_none=True) for m in req.messages]
+        for m in messages:
+            m.setdefault("content", "")
+        limits.caps.check_text(str(messages), "the messages")
+        ids = fe.tokenizer.apply_chat_template(messages, req.add_generation_prompt,
+                                               req.continue_final_message)
+    return json_bytes({"tokens": ids, "count": len(ids),
+                       "max_model_len": limits.max_model_len})
+
+
+def _detokenize(fe: Frontend, limits: ModelLimits, body: bytes) -> Response:
+    # counted before parsing: json.loads of megabytes of ids holds the GIL throughout
+    limits.caps.check_token_ids(body.count(b",") - DETOKENIZE_COMMA_SLACK,
+                                limits.max_model_len)
+    req = parse_body(body, DetokenizeRequest)
+    check_model(fe, req.model)
+    ids = req.tokens
+    limits.caps.check_token_ids(len(ids), limits.max_model_len)
+    vocab = limits.vocab_size
+    if ids and (min(ids) < 0 or max(ids) >= vocab):  # C loops; find the id only if bad
+        bad = next(t for t in ids if not 0 <= t < vocab)
+        raise FieldError(f"token id {bad} is outside the vocabulary [0, {vocab})", "tokens")
+    return json_bytes({"prompt": fe.tokenizer.decode(ids, skip_special_tokens=False)})
+
+
+def generation_router(fe: Frontend) -> APIRouter:
+    router = APIRouter()
+
+    def check_priority(request: Request, priority: int) -> None:
+        fe.keys.check_priority(getattr(request.state, "caller", ANONYMOUS), priority)
+
+    def choices_for(inputs: list[GenerationInput], width: int, resp_id: str,
+                    request: Request, operation: str) -> list[Choice]:
+        """`width` choices per prompt; choice k of the response is request `resp_id-k`."""
+        pairs = [(inp, params) for inp in inputs for params in fan_out(inp.params, width)]
+        return [Choice(f"{resp_id}-{k}", inp, params, request.headers, operation)
+                for k, (inp, params) in enumerate(pairs)]
+
+    async def admitted(request: Request, model: type):
+        """The parsed body, once it passes the model, priority and early admission checks."""
+        req = await fe.offload(parse_body, await request.body(), model)
+        check_model(fe, req.model)
         check_priority(request, req.priority)
-        fe.admission.check(req.n)  # early 429: no tokenizing for a request that cannot run
+        # early 429: no tokenizing for a request that cannot run
+        fe.admission.check(choices_per_prompt(req))
+        return req
+
+    @router.post("/v1/completions")
+    async def completions(request: Request):
+        req: CompletionRequest = await admitted(request, CompletionRequest)
         inputs = await fe.offload(completion_inputs, req, fe.tokenizer, fe.limits)
         resp_id = fe.new_id("cmpl")
-        choices = choices_for(inputs, req.n, resp_id, request, "text_completion")
+        width = choices_per_prompt(req)
+        choices = choices_for(inputs, width, resp_id, request, "text_completion")
         echo = [c.inp.prompt_text if req.echo else None for c in choices]
         prompt_lens = [len(inp.prompt_token_ids) for inp in inputs]
         if req.stream:
@@ -129,33 +198,36 @@ def build_app(fe: Frontend, payload_limit: int = 8 << 20) -> FastAPI:
             return SSEResponse(_completion_events(fe, req, resp_id, choices, echo,
                                                   prompt_lens, first, rest))
         states = await unless_disconnected(request, fe.run(choices))
+        keep = fmt.best_of(states, width, req.n)
         return {"id": resp_id, "object": "text_completion", "created": fmt.now(),
                 "model": fe.served_model_name,
                 "choices": [fmt.completion_choice(
-                    i, s, echo[i], _completion_logprobs(fe, req, s, echo[i]))
-                    for i, s in enumerate(states)],
-                "usage": fmt.usage_of(prompt_lens, states)}
+                    i, states[k], echo[k], _completion_logprobs(fe, req, states[k], echo[k]))
+                    for i, k in enumerate(keep)],
+                "usage": fmt.usage_of(prompt_lens, [states[k] for k in keep])}
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(req: ChatCompletionRequest, request: Request):
-        check_model(req.model)
-        check_priority(request, req.priority)
-        fe.admission.check(req.n)
+    @router.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        req: ChatCompletionRequest = await admitted(request, ChatCompletionRequest)
         inp = await fe.offload(chat_input, req, fe.tokenizer, fe.limits)
         resp_id = fe.new_id("chatcmpl")
-        choices = choices_for([inp], req.n, resp_id, request, "chat")
+        width = choices_per_prompt(req)
+        choices = choices_for([inp], width, resp_id, request, "chat")
         if req.stream:
             first, rest = await _primed(request, fe.stream(choices))
             return SSEResponse(_chat_events(fe, req, resp_id, choices, first, rest))
         states = await unless_disconnected(request, fe.run(choices))
+        keep = fmt.best_of(states, width, req.n)
         return {"id": resp_id, "object": "chat.completion", "created": fmt.now(),
                 "model": fe.served_model_name,
                 "choices": [fmt.chat_choice(
-                    i, s, fmt.chat_logprobs(fe.tokenizer, s.logprobs) if req.logprobs else None)
-                    for i, s in enumerate(states)],
-                "usage": fmt.usage_of([len(inp.prompt_token_ids)], states)}
+                    i, states[k], inp.prompt_text,
+                    fmt.chat_logprobs(fe.tokenizer, states[k].logprobs) if req.logprobs
+                    else None)
+                    for i, k in enumerate(keep)],
+                "usage": fmt.usage_of([len(inp.prompt_token_ids)], [states[k] for k in keep])}
 
-    return app
+    return router
 
 
 def _completion_logprobs(fe: Frontend, req: CompletionRequest, state: RequestState,
@@ -202,9 +274,13 @@ async def _chat_events(fe: Frontend, req: ChatCompletionRequest, resp_id: str,
                        choices: list[Choice], first, rest) -> AsyncIterator[str]:
     created, model = fmt.now(), fe.served_model_name
     states: dict[int, RequestState] = {}
+    echo = choices[0].inp.prompt_text
     for index in range(len(choices)):
         yield fmt.sse(fmt.chat_chunk(resp_id, created, model, index,
                                      {"role": "assistant", "content": ""}, None, None))
+        if echo:  # vLLM sends the echoed content right after the role
+            yield fmt.sse(fmt.chat_chunk(resp_id, created, model, index,
+                                         {"content": echo}, None, None))
     try:
         async for index, state, delta in _chain(first, rest):
             states[index] = state

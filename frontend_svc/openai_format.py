@@ -73,8 +73,22 @@ def completion_choice(index: int, state: RequestState, echo_text: str | None,
             "finish_reason": _finish(state.finish_reason), "stop_reason": state.stop_reason}
 
 
-def chat_choice(index: int, state: RequestState, logprobs: dict | None) -> dict:
-    return {"index": index, "message": {"role": "assistant", "content": state.text},
+def best_of(states: list[RequestState], width: int, n: int) -> list[int]:
+    """Indexes of the n most likely of each prompt's `width` candidates, highest
+    cumulative logprob first (vLLM's best_of); all of them, in order, if width == n."""
+    if width == n:
+        return list(range(len(states)))
+    keep: list[int] = []
+    for start in range(0, len(states), width):
+        group = range(start, start + width)
+        keep += sorted(group, key=lambda i: -sum(lp.logprob for lp in states[i].logprobs))[:n]
+    return keep
+
+
+def chat_choice(index: int, state: RequestState, echo_text: str | None,
+                logprobs: dict | None) -> dict:
+    return {"index": index,
+            "message": {"role": "assistant", "content": (echo_text or "") + state.text},
             "logprobs": logprobs, "finish_reason": _finish(state.finish_reason),
             "stop_reason": state.stop_reason}
 

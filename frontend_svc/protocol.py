@@ -1,15 +1,117 @@
-"""Request bodies of the OpenAI-compatible HTTP API (pydantic).
+"""Request bodies of the OpenAI-compatible HTTP API (pydantic), and REFUSED: the
+one table of fields (the `openai` client's and vLLM's) this server does not
+honour, each refused with a 400 naming it rather than silently ignored.
+docs/api.md mirrors the table.
 
-Unknown fields are ignored, as OpenAI and the reference system do; a known field
-of the wrong type is a 400 (see errors.py). Responses are plain dicts built in
-openai_api.py: they are on the per-token path and need no validation.
+A field neither declared here nor in REFUSED / NO_EFFECT is ignored with one log
+line, as the reference system (vLLM) does; a known field of the wrong type is a
+400 (see http_util.py). Responses are plain dicts built in openai_api.py: they
+are on the per-token path and need no validation.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from frontend_svc.caps import REJECTED
+from frontend_svc.errors import FieldError
+from frontend_svc.observe import log
+
+
+def _given(value: Any) -> bool:
+    return value is not None
+
+
+def _truthy(value: Any) -> bool:
+    return bool(value)
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    message: str
+    refuses: Callable[[Any], bool] = _given  # the value -> is it refused?
+
+
+_STRUCTURED = Refusal("structured outputs are not supported yet")
+_TOOLS = Refusal("tools (function calling) are not supported by this server", _truthy)
+_TOOL_CHOICE = Refusal("tool choice is not supported by this server (only 'none' or "
+                       "'auto', with no tools)", lambda v: v not in (None, "none", "auto"))
+_VLLM_ONLY = "is not supported by this server"
+
+REFUSED: dict[str, Refusal] = {
+    "suffix": Refusal("suffix (fill-in-the-middle) is not supported", _truthy),
+    "prompt_logprobs": Refusal("prompt_logprobs is not supported yet"),
+    "response_format": Refusal(
+        "structured outputs are not supported yet; response_format may only be "
+        "{\"type\": \"text\"}",
+        lambda v: v is not None and (v.get("type", "text") if isinstance(v, dict) else v)
+        != "text"),
+    "structured_outputs": _STRUCTURED,
+    "guided_json": _STRUCTURED,
+    "guided_regex": _STRUCTURED,
+    "guided_choice": _STRUCTURED,
+    "guided_grammar": _STRUCTURED,
+    "guided_decoding_backend": _STRUCTURED,
+    "guided_whitespace_pattern": _STRUCTURED,
+    "tools": _TOOLS,
+    "functions": _TOOLS,
+    "tool_choice": _TOOL_CHOICE,
+    "function_call": _TOOL_CHOICE,
+    "audio": Refusal("audio output is not supported"),
+    "modalities": Refusal("only the text modality is supported",
+                          lambda v: v is not None and list(v) != ["text"]),
+    "prediction": Refusal("predicted outputs are not supported"),
+    "web_search_options": Refusal("web search is not supported"),
+    "reasoning_effort": Refusal("reasoning_effort is not supported (no reasoning models)"),
+    "verbosity": Refusal("verbosity is not supported"),
+    "moderation": Refusal("moderation is not supported"),
+    "store": Refusal("store is not supported: completions are not stored", _truthy),
+    "use_beam_search": Refusal("beam search is not supported", _truthy),
+    "length_penalty": Refusal("length_penalty applies to beam search, which is not supported",
+                              lambda v: v is not None and v != 1.0),
+    "allowed_token_ids": Refusal(f"allowed_token_ids {_VLLM_ONLY}"),
+    "bad_words": Refusal(f"bad_words {_VLLM_ONLY}", _truthy),
+    "logits_processors": Refusal(f"logits_processors {_VLLM_ONLY}"),
+    "prompt_embeds": Refusal(f"prompt_embeds {_VLLM_ONLY}"),
+    "truncate_prompt_tokens": Refusal(f"truncate_prompt_tokens {_VLLM_ONLY}"),
+    "spaces_between_special_tokens": Refusal(f"spaces_between_special_tokens=false "
+                                             f"{_VLLM_ONLY}",
+                                             lambda v: v is not None and v is not True),
+    "return_tokens_as_token_ids": Refusal(f"return_tokens_as_token_ids {_VLLM_ONLY}",
+                                          _truthy),
+    "return_token_ids": Refusal(f"return_token_ids {_VLLM_ONLY}", _truthy),
+    "kv_transfer_params": Refusal(f"kv_transfer_params {_VLLM_ONLY}"),
+    "vllm_xargs": Refusal(f"vllm_xargs {_VLLM_ONLY}"),
+    "documents": Refusal(f"documents {_VLLM_ONLY}"),
+    "chat_template": Refusal("a per-request chat_template is not supported; the model's "
+                             "own is used"),
+    "chat_template_kwargs": Refusal(f"chat_template_kwargs {_VLLM_ONLY}"),
+    "mm_processor_kwargs": Refusal("multimodal input is not supported"),
+}
+# Accepted and documented as having no effect on what is generated: metadata about
+# the caller or hints for a hosted service (the prefix cache here is automatic).
+NO_EFFECT = frozenset({"user", "metadata", "safety_identifier", "service_tier",
+                       "prompt_cache_key", "prompt_cache_retention", "prompt_cache_options",
+                       "parallel_tool_calls", "request_id"})
+
+
+def check_refused(req: BaseModel) -> None:
+    """A 400 naming the first given field of REFUSED whose value is refused."""
+    given = req.model_fields_set
+    extra = req.model_extra or {}
+    for name, rule in REFUSED.items():
+        if name in given:
+            value = extra[name] if name in extra else getattr(req, name)
+            if rule.refuses(value):
+                REJECTED.labels("unsupported_field").inc()
+                raise FieldError(f"{name}: {rule.message}", name)
+    ignored = sorted(set(extra) - NO_EFFECT - set(REFUSED))
+    if ignored:
+        log.info("ignored unknown request fields", fields=ignored)
 
 
 class StreamOptions(BaseModel):
@@ -19,7 +121,7 @@ class StreamOptions(BaseModel):
 class SamplingFields(BaseModel):
     """Fields both endpoints share; None means the default of SamplingParams."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")  # kept for check_refused, then dropped
 
     model: str | None = None
     temperature: float | None = None
@@ -35,6 +137,7 @@ class SamplingFields(BaseModel):
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
     n: int = 1
+    best_of: int | None = None  # generate this many, return the n most likely
     stream: bool = False
     stream_options: StreamOptions | None = None
     priority: int = 0
@@ -42,10 +145,8 @@ class SamplingFields(BaseModel):
     skip_special_tokens: bool = True
     user: str | None = None
     cache_salt: str | None = None  # vLLM's: prefix-cache isolation between tenants
-    # Accepted so that they can be refused with a clear 400 (translate.py), never
-    # silently ignored.
     logit_bias: dict[str, float] | None = None
-    response_format: dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None  # only {"type": "text"}: see REFUSED
 
 
 class CompletionRequest(SamplingFields):
@@ -73,6 +174,13 @@ class ChatMessage(BaseModel):
     content: Union[str, list[TextPart], None] = None
     name: str | None = None
 
+    @model_validator(mode="after")
+    def _content_required(self) -> "ChatMessage":
+        # OpenAI's rule: only an assistant message (one that called tools) may omit it
+        if self.content is None and self.role != "assistant":
+            raise ValueError(f"a {self.role} message needs content")
+        return self
+
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
@@ -80,23 +188,27 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
+    echo: bool = False  # vLLM's: the reply starts with the last message's content
     add_generation_prompt: bool = True
+    continue_final_message: bool = False  # vLLM's: extend the last (assistant) message
+    add_special_tokens: bool = False  # vLLM's: BOS etc. on top of the template's own
     tools: list[dict[str, Any]] | None = None
     tool_choice: Union[str, dict[str, Any], None] = None
 
 
 class TokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")  # a misspelt option would change the ids
 
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
 
 
 class DetokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
 
     model: str | None = None
     tokens: list[int]

@@ -15,6 +15,7 @@ import tokenizers
 from shared.types import InvalidRequestError
 
 from frontend_svc.chat_template import ChatTemplate
+from frontend_svc.errors import FieldError
 
 SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token")
 
@@ -62,12 +63,19 @@ class TextTokenizer:
         return [self.fast.id_to_token(i) or "" for i in ids]
 
     def apply_chat_template(self, messages: list[dict[str, Any]],
-                            add_generation_prompt: bool = True) -> list[int]:
-        """Prompt token ids for a chat; the template adds the special tokens itself."""
+                            add_generation_prompt: bool = True,
+                            continue_final_message: bool = False,
+                            add_special_tokens: bool = False) -> list[int]:
+        """Prompt token ids for a chat; the template adds the special tokens itself
+        (add_special_tokens adds the tokenizer's too, as vLLM's flag does)."""
         if self.chat_template is None:
             raise InvalidRequestError("this model has no chat template; use /v1/completions")
-        text = self.chat_template.render(messages, add_generation_prompt)
-        return self.encode(text, add_special_tokens=False)
+        text = self.chat_template.render(messages, add_generation_prompt,
+                                         continue_final_message)
+        try:
+            return self.encode(text, add_special_tokens=add_special_tokens)
+        except Exception as exc:  # the tokenizer refuses text (a lone surrogate, ...)
+            raise FieldError(f"messages cannot be tokenized: {exc}", "messages") from exc
 
 
 def _max_token_bytes(fast: tokenizers.Tokenizer) -> int:

@@ -10,10 +10,11 @@ from dataclasses import dataclass, field
 from shared.types import InvalidRequestError, SamplingParams
 
 from frontend_svc.caps import RequestCaps
-from frontend_svc.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+from frontend_svc.errors import FieldError
+from frontend_svc.protocol import (
+    ChatCompletionRequest, CompletionRequest, SamplingFields, check_refused)
 from frontend_svc.tokenizer import TextTokenizer
 
-MAX_N = 128  # choices per request: each is a full request at the scheduler
 INT32 = 2**31
 INT64 = 2**63  # the wire's seed type
 
@@ -66,33 +67,31 @@ def stop_strings(stop: str | list[str] | None, caps: RequestCaps,
                  stop_token_ids: list[int] | None = None) -> list[str]:
     stops = [stop] if isinstance(stop, str) else list(stop or [])
     if any(s == "" for s in stops):
-        raise InvalidRequestError("stop strings must not be empty")
+        raise FieldError("stop strings must not be empty", "stop")
     caps.check_stops(stops, stop_token_ids)
     return stops
 
 
-def check_unsupported(req: SamplingFields) -> None:
-    """Fields we accept only to refuse: silently ignoring them would return output
-    the client did not ask for."""
-    fmt = req.response_format
-    if fmt is not None and fmt.get("type", "text") != "text":
-        raise InvalidRequestError(f"response_format {fmt.get('type')!r} is not supported "
-                                  "(no structured output); only 'text'")
-    if getattr(req, "tools", None):
-        raise InvalidRequestError("tools (function calling) are not supported by this server")
-    choice = getattr(req, "tool_choice", None)
-    if choice not in (None, "none", "auto"):
-        raise InvalidRequestError("tool_choice is not supported by this server")
+def choices_per_prompt(req: SamplingFields) -> int:
+    """How many choices each prompt starts: best_of when given (the n with the
+    highest cumulative logprob are returned, as in vLLM), else n."""
+    if req.n < 1:
+        raise FieldError(f"n must be at least 1, got {req.n}", "n")
+    if req.best_of is None:
+        return req.n
+    if req.best_of < req.n:
+        raise FieldError(f"best_of must be at least n ({req.n}), got {req.best_of}", "best_of")
+    if req.stream and req.best_of > req.n:
+        raise FieldError("best_of greater than n cannot be streamed: the best choices are "
+                         "known only when all have finished", "best_of")
+    return req.best_of
 
 
 def sampling_params(req: SamplingFields, max_tokens: int, logprobs: int | None,
                     limits: ModelLimits) -> SamplingParams:
     """SamplingParams from the shared fields; None keeps the default."""
-    if not 1 <= req.n <= MAX_N:
-        raise InvalidRequestError(f"n must be in [1, {MAX_N}], got {req.n}")
-    check_unsupported(req)
     if not -INT32 <= req.priority < INT32:
-        raise InvalidRequestError("priority must fit in 32 bits")
+        raise FieldError("priority must fit in 32 bits", "priority")
     given = {name: getattr(req, name) for name in (
         "temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty",
         "frequency_penalty", "repetition_penalty") if getattr(req, name) is not None}
@@ -100,10 +99,26 @@ def sampling_params(req: SamplingFields, max_tokens: int, logprobs: int | None,
                             stop_token_ids=list(req.stop_token_ids or []),
                             ignore_eos=req.ignore_eos, logprobs=logprobs,
                             logit_bias=logit_bias(req.logit_bias), **given)
-    params.validate(limits.vocab_size)
-    if params.seed is not None and not -INT64 <= params.seed <= INT64 - req.n:
-        raise InvalidRequestError("seed must fit in a signed 64-bit integer")
+    try:
+        params.validate(limits.vocab_size)
+    except InvalidRequestError as exc:  # its messages start with the field's name
+        name = str(exc).split(" ", 1)[0]
+        raise FieldError(str(exc), name if name in type(req).model_fields else None) \
+            from None
+    if params.seed is not None and \
+            not -INT64 <= params.seed <= INT64 - choices_per_prompt(req):
+        raise FieldError("seed must fit in a signed 64-bit integer", "seed")
     return params
+
+
+def encode(tokenizer: TextTokenizer, text: str, add_special_tokens: bool,
+           param: str) -> list[int]:
+    """Token ids of a client's text; whatever the tokenizer refuses is a 400 naming
+    the field, not a 500."""
+    try:
+        return tokenizer.encode(text, add_special_tokens)
+    except Exception as exc:  # tokenizers raises plain exceptions (TypeError, ...)
+        raise FieldError(f"{param} cannot be tokenized: {exc}", param) from exc
 
 
 def logit_bias(raw: dict[str, float] | None) -> dict[int, float]:
@@ -113,8 +128,8 @@ def logit_bias(raw: dict[str, float] | None) -> dict[int, float]:
         try:
             out[int(key)] = float(value)
         except ValueError:
-            raise InvalidRequestError(f"logit_bias keys must be token ids, got {key!r}") \
-                from None
+            raise FieldError(f"logit_bias keys must be token ids, got {key!r}",
+                             "logit_bias") from None
     return out
 
 
@@ -128,29 +143,34 @@ def _max_tokens(requested: int | None, prompt_len: int, limits: ModelLimits) -> 
 def completion_inputs(req: CompletionRequest, tokenizer: TextTokenizer,
                       limits: ModelLimits) -> list[GenerationInput]:
     """One GenerationInput per prompt of a (possibly batched) completion request."""
+    check_refused(req)
+    width = choices_per_prompt(req)
     if req.echo and req.logprobs is not None:
-        raise InvalidRequestError("echo with logprobs is not supported "
-                                  "(prompt logprobs are not computed)")
+        raise FieldError("echo with logprobs is not supported "
+                         "(prompt logprobs are not computed)", "echo")
     prompt = req.prompt
     if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
         prompts = [prompt]
     else:
         prompts = list(prompt)
     if not prompts:
-        raise InvalidRequestError("the prompt is empty")
-    limits.caps.check_batch(len(prompts), req.n)
+        raise FieldError("the prompt is empty", "prompt")
+    limits.caps.check_batch(len(prompts), width)
     stops = stop_strings(req.stop, limits.caps, req.stop_token_ids)
     for p in prompts:  # every cap before the first (costly) tokenization
         if isinstance(p, str):
             limits.caps.check_text(p)
+    # ranking best_of candidates needs each token's logprob, even if not returned
+    logprobs = req.logprobs if req.logprobs is not None or width == req.n else 0
     inputs = []
-    for p in prompts:
+    for i, p in enumerate(prompts):
         if isinstance(p, str):
-            ids, text = tokenizer.encode(p, req.add_special_tokens), p
+            param = "prompt" if isinstance(req.prompt, str) else f"prompt.{i}"
+            ids, text = encode(tokenizer, p, req.add_special_tokens, param), p
         else:
             ids, text = list(p), None
         params = sampling_params(req, _max_tokens(req.max_tokens, len(ids), limits),
-                                 req.logprobs, limits)
+                                 logprobs, limits)
         check_prompt(ids, params, limits)
         if text is None and req.echo:
             text = tokenizer.decode(ids, req.skip_special_tokens)
@@ -170,21 +190,46 @@ def _message_dict(message) -> dict:
     return out
 
 
+def check_chat_template_flags(add_generation_prompt: bool,
+                              continue_final_message: bool) -> None:
+    if continue_final_message and add_generation_prompt:  # vLLM's rule
+        raise FieldError("continue_final_message and add_generation_prompt cannot both be "
+                         "true: set add_generation_prompt to false to continue the last "
+                         "message", "continue_final_message")
+
+
+def chat_echo_text(req: ChatCompletionRequest, messages: list[dict]) -> str | None:
+    """vLLM's chat echo: the reply starts with the last message's content when that
+    message has the reply's role (assistant, or any role without a generation prompt)."""
+    if not req.echo:
+        return None
+    last = messages[-1]
+    return last["content"] if not req.add_generation_prompt or last["role"] == "assistant" \
+        else ""
+
+
 def chat_input(req: ChatCompletionRequest, tokenizer: TextTokenizer,
                limits: ModelLimits) -> GenerationInput:
+    check_refused(req)
     if req.top_logprobs is not None and not req.logprobs:
-        raise InvalidRequestError("top_logprobs requires logprobs to be true")
-    logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    check_unsupported(req)
-    limits.caps.check_batch(1, req.n)
+        raise FieldError("top_logprobs requires logprobs to be true", "top_logprobs")
+    if req.top_logprobs is not None and \
+            not 0 <= req.top_logprobs <= SamplingParams.MAX_LOGPROBS:
+        raise FieldError(f"top_logprobs must be in [0, {SamplingParams.MAX_LOGPROBS}], "
+                         f"got {req.top_logprobs}", "top_logprobs")
+    width = choices_per_prompt(req)
+    logprobs = (req.top_logprobs or 0) if req.logprobs or width > req.n else None
+    check_chat_template_flags(req.add_generation_prompt, req.continue_final_message)
+    limits.caps.check_batch(1, width)
     stops = stop_strings(req.stop, limits.caps, req.stop_token_ids)
     messages = [_message_dict(m) for m in req.messages]
     limits.caps.check_text("".join(m["content"] for m in messages), "the messages' content")
-    ids = tokenizer.apply_chat_template(messages, req.add_generation_prompt)
+    ids = tokenizer.apply_chat_template(messages, req.add_generation_prompt,
+                                        req.continue_final_message, req.add_special_tokens)
     requested = req.max_completion_tokens if req.max_completion_tokens is not None \
         else req.max_tokens
     params = sampling_params(req, _max_tokens(requested, len(ids), limits), logprobs, limits)
     check_prompt(ids, params, limits)
-    return GenerationInput(ids, params, stops, None,
+    return GenerationInput(ids, params, stops, chat_echo_text(req, messages),
                            req.include_stop_str_in_output, req.skip_special_tokens,
                            req.priority, req.cache_salt)

@@ -6,6 +6,7 @@ import grpc
 import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from structlog.testing import capture_logs
 
 from frontend_svc.admission import Admission
 from frontend_svc.auth import ANONYMOUS, ApiKeys, Forbidden, Unauthenticated, bearer
@@ -59,7 +60,7 @@ def test_without_keys_everyone_is_anonymous_and_may_set_priority():
     keys.check_priority(ANONYMOUS, 5)
 
 
-def test_an_unexpected_exception_is_a_500_in_openai_s_shape():
+def test_an_unexpected_exception_is_a_500_in_openai_s_shape_logged_once():
     app = FastAPI()
     install_error_handlers(app)
 
@@ -67,10 +68,28 @@ def test_an_unexpected_exception_is_a_500_in_openai_s_shape():
     async def boom():
         raise RuntimeError("a bug")
 
-    reply = TestClient(app, raise_server_exceptions=False).post("/v1/boom")
+    app.add_middleware(HttpGuard, keys=ApiKeys(), payload_limit=100)
+    # raise_server_exceptions: the error must not reach Starlette, which re-raises it
+    # for uvicorn to log a second time
+    with capture_logs() as logs:
+        reply = TestClient(app, raise_server_exceptions=True).post("/v1/boom")
     assert reply.status_code == 500
     assert reply.json() == {"error": {"message": "internal server error",
                                       "type": "server_error", "param": None, "code": 500}}
+    assert [e["event"] for e in logs if e["log_level"] == "error"] == ["unexpected error"]
+
+
+def test_a_wrong_method_is_a_405_typed_as_an_invalid_request():
+    app = FastAPI()
+    install_error_handlers(app)
+
+    @app.post("/v1/completions")
+    async def completions():
+        return {}
+
+    reply = TestClient(app).get("/v1/completions")
+    assert reply.status_code == 405
+    assert reply.json()["error"]["type"] == "invalid_request_error"
 
 
 def test_the_guard_answers_401_and_413_before_the_route_runs():

@@ -118,3 +118,23 @@ def test_fan_out_gives_each_seeded_choice_its_own_seed():
     assert [p.seed for p in fan_out(SamplingParams(), 2)] == [None, None]
     a, b = fan_out(SamplingParams(stop_token_ids=[1]), 2)
     assert a.stop_token_ids is not b.stop_token_ids
+
+
+def test_add_special_tokens_adds_the_tokenizer_s_own(tokenizer):
+    import copy
+
+    from tokenizers import processors
+    bos = tokenizer.fast.token_to_id("<|im_start|>")
+    with_bos = copy.copy(tokenizer)  # the same tokenizer, but one that adds a BOS
+    with_bos.fast = tokenizer.fast.__class__.from_str(tokenizer.fast.to_str())
+    with_bos.fast.post_processor = processors.TemplateProcessing(
+        single="<|im_start|> $A", special_tokens=[("<|im_start|>", bos)])
+    messages = [{"role": "user", "content": "Hi"}]
+    plain = chat_input(ChatCompletionRequest(messages=messages), with_bos, LIMITS)
+    added = chat_input(ChatCompletionRequest(messages=messages, add_special_tokens=True),
+                       with_bos, LIMITS)
+    assert added.prompt_token_ids == [bos] + plain.prompt_token_ids  # vLLM: off for chat
+    [text] = completion_inputs(CompletionRequest(prompt="Hi"), with_bos, LIMITS)
+    [bare] = completion_inputs(CompletionRequest(prompt="Hi", add_special_tokens=False),
+                               with_bos, LIMITS)
+    assert text.prompt_token_ids == [bos] + bare.prompt_token_ids  # on for completions

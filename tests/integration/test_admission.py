@@ -255,3 +255,92 @@ def test_tokenizing_huge_prompts_leaves_health_fast(stack):
     for reply in replies:
         assert_error(reply, 400, "maximum context length")
     assert_health_fast(latencies)
+
+
+# ---- tokenize and detokenize: admitted, bounded before parsing, off the event loop
+
+MAX_PROMPT_BYTES = 512 * 81 * 4  # the tiny model's default --max-prompt-bytes
+
+
+def test_tokenize_and_detokenize_floods_leave_health_fast(stack):
+    wait_idle(stack)
+    fits_ids = json.dumps({"tokens": list(range(1, 513))}).encode()  # max_model_len ids
+    huge_ids = b'{"tokens": [' + b",".join([b"1234"] * 1_500_000) + b"]}"  # 7.5 MB
+    fits_text = json.dumps({"prompt": "hello world " * (MAX_PROMPT_BYTES // 12 - 1)}).encode()
+    huge_text = b'{"prompt": "' + b"hello world " * 600_000 + b'"}'  # 7.2 MB
+    # fewer places than LIMIT at once; the fitting text is real work on the pool, and
+    # more of it would only measure how busy the shared box's two cores are
+    wave = [("/detokenize", fits_ids, 200), ("/detokenize", huge_ids, 400),
+            ("/tokenize", huge_text, 400)] * 2 + [("/detokenize", fits_ids, 200),
+                                                  ("/tokenize", fits_text, 200)]
+    cases = wave * 4
+
+    async def run():
+        async with httpx.AsyncClient(timeout=60) as client:
+            replies = []
+            for _ in range(len(cases) // len(wave)):  # waves: enough probes for a p95
+                replies += await asyncio.gather(*[
+                    client.post(stack.http_url + path, content=body,
+                                headers={"content-type": "application/json"})
+                    for path, body, _ in wave])
+            return replies
+
+    prober = HealthProber("127.0.0.1", stack.http_port)
+    try:
+        replies = asyncio.run(run())
+    finally:
+        latencies = prober.stop()
+    for (path, _, code), reply in zip(cases, replies):
+        assert reply.status_code == code, (path, reply.text[:300])
+        if code == 400:  # refused by counting, before json.loads held the GIL for it
+            assert "token ids" in reply.text or "--max-prompt-bytes" in reply.text
+    assert replies[-1].json()["count"] > 10_000
+    # p95 under 100 ms (the slowest may be descheduled on a shared box: HEALTH_STALL_S);
+    # parsing these bodies on the loop stalled it for seconds
+    assert len(latencies) > 20
+    assert_health_fast(latencies)
+    assert in_flight(stack) == 0
+
+
+def test_tokenize_and_grpc_generate_meet_admission_before_any_work(stack):
+    """With every place taken, /tokenize, /detokenize, gRPC Tokenize and gRPC Generate
+    are refused as at capacity, even for input that would fail validation: admission
+    comes first, so an overload costs no tokenizing."""
+    wait_idle(stack)
+    long = {"prompt": [1, 2], "max_tokens": 400, "ignore_eos": True, "stream": True}
+    too_long_text = "a" * (MAX_PROMPT_BYTES + 1)  # INVALID_ARGUMENT when there is room
+
+    async def run():
+        async with httpx.AsyncClient(timeout=60) as client:
+            holders = [asyncio.create_task(post_stream("127.0.0.1", stack.http_port,
+                                                       "/v1/completions", long))
+                       for _ in range(LIMIT)]
+            deadline = time.monotonic() + 30
+            while in_flight(stack) < LIMIT:
+                assert time.monotonic() < deadline, in_flight(stack)
+                await asyncio.sleep(0.02)
+            replies = [await client.post(stack.http_url + path, json=body) for path, body in (
+                ("/tokenize", {"prompt": too_long_text}), ("/detokenize", {"tokens": [1]}))]
+            stub = stack.generation_stub()
+            codes = []
+            for call in (lambda: stub.Tokenize(generate_pb2.TokenizeRequest(text="x"),
+                                               timeout=10),
+                         lambda: list(stub.Generate(generate_pb2.GenerateRequest(
+                             text=too_long_text), timeout=10))):
+                with pytest.raises(grpc.RpcError) as info:
+                    call()
+                codes.append(info.value.code())
+            for task in holders:
+                task.cancel()
+            await asyncio.gather(*holders, return_exceptions=True)
+            return replies, codes
+
+    replies, codes = asyncio.run(run())
+    for reply in replies:
+        assert_error(reply, 429, "capacity")
+    assert codes == [grpc.StatusCode.RESOURCE_EXHAUSTED] * 2
+    wait_idle(stack)
+    with pytest.raises(grpc.RpcError) as info:  # with room again: the validation error
+        list(stack.generation_stub().Generate(generate_pb2.GenerateRequest(
+            text=too_long_text), timeout=10))
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
