@@ -22,7 +22,7 @@ from frontend_svc.errors import EngineError
 from frontend_svc import generation
 from frontend_svc.generation import Choice
 from frontend_svc.observe import Observer
-from frontend_svc.request_state import Delta, RequestState
+from frontend_svc.output_stream import Delta, OutputStream
 from frontend_svc.tokenizer import TextTokenizer
 from frontend_svc.translate import ModelLimits
 
@@ -64,10 +64,10 @@ class Frontend:
     def new_id(prefix: str) -> str:
         return f"{prefix}-{uuid.uuid4().hex}"
 
-    async def run(self, choices: list[Choice]) -> list[RequestState]:
+    async def run(self, choices: list[Choice]) -> list[OutputStream]:
         """Run all choices concurrently to the end; the first error (or the caller's
         cancellation) aborts the rest."""
-        async def collect(choice: Choice) -> RequestState:
+        async def collect(choice: Choice) -> OutputStream:
             async with aclosing(generation.stream(self.engine, self.tokenizer, choice,
                                        self.observer)) as deltas:
                 async for state, _ in deltas:
@@ -83,7 +83,7 @@ class Frontend:
                     task.cancel()
 
     async def stream(self, choices: list[Choice]
-                     ) -> AsyncIterator[tuple[int, RequestState, Delta]]:
+                     ) -> AsyncIterator[tuple[int, OutputStream, Delta]]:
         """Deltas of all choices as they come, tagged with the choice's index."""
         with self.admission.admit(len(choices)):
             async with aclosing(self._stream(choices)) as items:  # aborts them on close
@@ -91,7 +91,7 @@ class Frontend:
                     yield item
 
     async def _stream(self, choices: list[Choice]
-                      ) -> AsyncIterator[tuple[int, RequestState, Delta]]:
+                      ) -> AsyncIterator[tuple[int, OutputStream, Delta]]:
         if len(choices) == 1:
             async with aclosing(generation.stream(self.engine, self.tokenizer, choices[0],
                                        self.observer)) as deltas:

@@ -22,7 +22,7 @@ from frontend_svc.detokenizer import IncrementalDetokenizer
 from frontend_svc.engine_client import EngineClient
 from frontend_svc.errors import EngineError
 from frontend_svc.observe import Observer
-from frontend_svc.request_state import Delta, RequestState
+from frontend_svc.output_stream import Delta, OutputStream
 from frontend_svc.stops import StopStrings
 from frontend_svc.tokenizer import TextTokenizer
 from frontend_svc.translate import GenerationInput
@@ -39,16 +39,16 @@ class Choice:
     operation: str = "text_completion"
 
 
-def new_state(tokenizer: TextTokenizer, choice: Choice) -> RequestState:
+def new_state(tokenizer: TextTokenizer, choice: Choice) -> OutputStream:
     inp = choice.inp
     detok = IncrementalDetokenizer.for_prompt(tokenizer.fast, inp.prompt_token_ids,
                                               inp.skip_special_tokens)
-    return RequestState(choice.req_id, inp.prompt_token_ids, choice.params, detok,
+    return OutputStream(choice.req_id, inp.prompt_token_ids, choice.params, detok,
                         StopStrings(inp.stops), inp.include_stop_str_in_output)
 
 
 async def stream(engine: EngineClient, tokenizer: TextTokenizer, choice: Choice,
-                 observer: Observer) -> AsyncIterator[tuple[RequestState, Delta]]:
+                 observer: Observer) -> AsyncIterator[tuple[OutputStream, Delta]]:
     """Deltas of one choice until it finishes; raises EngineError on a scheduler error."""
     state = new_state(tokenizer, choice)
     tracker = observer.start(choice)
@@ -82,7 +82,7 @@ def _take_all(first, queue: asyncio.Queue) -> list:
     return items
 
 
-def _merge(state: RequestState, items: list, tracker) -> Delta:
+def _merge(state: OutputStream, items: list, tracker) -> Delta:
     merged = Delta([], "", [])
     for item in items:
         if isinstance(item, EngineError):

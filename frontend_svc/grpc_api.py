@@ -16,7 +16,7 @@ from frontend_svc.auth import Forbidden, Unauthenticated, bearer
 from frontend_svc.context import Frontend
 from frontend_svc.errors import EngineError
 from frontend_svc.generation import Choice
-from frontend_svc.request_state import RequestState
+from frontend_svc.output_stream import OutputStream
 from frontend_svc.translate import GenerationInput, check_prompt, encode, stop_strings
 
 SERVICE_NAME = "gapserve.v1.Generation"
@@ -57,7 +57,7 @@ def tokenize_reply(req: generate_pb2.TokenizeRequest, fe: Frontend
                                          max_model_len=limits.max_model_len)
 
 
-def final_message(state: RequestState) -> generate_pb2.GenerateFinal:
+def final_message(state: OutputStream) -> generate_pb2.GenerateFinal:
     timings = state.timings_ms()
     final = generate_pb2.GenerateFinal(
         finish_reason=int(state.finish_reason or FinishReason.ABORT),

@@ -26,7 +26,7 @@ from frontend_svc.http_util import (
 from frontend_svc.observe import metrics_text
 from frontend_svc.protocol import (
     ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest)
-from frontend_svc.request_state import RequestState
+from frontend_svc.output_stream import OutputStream
 from frontend_svc.translate import (
     GenerationInput, ModelLimits, chat_input, check_chat_template_flags, choices_per_prompt,
     completion_inputs, encode, fan_out)
@@ -230,7 +230,7 @@ def generation_router(fe: Frontend) -> APIRouter:
     return router
 
 
-def _completion_logprobs(fe: Frontend, req: CompletionRequest, state: RequestState,
+def _completion_logprobs(fe: Frontend, req: CompletionRequest, state: OutputStream,
                          echo_text: str | None) -> dict | None:
     if req.logprobs is None:
         return None
@@ -250,7 +250,7 @@ async def _completion_events(fe: Frontend, req: CompletionRequest, resp_id: str,
     created, model = fmt.now(), fe.served_model_name
     logprobs = ([fmt.CompletionLogprobs(fe.tokenizer, len(e or "")) for e in echo]
                 if req.logprobs is not None else None)
-    states: dict[int, RequestState] = {}
+    states: dict[int, OutputStream] = {}
     pending_echo = {i: e for i, e in enumerate(echo) if e}
     try:
         async for index, state, delta in _chain(first, rest):
@@ -273,7 +273,7 @@ async def _completion_events(fe: Frontend, req: CompletionRequest, resp_id: str,
 async def _chat_events(fe: Frontend, req: ChatCompletionRequest, resp_id: str,
                        choices: list[Choice], first, rest) -> AsyncIterator[str]:
     created, model = fmt.now(), fe.served_model_name
-    states: dict[int, RequestState] = {}
+    states: dict[int, OutputStream] = {}
     echo = choices[0].inp.prompt_text
     for index in range(len(choices)):
         yield fmt.sse(fmt.chat_chunk(resp_id, created, model, index,

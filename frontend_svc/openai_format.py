@@ -7,7 +7,7 @@ import time
 
 from shared.types import TokenLogprobs
 
-from frontend_svc.request_state import Delta, RequestState
+from frontend_svc.output_stream import Delta, OutputStream
 from frontend_svc.tokenizer import TextTokenizer
 
 MIN_LOGPROB = -9999.0  # JSON has no -Infinity
@@ -27,7 +27,7 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
-def usage_of(prompt_lens: list[int], states: list[RequestState]) -> dict:
+def usage_of(prompt_lens: list[int], states: list[OutputStream]) -> dict:
     """Prompt tokens count once per prompt (its n choices share it), like the
     reference; completion tokens sum over all choices."""
     return usage(sum(prompt_lens), sum(s.num_completion_tokens for s in states))
@@ -67,13 +67,13 @@ def chat_logprobs(tokenizer: TextTokenizer, lps: list[TokenLogprobs]) -> dict:
                          "top_logprobs": [entry(i, p) for i, p in lp.top]} for lp in lps]}
 
 
-def completion_choice(index: int, state: RequestState, echo_text: str | None,
+def completion_choice(index: int, state: OutputStream, echo_text: str | None,
                       logprobs: dict | None) -> dict:
     return {"index": index, "text": (echo_text or "") + state.text, "logprobs": logprobs,
             "finish_reason": _finish(state.finish_reason), "stop_reason": state.stop_reason}
 
 
-def best_of(states: list[RequestState], width: int, n: int) -> list[int]:
+def best_of(states: list[OutputStream], width: int, n: int) -> list[int]:
     """Indexes of the n most likely of each prompt's `width` candidates, highest
     cumulative logprob first (vLLM's best_of); all of them, in order, if width == n."""
     if width == n:
@@ -85,7 +85,7 @@ def best_of(states: list[RequestState], width: int, n: int) -> list[int]:
     return keep
 
 
-def chat_choice(index: int, state: RequestState, echo_text: str | None,
+def chat_choice(index: int, state: OutputStream, echo_text: str | None,
                 logprobs: dict | None) -> dict:
     return {"index": index,
             "message": {"role": "assistant", "content": (echo_text or "") + state.text},

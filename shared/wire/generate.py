@@ -1,9 +1,9 @@
 """generate.proto: the client-facing gRPC API. Nothing here is paired: its messages
 are the client's shapes, read into the frontend's GenerationInput and built from its
-RequestState by frontend_svc/grpc_api.py (the sampling parameters and logprobs inside
+OutputStream by frontend_svc/grpc_api.py (the sampling parameters and logprobs inside
 them are common.proto's, paired in shared/wire/common.py)."""
 
-_BUILT = "built from the frontend's RequestState by frontend_svc/grpc_api.py"
+_BUILT = "built from the frontend's OutputStream by frontend_svc/grpc_api.py"
 
 UNPAIRED = {
     "GenerateRequest": "validated and tokenized into a GenerationInput by "

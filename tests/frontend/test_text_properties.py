@@ -5,7 +5,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from frontend_svc.detokenizer import IncrementalDetokenizer
-from frontend_svc.request_state import RequestState
+from frontend_svc.output_stream import OutputStream
 from frontend_svc.stops import StopStrings
 from shared.types import FinishReason, RequestOutput, SamplingParams
 
@@ -31,7 +31,7 @@ def test_streamed_deltas_always_concatenate_to_the_full_decode(tokenizer, text, 
 def test_stop_string_cuts_the_output_where_it_first_appears(tokenizer, text, stop):
     ids = tokenizer.encode(text, add_special_tokens=False)
     full = tokenizer.decode(ids)
-    state = RequestState("r", [1], SamplingParams(max_tokens=len(ids)),
+    state = OutputStream("r", [1], SamplingParams(max_tokens=len(ids)),
                          IncrementalDetokenizer.for_prompt(tokenizer.fast, [1]),
                          StopStrings([stop]))
     sent = ""

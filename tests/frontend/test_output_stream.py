@@ -1,12 +1,12 @@
 from frontend_svc.detokenizer import IncrementalDetokenizer
-from frontend_svc.request_state import RequestState
+from frontend_svc.output_stream import OutputStream
 from frontend_svc.stops import StopStrings
 from shared.types import FinishReason, RequestOutput, SamplingParams, TokenLogprobs
 
 
 def make_state(tokenizer, stops=(), include=False, **params):
     prompt = tokenizer.encode("Say something:", add_special_tokens=False)
-    return RequestState("r", prompt, SamplingParams(**params),
+    return OutputStream("r", prompt, SamplingParams(**params),
                         IncrementalDetokenizer.for_prompt(tokenizer.fast, prompt),
                         StopStrings(list(stops)), include_stop_str_in_output=include)
 

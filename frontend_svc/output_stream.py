@@ -41,7 +41,7 @@ class Delta:
 
 
 @dataclass(slots=True)
-class RequestState:
+class OutputStream:
     req_id: str
     prompt_token_ids: list[int]
     params: SamplingParams
