@@ -8,7 +8,7 @@
     context.py         what both APIs share; runs a request's n choices
     generation.py      one choice: add, stream deltas, abort when the client goes away
     engine_client.py   the one Session stream to the scheduler, routed per request
-    request_state.py   token ids -> text deltas, stop strings, usage, timings
+    output_stream.py   token ids -> text deltas, stop strings, usage, timings
     detokenizer.py     incremental detokenization    stops.py   stop strings and holdback
     tokenizer.py       tokenizer + chat template (chat_template.py), no transformers/torch
     observe.py         every telemetry hook (metrics.py holds the metric objects)
