@@ -28,7 +28,7 @@ from scheduler_svc.worker_group import WorkerGroup
 from shared import config as flags
 from shared import proto_convert as pc
 from shared.grpc_server import COALESCE_BYTES, ServiceServer
-from shared.link_security import LinkSecurity
+from shared.link_security import LinkSecurity, inner_bind_problem
 from shared.proto import common_pb2, engine_pb2, engine_pb2_grpc
 from shared.telemetry import get_logger, setup_telemetry, start_metrics_server
 from shared.types import InvalidRequestError, ModelInfo
@@ -237,6 +237,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(sig, lambda *_: stop.set())
     servicer = EngineServicer()
     security = LinkSecurity.from_args(args)
+    if (problem := inner_bind_problem(args.host, security, args.allow_insecure_inner)):
+        log.error("insecure_bind_refused", host=args.host)
+        print(f"gapserve scheduler: {problem}", file=sys.stderr)
+        return 2
     server = ServiceServer(security=security)
     server.add(engine_pb2_grpc.add_EngineServicer_to_server, servicer, "gapserve.v1.Engine")
     port = server.start(args.host, args.port)

@@ -298,6 +298,10 @@ def add_link_security_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--internal-token", default=None,
                    help="shared secret the scheduler and workers require of their "
                         "callers (prefer the GAPSERVE_INTERNAL_TOKEN variable)")
+    g.add_argument("--allow-insecure-inner", action=argparse.BooleanOptionalAction,
+                   default=False,
+                   help="scheduler and worker: start on a non-loopback --host without "
+                        "--internal-token or mTLS (only on a network you trust)")
 
 
 def add_admission_flags(parser: argparse.ArgumentParser) -> None:
