@@ -24,6 +24,7 @@ from shared.telemetry import get_logger
 from shared.types import FinishReason, ModelInfo, RequestOutput, SamplingParams
 
 from frontend_svc import metrics
+from frontend_svc.auth import scoped_cache_salt
 from frontend_svc.continuation import OpenRequest
 from frontend_svc.errors import EngineError
 from frontend_svc.readiness import SchedulerHealth
@@ -154,8 +155,9 @@ class EngineClient:
             raise EngineError(grpc.StatusCode.ALREADY_EXISTS, f"request {req_id!r} is running")
         queue: asyncio.Queue[Item] = asyncio.Queue()
         self._queues[req_id] = queue
+        # salted with the caller's key (auth.py) here, so every path that adds is scoped
         open_ = OpenRequest(req_id, list(prompt_token_ids), params, queue, priority,
-                            dict(trace_context or {}), cache_salt)
+                            dict(trace_context or {}), scoped_cache_salt(cache_salt))
         self._open[req_id] = open_
         if self._outbox is None:  # held for the next session
             self._arm_resume_deadline()

@@ -105,6 +105,7 @@ async def serve(args, tokenizer: TextTokenizer, served_model_name: str,
                      grpc_port=args.grpc_port, scheduler=args.scheduler_address,
                      model=served_model_name, api_keys=len(fe.keys.keys),
                      priority_keys=len(fe.keys.priority_keys), grpc_tls=security.tls,
+                     prefix_cache_scope=fe.keys.cache_scope if fe.keys.enabled else "global",
                      mtls=security.tls and security.ca is not None,
                      https=bool(args.ssl_certfile), max_queued_requests=args.max_queued_requests)
     stop_task = asyncio.create_task(stop.wait())

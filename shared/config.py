@@ -313,6 +313,10 @@ def add_admission_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--priority-keys", type=key_list, default=[],
                    help="comma list of keys that may set a priority other than 0 "
                         "(also accepted as API keys)")
+    g.add_argument("--prefix-cache-scope", choices=("key", "global"), default="key",
+                   help="key: each API key has its own prefix cache (no key can probe "
+                        "another's prompts through cached_tokens or latency); global: "
+                        "all share one. A request's cache_salt scopes within its key")
     g.add_argument("--max-queued-requests", type=non_negative_int, default=1024,
                    help="requests (choices) this frontend lets wait beyond the "
                         "scheduler's max-num-seqs; more get 429")
