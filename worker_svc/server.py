@@ -168,6 +168,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         if not self._stream_lock.acquire(blocking=False):
             context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                           "another scheduler already drives this worker")
+        context.send_initial_metadata(())  # tells the scheduler it has the stream
         pipe = StepPipe(runner)
         try:
             log.info("step_stream_opened", peer=context.peer())
