@@ -56,7 +56,7 @@ def test_a_refused_step_stream_is_a_failed_round_and_the_accepted_one_counts_onc
                 not any(getattr(i, "finished", False) for i in items):
             pass
         assert engine.num_worker_reconnects == 1  # one session re-established, one count
-        assert [e for e in logs if e["event"] == "worker_reconnected"].__len__() == 1
+        assert len([e for e in logs if e["event"] == "worker_reconnected"]) == 1
     finally:
         engine.stop()
         group.close()
