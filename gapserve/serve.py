@@ -76,7 +76,8 @@ def _argv(args: argparse.Namespace, names: Sequence[str]) -> list[str]:
 COMMON = ("otlp_traces_endpoint", "log_format", "log_level", "drain_timeout_s")
 TLS = ("tls_cert", "tls_key", "tls_ca")
 INNER = ("allow_insecure_inner",)  # the scheduler and workers check their bind address
-ADMISSION = ("max_queued_requests", "prefix_cache_scope", "payload_limit", "max_client_batch_size",
+TENANCY = ("prefix_cache_scope",)  # the frontend salts each key's prefix cache
+ADMISSION = ("max_queued_requests", "payload_limit", "max_client_batch_size",
              "max_choices_per_request", "max_stop_sequences", "max_stop_sequence_length",
              "max_stop_token_ids", "max_prompt_bytes", "tokenizer_threads",
              "ssl_certfile", "ssl_keyfile")
@@ -175,7 +176,7 @@ def children(args: argparse.Namespace) -> list[Child]:
     frontends = [Child(
         "frontend" if count == 1 else f"frontend-{i}",
         ["frontend", "--scheduler-address", scheduler.health_address, "--host", args.host,
-         *_argv(args, COMMON + FRONTEND + TLS + ADMISSION)],
+         *_argv(args, COMMON + FRONTEND + TLS + ADMISSION + TENANCY)],
         f"{front}:{args.grpc_port}", f"{scheme}://{front}:{args.http_port}/health",
         env=_secret_env(args, FRONTEND_SECRETS), security=security)
         for i in range(count)]

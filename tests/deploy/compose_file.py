@@ -67,7 +67,8 @@ def load_compose(env_file: Path | None = None, *, all_profiles: bool = False,
                  shell: dict[str, str] | None = None) -> dict:
     """The file as `docker compose [--env-file F] config` sees it: anchors and `<<`
     merged, variables from F interpolated over `shell` (what the user exported; SHELL
-    by default, never this process's environment, for repeatable tests), and only the services of COMPOSE_PROFILES (unless all_profiles)."""
+    by default, never this process's environment, for repeatable tests), and only
+    the services of COMPOSE_PROFILES (unless all_profiles)."""
     env = {**(SHELL if shell is None else shell), **read_env_file(env_file)}
     doc = interpolate(yaml.safe_load(COMPOSE_PATH.read_text()), env)
     active = {p for p in env.get("COMPOSE_PROFILES", "").split(",") if p}

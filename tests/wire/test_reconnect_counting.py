@@ -21,6 +21,10 @@ from tests.wire.conftest import start_worker
 HELD = "another scheduler already drives this worker"
 
 
+def refused(logs: list[dict]) -> list[dict]:
+    return [e for e in logs if e["event"] == "worker_reconnect_failed" and HELD in e["error"]]
+
+
 def wait_for(condition, what: str, timeout_s: float = 30.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
@@ -44,9 +48,7 @@ def test_a_refused_step_stream_is_a_failed_round_and_the_accepted_one_counts_onc
         with capture_logs() as logs:
             group.open_streams(on_lost=engine.post_worker_lost)  # refused: the old one holds it
             engine.start()
-            refused = lambda: [e for e in logs if e["event"] == "worker_reconnect_failed"  # noqa: E731
-                               and HELD in e["error"]]
-            wait_for(lambda: len(refused()) >= 2, "refused reconnect rounds")
+            wait_for(lambda: len(refused(logs)) >= 2, "refused reconnect rounds")
             assert engine.num_worker_reconnects == 0
             old.close()  # the worker lets go of the dead scheduler's stream
             wait_for(lambda: engine.num_worker_reconnects >= 1, "the reconnect")
