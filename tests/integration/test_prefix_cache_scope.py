@@ -9,6 +9,7 @@ import openai
 import pytest
 
 from frontend_svc.auth import key_scope
+from shared.proto import common_pb2, generate_pb2
 from tests.integration.conftest import TINY_FLAGS, start_stack
 
 KEY_A, KEY_B = "tenant-a-key", "tenant-b-key"
@@ -20,6 +21,15 @@ def cached(stack, key: str, prompt: list[int] = PROMPT, **extra) -> int:
     reply = client.completions.create(model=stack.served_model_name, prompt=prompt,
                                       max_tokens=1, temperature=0.0, extra_body=extra)
     return reply.usage.prompt_tokens_details.cached_tokens
+
+
+def grpc_cached(stack, key: str, prompt: list[int]) -> int:
+    request = generate_pb2.GenerateRequest(
+        token_ids=generate_pb2.TokenIds(ids=prompt),
+        sampling_params=common_pb2.SamplingParams(max_tokens=1, temperature=0.0))
+    messages = list(stack.generation_stub().Generate(
+        request, metadata=(("authorization", f"Bearer {key}"),), timeout=60))
+    return messages[-1].final.usage.cached_tokens
 
 
 @pytest.fixture(scope="module", params=["key", "global"])
@@ -40,6 +50,15 @@ def test_one_key_never_sees_another_keys_cached_prompt_unless_the_scope_is_globa
     else:
         assert cached(stack, KEY_B, prompt) >= 64  # one shared cache
     assert cached(stack, KEY_A, prompt) >= 64  # A's own prompt is still cached for A
+
+
+def test_the_grpc_api_is_scoped_the_same_way(stack):
+    stack, scope = stack
+    prompt = [t + 3 for t in PROMPT]
+    assert cached(stack, KEY_A, prompt) == 0  # A sends it over HTTP
+    b_hits = grpc_cached(stack, KEY_B, prompt)
+    assert b_hits == 0 if scope == "key" else b_hits >= 64
+    assert grpc_cached(stack, KEY_A, prompt) >= 64
 
 
 def test_a_cache_salt_scopes_within_the_key(stack):
