@@ -14,4 +14,5 @@
     observe.py         every telemetry hook (metrics.py holds the metric objects)
     auth.py            API keys and priority keys     http_guard.py  401/413/early 429 (ASGI)
     caps.py            per-request bounds (400)       admission.py   --max-queued-requests (429)
+    drain.py           SIGTERM: /ready 503, new requests 503, open streams end cleanly
 """

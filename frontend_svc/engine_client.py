@@ -24,6 +24,7 @@ from shared.telemetry import get_logger
 from shared.types import FinishReason, ModelInfo, RequestOutput, SamplingParams
 
 from frontend_svc import metrics
+from frontend_svc.auth import scoped_cache_salt
 from frontend_svc.continuation import OpenRequest
 from frontend_svc.errors import EngineError
 from frontend_svc.readiness import SchedulerHealth
@@ -58,6 +59,7 @@ class EngineClient:
         self._outbox: asyncio.Queue[engine_pb2.EngineRequest | None] | None = None
         self._session_task: asyncio.Task | None = None
         self._closed = False
+        self._refusing: EngineError | None = None  # set at the drain deadline
         self.connected = asyncio.Event()
         self.health = SchedulerHealth(self._channel, self._notify)
         self._health_task: asyncio.Task | None = None
@@ -148,14 +150,17 @@ class EngineClient:
         """Send a request; its outputs (or an EngineError) arrive on the queue. While a
         scheduler that was connected is away, the request is held and sent when a new
         session opens (a pause, not an error)."""
+        if self._refusing is not None:  # shutting down: nothing new starts
+            raise EngineError(self._refusing.code, self._refusing.message)
         if self._outbox is None and self.model_info is None:
             raise EngineError(grpc.StatusCode.UNAVAILABLE, "the scheduler is not connected")
         if req_id in self._queues:
             raise EngineError(grpc.StatusCode.ALREADY_EXISTS, f"request {req_id!r} is running")
         queue: asyncio.Queue[Item] = asyncio.Queue()
         self._queues[req_id] = queue
+        # salted with the caller's key (auth.py) here, so every path that adds is scoped
         open_ = OpenRequest(req_id, list(prompt_token_ids), params, queue, priority,
-                            dict(trace_context or {}), cache_salt)
+                            dict(trace_context or {}), scoped_cache_salt(cache_salt))
         self._open[req_id] = open_
         if self._outbox is None:  # held for the next session
             self._arm_resume_deadline()
@@ -216,6 +221,21 @@ class EngineClient:
             if queue is not None:
                 queue.put_nowait(EngineError.from_number(rejection.status.code,
                                                          rejection.status.message))
+
+    def shutdown(self, error: EngineError) -> int:
+        """The drain deadline: end every open request with `error` (a stream sends it
+        as its last event, then [DONE]), abort them at the scheduler, and refuse
+        later adds. Returns how many were open."""
+        self._refusing = error
+        if self._resume_deadline is not None:
+            self._resume_deadline.cancel()
+        wire_ids = [o.wire_id for o in self._open.values()]
+        if wire_ids and self._outbox is not None:
+            self._outbox.put_nowait(engine_pb2.EngineRequest(
+                abort=engine_pb2.AbortRequests(request_ids=wire_ids)))
+        count = len(self._queues)
+        self._fail_all(error)
+        return count
 
     def _fail_all(self, error: EngineError) -> None:
         self._resume_deadline = None

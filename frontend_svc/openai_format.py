@@ -30,7 +30,16 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
 def usage_of(prompt_lens: list[int], states: list[OutputStream]) -> dict:
     """Prompt tokens count once per prompt (its n choices share it), like the
     reference; completion tokens sum over all choices."""
-    return usage(sum(prompt_lens), sum(s.num_completion_tokens for s in states))
+    out = usage(sum(prompt_lens), sum(s.num_completion_tokens for s in states))
+    # OpenAI's prompt_tokens_details.cached_tokens: per prompt, the fewest any of its
+    # choices found cached (choice k of a response is `<id>-k`, of prompt k // n)
+    n = max(1, len(states) // max(1, len(prompt_lens)))
+    per_prompt: dict[int, int] = {}
+    for s in states:
+        k = int(s.req_id.rsplit("-", 1)[-1]) if s.req_id.rsplit("-", 1)[-1].isdigit() else 0
+        per_prompt[k // n] = min(per_prompt.get(k // n, s.num_cached_tokens), s.num_cached_tokens)
+    out["prompt_tokens_details"] = {"cached_tokens": sum(per_prompt.values())}
+    return out
 
 
 class CompletionLogprobs:

@@ -5,6 +5,7 @@ stream to the scheduler)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import socket
 import sys
@@ -27,6 +28,7 @@ from frontend_svc.admission import Admission
 from frontend_svc.auth import ApiKeys
 from frontend_svc.caps import RequestCaps
 from frontend_svc.context import Frontend
+from frontend_svc.drain import FLUSH_S, Drain, DrainGuard, DrainInterceptor
 from frontend_svc.engine_client import EngineClient
 from frontend_svc.errors import EngineError
 from frontend_svc.grpc_api import SERVICE_NAME, GenerationServicer
@@ -55,8 +57,10 @@ async def serve(args, tokenizer: TextTokenizer, served_model_name: str,
     health_servicer = health.aio.HealthServicer()
     security = LinkSecurity.from_args(args)
     admission = Admission(args.max_queued_requests)
+    drain = Drain()
 
     async def on_connection(serving: bool) -> None:
+        serving = serving and not drain.draining  # a draining frontend stays NOT_SERVING
         if serving:  # the admission bound counts from the scheduler's running capacity
             try:
                 admission.max_num_seqs = (await engine.get_status()).max_num_seqs
@@ -75,7 +79,7 @@ async def serve(args, tokenizer: TextTokenizer, served_model_name: str,
     # a client's message is bounded like an HTTP body (--payload-limit); with
     # --api-server-count > 1, N frontends share the same ports
     reuse = [("grpc.so_reuseport", 1)] if args.api_server_count > 1 else []
-    grpc_server = grpc.aio.server(options=[
+    grpc_server = grpc.aio.server(interceptors=[DrainInterceptor(drain)], options=[
         *(o for o in CHANNEL_OPTIONS if o[0] != "grpc.max_receive_message_length"),
         ("grpc.max_receive_message_length", args.payload_limit), *reuse])
     generate_pb2_grpc.add_GenerationServicer_to_server(GenerationServicer(fe), grpc_server)
@@ -87,10 +91,10 @@ async def serve(args, tokenizer: TextTokenizer, served_model_name: str,
         raise OSError(f"cannot bind {args.host}:{args.grpc_port}")
     await grpc_server.start()
 
-    http = uvicorn.Server(uvicorn.Config(
-        build_app(fe, args.payload_limit), host=args.host, port=args.http_port,
-        log_level="warning", access_log=False,
-        timeout_graceful_shutdown=max(1, round(args.drain_timeout_s)),
+    http = HttpServer(uvicorn.Config(
+        DrainGuard(build_app(fe, args.payload_limit), drain), host=args.host,
+        port=args.http_port, log_level="warning", access_log=False,
+        timeout_graceful_shutdown=FLUSH_S,  # the drain ran already: only a backstop
         ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -105,10 +109,15 @@ async def serve(args, tokenizer: TextTokenizer, served_model_name: str,
                      grpc_port=args.grpc_port, scheduler=args.scheduler_address,
                      model=served_model_name, api_keys=len(fe.keys.keys),
                      priority_keys=len(fe.keys.priority_keys), grpc_tls=security.tls,
+                     prefix_cache_scope=fe.keys.cache_scope if fe.keys.enabled else "global",
                      mtls=security.tls and security.ca is not None,
                      https=bool(args.ssl_certfile), max_queued_requests=args.max_queued_requests)
     stop_task = asyncio.create_task(stop.wait())
     await asyncio.wait({http_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
+    if stop_task.done():  # SIGTERM: the ports stay open while running requests finish
+        drain.draining = True
+        await on_connection(False)
+        await drain.run(admission, engine, args.drain_timeout_s)
     http.should_exit = True
     engine_task.cancel()
     await on_connection(False)
@@ -117,6 +126,15 @@ async def serve(args, tokenizer: TextTokenizer, served_model_name: str,
     await engine.close()
     fe.pool.shutdown(wait=False, cancel_futures=True)
     observe.log.info("frontend stopped")
+
+
+class HttpServer(uvicorn.Server):
+    """uvicorn's server without its signal handlers: on SIGTERM it would close the
+    listening socket at once (and cut streams at its own timeout); the frontend
+    drains first (frontend_svc/drain.py), then sets should_exit."""
+
+    def capture_signals(self):
+        return contextlib.nullcontext()
 
 
 def reuseport_socket(host: str, port: int) -> socket.socket:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from shared import config as flags
 from shared.grpc_server import check_health
-from shared.link_security import LinkSecurity
+from shared.link_security import LinkSecurity, inner_bind_problem
 
 STOP_TIMEOUT_S = 15.0  # per process, after SIGTERM, before SIGKILL
 RESTART_BACKOFF_S = 0.5  # first wait before restarting a child that died; doubles
@@ -75,6 +75,8 @@ def _argv(args: argparse.Namespace, names: Sequence[str]) -> list[str]:
 
 COMMON = ("otlp_traces_endpoint", "log_format", "log_level", "drain_timeout_s")
 TLS = ("tls_cert", "tls_key", "tls_ca")
+INNER = ("allow_insecure_inner",)  # the scheduler and workers check their bind address
+TENANCY = ("prefix_cache_scope",)  # the frontend salts each key's prefix cache
 ADMISSION = ("max_queued_requests", "payload_limit", "max_client_batch_size",
              "max_choices_per_request", "max_stop_sequences", "max_stop_sequence_length",
              "max_stop_token_ids", "max_prompt_bytes", "tokenizer_threads",
@@ -92,7 +94,7 @@ WORKER = ("model", "tensor_parallel_size", "device", "dtype", "quantization",
 SCHEDULER = ("long_prefill_token_threshold", "long_prefill_exempt_lone_request",
              "scheduling_policy", "enable_prefix_caching",
              "async_scheduling", "enable_chunked_prefill", "num_scheduler_steps",
-             "step_timeout_s")
+             "step_timeout_s", "max_queued_requests")  # the last: one bound over all frontends
 FRONTEND = ("http_port", "grpc_port", "model", "served_model_name", "api_server_count")
 
 
@@ -157,14 +159,15 @@ def children(args: argparse.Namespace) -> list[Child]:
         workers.append(Child(
             f"worker-{rank}",
             ["worker", "--rank", str(rank), "--port", str(port), "--metrics-port", str(metrics),
-             "--host", args.inner_host, *_argv(args, COMMON + WORKER + LIMITS + TLS)],
+             "--host", args.inner_host, *_argv(args, COMMON + WORKER + LIMITS + TLS + INNER)],
             f"{host}:{port}", env=inner_env, security=security))
     addresses = ",".join(w.health_address for w in workers)
     scheduler = Child(
         "scheduler",
         ["scheduler", "--port", str(args.scheduler_port),
          "--metrics-port", str(args.scheduler_metrics_port), "--worker-addresses", addresses,
-         "--host", args.inner_host, *_argv(args, COMMON + SCHEDULER + LIMITS + TLS)],
+         "--host", args.inner_host,
+         *_argv(args, COMMON + SCHEDULER + LIMITS + TLS + INNER)],
         f"{host}:{args.scheduler_port}", env=inner_env, security=security)
     front = _loopback(args.host)
     scheme = "https" if args.ssl_certfile else "http"
@@ -173,7 +176,7 @@ def children(args: argparse.Namespace) -> list[Child]:
     frontends = [Child(
         "frontend" if count == 1 else f"frontend-{i}",
         ["frontend", "--scheduler-address", scheduler.health_address, "--host", args.host,
-         *_argv(args, COMMON + FRONTEND + TLS + ADMISSION)],
+         *_argv(args, COMMON + FRONTEND + TLS + ADMISSION + TENANCY)],
         f"{front}:{args.grpc_port}", f"{scheme}://{front}:{args.http_port}/health",
         env=_secret_env(args, FRONTEND_SECRETS), security=security)
         for i in range(count)]
@@ -245,6 +248,13 @@ class Supervisor:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = serve_parser()
     args = flags.parse_args(parser, argv)
+    try:  # said once here, before anything starts, not by each child as it exits
+        problem = inner_bind_problem(args.inner_host, LinkSecurity.from_args(args),
+                                     args.allow_insecure_inner)
+    except (OSError, ValueError) as e:  # an unreadable --tls-* file, a lone --tls-cert
+        parser.error(str(e))
+    if problem is not None:
+        parser.error(f"--inner-host: {problem}")
     from shared.default_model import resolve_model
 
     try:  # converted once here, not raced by two children

@@ -15,7 +15,11 @@ from shared import config as flags
 
 def status_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gapserve status", description=__doc__.splitlines()[0])
-    p.add_argument("--url", default="http://127.0.0.1:8000", help="the frontend's HTTP address")
+    p.add_argument("--url", default=None,
+                   help="the frontend's HTTP address (default: http://127.0.0.1:<--http-port>)")
+    # the same variable the frontend reads, so a shell set up for the stack asks it
+    p.add_argument("--http-port", type=flags.port, default=8000,
+                   help="the frontend's HTTP port on this machine, when --url is not given")
     p.add_argument("--scheduler-address", default=None,
                    help="ask the scheduler's GetStatus instead (host:port)")
     p.add_argument("--json", action="store_true", help="print the raw JSON")
@@ -60,6 +64,7 @@ def render(status: dict) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = flags.parse_args(status_parser(), argv)
+    args.url = args.url or f"http://127.0.0.1:{args.http_port}"
     try:
         status = (from_scheduler(args.scheduler_address, args) if args.scheduler_address
                   else from_frontend(args.url, args.api_key[0] if args.api_key else None))

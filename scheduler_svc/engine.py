@@ -52,6 +52,7 @@ class ErrorCode(enum.Enum):
     INVALID_ARGUMENT = "INVALID_ARGUMENT"
     ALREADY_EXISTS = "ALREADY_EXISTS"
     UNAVAILABLE = "UNAVAILABLE"
+    RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"
 
 
 @dataclass(slots=True)
@@ -94,6 +95,10 @@ class EngineCounters:
 
 class EngineFailed(RuntimeError):
     """The worker group is gone; the scheduler cannot make progress any more."""
+
+
+class Overloaded(RuntimeError):
+    """The scheduler already holds its bound of open requests (every frontend's)."""
 
 
 class WorkerLost(EngineFailed):
@@ -142,6 +147,9 @@ class Engine:
         self._cond = threading.Condition()
         self._inbox: deque[tuple] = deque()
         self._owners: dict[str, Session] = {}  # req_id -> session; guarded by _cond
+        # max-num-seqs + --max-queued-requests: the one bound over every frontend's
+        # requests (each frontend sees only its own); None = unbounded
+        self.max_open_requests: int | None = None
         self._session_ids = itertools.count(1)
         self._sessions: set[Session] = set()
         self._stopping = False
@@ -190,8 +198,8 @@ class Engine:
 
     def add(self, session: Session, request: Request,
             trace_context: dict[str, str] | None = None) -> None:
-        """Queue a request, or raise InvalidRequestError / KeyError (duplicate id)
-        with nothing queued."""
+        """Queue a request, or raise InvalidRequestError / KeyError (duplicate id) /
+        Overloaded (the bound is reached) with nothing queued."""
         self.check(request)
         with self._cond:
             if self.failed is not None:
@@ -200,6 +208,12 @@ class Engine:
                 raise InvalidRequestError("the session is closed")
             if request.req_id in self._owners:
                 raise KeyError(f"request id {request.req_id!r} is already running")
+            if self.max_open_requests is not None and \
+                    len(self._owners) >= self.max_open_requests:
+                raise Overloaded(
+                    f"the server is at capacity ({len(self._owners)} requests open at the "
+                    f"scheduler over all frontends, limit {self.max_open_requests}); "
+                    "retry later")
             self._owners[request.req_id] = session
             self._post(("add", (request, trace_context)))
 

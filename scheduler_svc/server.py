@@ -18,17 +18,19 @@ import time
 from collections.abc import Sequence
 
 import grpc
+from prometheus_client import Counter
 
 from scheduler_svc.core.config import ConfigError, SchedulerConfig
 from scheduler_svc.core.request import Request
 from scheduler_svc.core.scheduler import Scheduler
 from scheduler_svc.metrics import SESSION_COALESCED_STEPS, SchedulerTelemetry
-from scheduler_svc.engine import CLOSED, Engine, EngineFailed, ErrorCode, Failure, Session, describe
+from scheduler_svc.engine import (CLOSED, Engine, EngineFailed, ErrorCode, Failure, Overloaded,
+                                  Session, describe)
 from scheduler_svc.worker_group import WorkerGroup
 from shared import config as flags
 from shared import proto_convert as pc
 from shared.grpc_server import COALESCE_BYTES, ServiceServer
-from shared.link_security import LinkSecurity
+from shared.link_security import LinkSecurity, inner_bind_problem
 from shared.proto import common_pb2, engine_pb2, engine_pb2_grpc
 from shared.telemetry import get_logger, setup_telemetry, start_metrics_server
 from shared.types import InvalidRequestError, ModelInfo
@@ -38,7 +40,12 @@ log = get_logger(service="scheduler")
 _MAX_WAIT_S = 3600.0  # longest an early caller waits for start-up
 _CODES = {ErrorCode.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
           ErrorCode.ALREADY_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
-          ErrorCode.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE}
+          ErrorCode.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+          ErrorCode.RESOURCE_EXHAUSTED: grpc.StatusCode.RESOURCE_EXHAUSTED}
+# the scheduler's admission bound (issue 28 item 7): adds refused over all frontends
+REJECTED_FULL = Counter("gapserve:scheduler_rejected_requests",
+                        "Adds the scheduler refused with RESOURCE_EXHAUSTED: it held "
+                        "max-num-seqs + --max-queued-requests open requests.")
 
 
 # ---------------------------------------------------------------------------
@@ -174,6 +181,9 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
             session.outbox.put([Failure(msg.request_id, ErrorCode.ALREADY_EXISTS, e.args[0])])
         except EngineFailed as e:
             session.outbox.put([Failure(msg.request_id, ErrorCode.UNAVAILABLE, str(e))])
+        except Overloaded as e:
+            REJECTED_FULL.inc()
+            session.outbox.put([Failure(msg.request_id, ErrorCode.RESOURCE_EXHAUSTED, str(e))])
 
 
 def engine_status(engine: Engine, scheduler: Scheduler,
@@ -237,6 +247,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         signal.signal(sig, lambda *_: stop.set())
     servicer = EngineServicer()
     security = LinkSecurity.from_args(args)
+    if (problem := inner_bind_problem(args.host, security, args.allow_insecure_inner)):
+        log.error("insecure_bind_refused", host=args.host)
+        print(f"gapserve scheduler: {problem}", file=sys.stderr)
+        return 2
     server = ServiceServer(security=security)
     server.add(engine_pb2_grpc.add_EngineServicer_to_server, servicer, "gapserve.v1.Engine")
     port = server.start(args.host, args.port)
@@ -259,6 +273,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         engine = Engine(scheduler, group, info, cfg.max_model_len, telemetry=telemetry,
                         on_failure=lambda e: (failed.set(), stop.set()),
                         on_serving=server.set_serving)
+        engine.max_open_requests = cfg.max_num_seqs + args.max_queued_requests
         group.open_streams(on_lost=engine.post_worker_lost)
         engine.start()
         servicer.ready(engine, lambda: engine_status(engine, scheduler, telemetry))
@@ -266,7 +281,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.info("scheduler_ready", model=info.model_name, num_kv_blocks=info.num_kv_blocks,
                  block_size=info.block_size, max_model_len=cfg.max_model_len,
                  max_num_seqs=cfg.max_num_seqs,
-                 max_num_batched_tokens=cfg.max_num_batched_tokens)
+                 max_num_batched_tokens=cfg.max_num_batched_tokens,
+                 max_open_requests=engine.max_open_requests)
         stop.wait()
         if not failed.is_set():
             _drain(engine, scheduler, server, args.drain_timeout_s)

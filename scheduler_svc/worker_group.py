@@ -48,6 +48,7 @@ class WorkerGroup:
         self._closing = False
         self._replies: list = []
         self._answers: list[queue.SimpleQueue] = []  # per rank: replies, then a WorkerLost
+        self._accepted: list[queue.SimpleQueue] = []  # per rank: True, or why not (WorkerLost)
         self.generation = 0  # one per set of open streams; a lost signal names its own
         self.model_info: ModelInfo | None = None
         self._on_lost = None
@@ -100,20 +101,40 @@ class WorkerGroup:
         when no step is in flight."""
         self._on_lost = on_lost if on_lost is not None else self._on_lost
         self.generation += 1
-        self._outboxes, self._replies, self._answers = [], [], []
+        self._outboxes, self._replies, self._answers, self._accepted = [], [], [], []
         for address, stub in zip(self.addresses, self._group_stubs(self.active)):
             outbox: queue.SimpleQueue = queue.SimpleQueue()
             answers: queue.SimpleQueue = queue.SimpleQueue()
+            accepted: queue.SimpleQueue = queue.SimpleQueue()
             self._outboxes.append(outbox)
             self._answers.append(answers)
+            self._accepted.append(accepted)
             replies = stub.Step(iter(outbox.get, None), metadata=self._security.metadata)
             self._replies.append(replies)
-            threading.Thread(target=self._read, args=(address, replies, answers, self.generation),
+            threading.Thread(target=self._read,
+                             args=(address, replies, answers, self.generation, accepted),
                              name=f"step-replies-{address}", daemon=True).start()
 
-    def _read(self, address: str, replies, answers: queue.SimpleQueue, generation: int) -> None:
+    def _await_accepted(self, timeout_s: float) -> str | None:
+        """None once every rank took its Step stream (a worker sends its headers then);
+        otherwise why not: a worker still held by another (e.g. a dead) scheduler's
+        stream refuses it, and that is no reconnect yet."""
+        for address, accepted in zip(self.addresses, self._accepted):
+            try:
+                item = accepted.get(timeout=timeout_s)
+            except queue.Empty:
+                return f"worker {address} did not take the Step stream within {timeout_s:g} s"
+            if item is not True:
+                return str(item)
+        return None
+
+    def _read(self, address: str, replies, answers: queue.SimpleQueue, generation: int,
+              accepted: queue.SimpleQueue | None = None) -> None:
         # A reader per rank, so collect() can give up after --step-timeout-s.
         try:
+            replies.initial_metadata()  # the worker's headers: it took the stream, or it ended
+            if accepted is not None and not replies.done():
+                accepted.put(True)
             for reply in replies:
                 answers.put(reply)
             error = WorkerLost(f"worker {address} closed its Step stream")
@@ -121,6 +142,8 @@ class WorkerGroup:
             error = WorkerLost(f"the Step stream to worker {address} ended: "
                                f"{e.code().name}: {e.details()}")
         answers.put(error)
+        if accepted is not None:
+            accepted.put(error)  # after True this is never read
         if not self._closing and generation == self.generation and self._on_lost is not None:
             self._on_lost(generation, error)
 
@@ -142,9 +165,16 @@ class WorkerGroup:
                 tried.append(f"{self._name(index)}: {e}")
                 log.warning("worker_group_skipped", addresses=self.groups[index], reason=str(e))
             else:
+                before, self.active = self.active, index  # open this group's streams
+                self.open_streams()
+                refused = self._await_accepted(timeout_s)
+                self.active = before
+                if refused is not None:  # alive, but not ours yet: try the next, back off
+                    self._end_streams()
+                    tried.append(f"{self._name(index)}: {refused}")
+                    continue
                 self._activate(index, tried)
                 self.model_info = info
-                self.open_streams()
                 return info
         raise WorkerLost("no worker group answered: " + "; ".join(tried))
 

@@ -26,6 +26,8 @@ fi
 PROJECT=${GAPSERVE_SMOKE_PROJECT:-gapserve-smoke}
 BASE=http://127.0.0.1:8000/v1
 MAX_TOKENS=${GAPSERVE_SMOKE_MAX_TOKENS:-200}
+# docker-compose.yml requires the inner services' token: a random one for this run
+export GAPSERVE_INTERNAL_TOKEN=${GAPSERVE_INTERNAL_TOKEN:-$(python3 -c 'import secrets; print(secrets.token_hex(32))')}
 compose() { docker compose -p "$PROJECT" "$@"; }
 TMP=$(mktemp -d)
 STREAM_PID=

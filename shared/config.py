@@ -298,6 +298,10 @@ def add_link_security_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--internal-token", default=None,
                    help="shared secret the scheduler and workers require of their "
                         "callers (prefer the GAPSERVE_INTERNAL_TOKEN variable)")
+    g.add_argument("--allow-insecure-inner", action=argparse.BooleanOptionalAction,
+                   default=False,
+                   help="scheduler and worker: start on a non-loopback --host without "
+                        "--internal-token or mTLS (only on a network you trust)")
 
 
 def add_admission_flags(parser: argparse.ArgumentParser) -> None:
@@ -309,9 +313,14 @@ def add_admission_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--priority-keys", type=key_list, default=[],
                    help="comma list of keys that may set a priority other than 0 "
                         "(also accepted as API keys)")
+    g.add_argument("--prefix-cache-scope", choices=("key", "global"), default="key",
+                   help="key: each API key has its own prefix cache (no key can probe "
+                        "another's prompts through cached_tokens or latency); global: "
+                        "all share one. A request's cache_salt scopes within its key")
     g.add_argument("--max-queued-requests", type=non_negative_int, default=1024,
-                   help="requests (choices) this frontend lets wait beyond the "
-                        "scheduler's max-num-seqs; more get 429")
+                   help="requests (choices) let wait beyond the scheduler's "
+                        "max-num-seqs, by this frontend and (under gapserve serve) by the "
+                        "scheduler over all frontends; more get 429")
     g.add_argument("--payload-limit", type=positive_int, default=8 << 20,
                    help="largest HTTP request body in bytes (413 above)")
     g.add_argument("--max-client-batch-size", type=positive_int, default=128,
@@ -334,6 +343,16 @@ def add_admission_flags(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--ssl-keyfile", default=None, help="private key of --ssl-certfile")
 
 
+def add_scheduler_admission_flags(parser: argparse.ArgumentParser) -> None:
+    """The scheduler's own bound, over every frontend (`gapserve serve` shares the
+    frontend's flag of the same name)."""
+    g = parser.add_argument_group("admission (scheduler)")
+    g.add_argument("--max-queued-requests", type=non_negative_int, default=1024,
+                   help="requests the scheduler lets wait beyond --max-num-seqs, counted "
+                        "over all frontends; more are refused (RESOURCE_EXHAUSTED, "
+                        "HTTP 429 at the frontend)")
+
+
 def worker_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="gapserve worker", description="Run one worker rank.")
     add_common_flags(p)
@@ -350,6 +369,7 @@ def scheduler_parser() -> argparse.ArgumentParser:
     add_scheduler_flags(p)
     add_limit_flags(p)
     add_link_security_flags(p)
+    add_scheduler_admission_flags(p)
     return p
 
 

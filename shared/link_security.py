@@ -14,6 +14,7 @@ uses the same rules:
 from __future__ import annotations
 
 import hmac
+import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,6 +86,31 @@ class LinkSecurity:
     def metadata(self) -> tuple[tuple[str, str], ...]:
         """What every call to an inner service carries."""
         return ((TOKEN_METADATA, self.token),) if self.token else ()
+
+
+def is_loopback(host: str) -> bool:
+    """An address only this machine reaches (a name other than localhost is not)."""
+    if host in ("localhost", "ip6-localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def inner_bind_problem(host: str, security: LinkSecurity, allow_insecure: bool) -> str | None:
+    """Why a scheduler or worker must not listen on `host`, or None. Off loopback,
+    anyone on the network could open an Engine Session (skipping API keys, caps and
+    priority rules) or take the worker's one Step stream, so callers must prove
+    themselves: the internal token, or a client certificate (mTLS)."""
+    if allow_insecure or is_loopback(host) or security.token or \
+            (security.tls and security.ca is not None):
+        return None
+    return (f"refusing to listen on {host!r} without authentication: any host on that "
+            "network could drive this service. Set --internal-token (or the "
+            "GAPSERVE_INTERNAL_TOKEN variable) on every service, or mTLS (--tls-cert, "
+            "--tls-key, --tls-ca), or pass --allow-insecure-inner if the network is "
+            "trusted (docs/security.md)")
 
 
 class InternalTokenInterceptor(grpc.ServerInterceptor):

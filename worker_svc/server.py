@@ -21,7 +21,7 @@ import grpc
 from shared import config as flags
 from shared import proto_convert as pc
 from shared.grpc_server import ServiceServer
-from shared.link_security import LinkSecurity
+from shared.link_security import LinkSecurity, inner_bind_problem
 from shared.proto import worker_pb2, worker_pb2_grpc
 from shared.telemetry import get_logger, setup_telemetry, start_metrics_server
 from shared.types import InvalidRequestError, ModelRunnerOutput, SchedulerOutput
@@ -168,6 +168,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         if not self._stream_lock.acquire(blocking=False):
             context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                           "another scheduler already drives this worker")
+        context.send_initial_metadata(())  # tells the scheduler it has the stream
         pipe = StepPipe(runner)
         try:
             log.info("step_stream_opened", peer=context.peer())
@@ -263,8 +264,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    security = LinkSecurity.from_args(args)
+    if (problem := inner_bind_problem(args.host, security, args.allow_insecure_inner)):
+        log.error("insecure_bind_refused", host=args.host)
+        print(f"gapserve worker: {problem}", file=sys.stderr)
+        return 2
     servicer = WorkerServicer(args.rank, args.tensor_parallel_size)
-    server = ServiceServer(security=LinkSecurity.from_args(args))
+    server = ServiceServer(security=security)
     server.add(worker_pb2_grpc.add_WorkerServicer_to_server, servicer, "gapserve.v1.Worker")
     port = server.start(args.host, 50053 + args.rank if args.port is None else args.port)
     metrics_port = 8002 + args.rank if args.metrics_port is None else args.metrics_port

@@ -21,7 +21,13 @@ OBSERVABILITY_ENV = ROOT / "deploy" / "observability.env"
 
 # ${NAME}, ${NAME:-default}, ${NAME-default}; `$$` is compose's escape, left for the
 # container's shell (healthcheck_argv turns it into `$`).
-_VARIABLE = re.compile(r"\$\$|\$\{(\w+)(?:(:?-)([^}]*))?\}")
+_VARIABLE = re.compile(r"\$\$|\$\{(\w+)(?:(:?[-?])([^}]*))?\}")
+# What a user exports before `docker compose up` (the file requires it).
+SHELL = {"GAPSERVE_INTERNAL_TOKEN": "compose-test-token"}
+
+
+class MissingVariable(ValueError):
+    """`${NAME:?message}` with NAME unset or empty: compose refuses to start."""
 
 
 TP2_ENV_PATH = ROOT / "deploy" / "tp2.env"
@@ -48,18 +54,22 @@ def interpolate(value, env: dict[str, str]):
         if m.group(0) == "$$":
             return "$$"
         name, op, default = m.groups()
-        if name in env and (env[name] or op != ":-"):
+        if name in env and (env[name] or op not in (":-", ":?")):
             return env[name]
+        if op in (":?", "?"):
+            raise MissingVariable(f"required variable {name} is missing a value: {default}")
         return default if op else ""
 
     return _VARIABLE.sub(sub, value)
 
 
-def load_compose(env_file: Path | None = None, *, all_profiles: bool = False) -> dict:
+def load_compose(env_file: Path | None = None, *, all_profiles: bool = False,
+                 shell: dict[str, str] | None = None) -> dict:
     """The file as `docker compose [--env-file F] config` sees it: anchors and `<<`
-    merged, variables from F interpolated (the shell environment is ignored, for
-    repeatable tests), and only the services of COMPOSE_PROFILES (unless all_profiles)."""
-    env = read_env_file(env_file)
+    merged, variables from F interpolated over `shell` (what the user exported; SHELL
+    by default, never this process's environment, for repeatable tests), and only
+    the services of COMPOSE_PROFILES (unless all_profiles)."""
+    env = {**(SHELL if shell is None else shell), **read_env_file(env_file)}
     doc = interpolate(yaml.safe_load(COMPOSE_PATH.read_text()), env)
     active = {p for p in env.get("COMPOSE_PROFILES", "").split(",") if p}
     if not all_profiles:

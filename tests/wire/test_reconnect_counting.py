@@ -1,0 +1,66 @@
+"""Issue 28 item 10: a reconnect counts once per Step session a worker actually
+accepted. A worker still held by another scheduler's stream (a dead one the worker
+has not noticed yet, as after a scheduler restart) answers the handshake but
+refuses the stream; that is a failed reconnect round (logged, backed off), not a
+reconnect, so one scheduler restart no longer shows as a burst of them."""
+
+from __future__ import annotations
+
+import time
+
+from structlog.testing import capture_logs
+
+from scheduler_svc.core.config import SchedulerConfig
+from scheduler_svc.core.request import Request
+from scheduler_svc.core.scheduler import Scheduler
+from scheduler_svc.engine import CLOSED, Engine
+from scheduler_svc.worker_group import WorkerGroup
+from shared.types import SamplingParams
+from tests.wire.conftest import start_worker
+
+HELD = "another scheduler already drives this worker"
+
+
+def refused(logs: list[dict]) -> list[dict]:
+    return [e for e in logs if e["event"] == "worker_reconnect_failed" and HELD in e["error"]]
+
+
+def wait_for(condition, what: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def test_a_refused_step_stream_is_a_failed_round_and_the_accepted_one_counts_once(tiny_runner):
+    worker, port = start_worker(tiny_runner)
+    address = f"127.0.0.1:{port}"
+    old = WorkerGroup([address])  # the scheduler that died: the worker still holds its stream
+    old.handshake(timeout_s=10)
+    old.open_streams()
+    assert old._await_accepted(10) is None
+    group = WorkerGroup([address])
+    info = group.handshake(timeout_s=10)  # the worker answers the new scheduler's handshake
+    cfg = SchedulerConfig(block_size=info.block_size, max_model_len=info.max_model_len,
+                          max_num_seqs=16, max_num_batched_tokens=256)
+    engine = Engine(Scheduler(cfg, info.num_kv_blocks), group, info, cfg.max_model_len)
+    try:
+        with capture_logs() as logs:
+            group.open_streams(on_lost=engine.post_worker_lost)  # refused: the old one holds it
+            engine.start()
+            wait_for(lambda: len(refused(logs)) >= 2, "refused reconnect rounds")
+            assert engine.num_worker_reconnects == 0
+            old.close()  # the worker lets go of the dead scheduler's stream
+            wait_for(lambda: engine.num_worker_reconnects >= 1, "the reconnect")
+        session = engine.open_session()
+        engine.add(session, Request("after", [1, 2, 3], SamplingParams(max_tokens=4)))
+        while (items := session.outbox.get(timeout=30)) is not CLOSED and \
+                not any(getattr(i, "finished", False) for i in items):
+            pass
+        assert engine.num_worker_reconnects == 1  # one session re-established, one count
+        assert len([e for e in logs if e["event"] == "worker_reconnected"]) == 1
+    finally:
+        engine.stop()
+        group.close()
+        old.close()
+        worker.stop(0)
