@@ -68,7 +68,7 @@ HONOURED = {
         "tests.integration.test_auth:test_cache_salt_separates_prefix_caches_on_the_grpc_path",
     "priority": "tests.integration.test_auth:test_a_priority_claim_needs_a_priority_key",
     "include_stop_str_in_output":
-        "tests.frontend.test_request_state:test_include_stop_str_in_output_keeps_the_stop",
+        "tests.frontend.test_output_stream:test_include_stop_str_in_output_keeps_the_stop",
     "skip_special_tokens": "tests.frontend.test_detokenizer:test_special_tokens_are_skipped",
     "add_special_tokens": f"{TRANSLATE}:test_add_special_tokens_adds_the_tokenizer_s_own",
     "add_generation_prompt":
