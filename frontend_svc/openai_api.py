@@ -87,6 +87,8 @@ def build_app(fe: Frontend, payload_limit: int = 8 << 20) -> FastAPI:
         # the rate the diagnosis reads: preemptions per second over its window
         if out.get("window_s"):
             out["preemption_rate_per_s"] = out["num_preemptions_in_window"] / out["window_s"]
+        # how the worker computes steps (kernels, row limits, threads): worker_svc/compute_plan.py
+        out["compute_plan"] = fe.engine.model_info.compute_plan if fe.engine.model_info else None
         return out
 
     @app.post("/tokenize")

@@ -47,7 +47,8 @@ def model_info_to_proto(info: t.ModelInfo) -> common_pb2.ModelInfo:
         max_model_len=info.max_model_len, eos_token_ids=info.eos_token_ids,
         num_layers=info.num_layers, num_kv_heads=info.num_kv_heads,
         head_dim=info.head_dim, dtype=info.dtype, num_kv_blocks=info.num_kv_blocks,
-        block_size=info.block_size, max_num_batched_tokens=info.max_num_batched_tokens)
+        block_size=info.block_size, max_num_batched_tokens=info.max_num_batched_tokens,
+        compute_plan=info.compute_plan)
 
 
 def model_info_from_proto(msg: common_pb2.ModelInfo) -> t.ModelInfo:
@@ -56,7 +57,8 @@ def model_info_from_proto(msg: common_pb2.ModelInfo) -> t.ModelInfo:
         max_model_len=msg.max_model_len, eos_token_ids=list(msg.eos_token_ids),
         num_layers=msg.num_layers, num_kv_heads=msg.num_kv_heads,
         head_dim=msg.head_dim, dtype=msg.dtype, num_kv_blocks=msg.num_kv_blocks,
-        block_size=msg.block_size, max_num_batched_tokens=msg.max_num_batched_tokens)
+        block_size=msg.block_size, max_num_batched_tokens=msg.max_num_batched_tokens,
+        compute_plan=msg.compute_plan)
 
 
 # ---------------------------------------------------------------------------

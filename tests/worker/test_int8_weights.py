@@ -98,8 +98,8 @@ def test_small_steps_read_int8_copies_and_wide_steps_the_dtype_weights(tiny_llam
     assert isinstance(small_layers[0].gate_up, Int8Weight)
     assert isinstance(model._small_lm_head, Int8Weight)
     assert wide_layers is model.w.layers and wide_layers[0].gate_up.dtype == torch.float32
-    assert int8.compute_paths()["small_batch"] == "int8"
-    assert plain.compute_paths()["small_batch"] == "on"
+    assert int8.compute_plan.small_batch == "int8"
+    assert plain.compute_plan.small_batch == "plain"
     # a quarter of the plain copies' bytes, plus the scales, is counted for the KV sizing
     assert weight_bytes(int8.model.w) < weight_bytes(plain.model.w)
 
@@ -121,9 +121,9 @@ def test_on_weights_int8_holds_exactly_the_greedy_tokens_are_the_fp32_ones(int8_
     assert run_outputs(int8, prompts[:1], 12) == run_outputs(fp32, prompts[:1], 12)
 
 
-def test_int8_is_refused_with_a_reason_when_nothing_would_run_it(tiny_llama_dir, monkeypatch):
+def test_int8_is_refused_with_a_reason_when_nothing_would_run_it(tiny_llama_dir):
     with pytest.raises(ValueError, match="quantization must be int8"):
         WorkerConfig(quantization="int4").validate()
-    monkeypatch.setenv("GAPSERVE_CPU_SMALL_BATCH", "off")
     with pytest.raises(ValueError, match="needs the small-batch kernel"):
-        tiny_cpu_runner(tiny_llama_dir, quantization="int8")
+        tiny_cpu_runner(tiny_llama_dir, quantization="int8", cpu_small_batch=False)
+
