@@ -166,9 +166,9 @@ def build_plan(config: WorkerConfig, device: torch.device, model_cfg, *, biases:
         device=device, dtype=dtype, act_dtype=act_dtype, attention=attention,
         prepack=bool(prepack), fused_ops=bool(fused), decode_layers=bool(decode_layers),
         small_batch=small, small_max_rows=small_rows,
-        # the vocabulary projection's own gate: MAX_ROWS sampling rows, int8 or not
-        logits_max_rows=small_linear.MAX_ROWS if small != "off" else 0,
-        argmax_screen=screen,
+        # the vocabulary projection follows the matmuls' gate: with int8, a step of
+        # 9-32 sampling rows reads the int8 copy too, as --quantization's help says
+        logits_max_rows=small_rows, argmax_screen=screen,
         threads=_threads(config.cpu_threads, ranks_on_host, usable_cores, environ),
         ranks_on_host=ranks_on_host, zero_cost_steps=config.zero_cost_steps,
         fault_stop_after_steps=fault_stop_after_steps)

@@ -48,9 +48,10 @@ def test_an_fp32_cpu_worker_with_its_kernels_runs_every_c_path():
     assert p.argmax_screen and p.act_dtype == p.dtype == torch.float32
 
 
-def test_int8_serves_steps_of_up_to_32_tokens_without_the_screen():
+def test_int8_projects_the_vocabulary_of_as_many_rows_as_its_matmuls_take():
     p = plan(quantization="int8")
-    assert p.small_batch == "int8" and p.small_max_rows == small_linear.INT8_MAX_ROWS
+    assert p.small_batch == "int8"
+    assert p.small_max_rows == p.logits_max_rows == small_linear.INT8_MAX_ROWS
     assert not p.argmax_screen  # its projection is int8 already
 
 
@@ -112,7 +113,7 @@ def test_the_summary_names_every_choice_and_travels_in_model_info():
     line = p.summary()
     for part in ("device=cpu", "dtype=float32", "attention=c_decode_kernel",
                  "layer_loop=c_loop", "prepack=on", "small_batch=int8:32",
-                 "argmax_screen=off", "threads=1",
+                 "logits_small_rows=32", "argmax_screen=off", "threads=1",
                  "ranks_on_host=2"):
         assert part in line.split(), part
     info = ModelInfo("m", 256, 64, [2], 3, 2, 16, "float32", 10, 16, 2048, compute_plan=line)

@@ -127,3 +127,21 @@ def test_int8_is_refused_with_a_reason_when_nothing_would_run_it(tiny_llama_dir)
     with pytest.raises(ValueError, match="needs the small-batch kernel"):
         tiny_cpu_runner(tiny_llama_dir, quantization="int8", cpu_small_batch=False)
 
+
+@needs_kernel
+def test_the_vocabulary_projection_takes_int8_for_as_many_rows_as_the_matmuls(int8_exact_dir):
+    """One gate for a step: up to INT8_MAX_ROWS sampling rows project through the
+    int8 copy (bit for bit the kernel's), wider steps through the --dtype weights."""
+    from worker_svc.model.llama import _linear
+    model = tiny_cpu_runner(int8_exact_dir, quantization="int8").model
+    assert model.logits_max_rows == model.small_max_rows == small_linear.INT8_MAX_ROWS
+    g = torch.Generator().manual_seed(7)
+    for rows, int8 in [(small_linear.MAX_ROWS + 4, True), (small_linear.INT8_MAX_ROWS, True),
+                       (small_linear.INT8_MAX_ROWS + 1, False)]:
+        x = torch.randn(rows, model.cfg.hidden_size, generator=g)
+        want = model.small(x, model._small_lm_head) if int8 else _linear(x, model.w.lm_head)
+        assert torch.equal(model._logits(x), want), rows
+    # 12 requests decode 12 rows a step: their greedy tokens are still the fp32 ones
+    prompts = [list(range(3 + 5 * i, 20 + 5 * i)) for i in range(12)]
+    assert run_outputs(tiny_cpu_runner(int8_exact_dir, quantization="int8"), prompts, 8) == \
+        run_outputs(tiny_cpu_runner(int8_exact_dir), prompts, 8)
