@@ -4,7 +4,11 @@ and the fitted step-time model the scheduler simulator uses:
     step_ms = d + s * num_seqs + p * num_prefill_tokens
 
     python benchmarks/worker_step.py [--threads 2] [--quick] [--json out.json]
-    python benchmarks/worker_step.py --tensor-parallel-size 2 --threads 1 [--quick]
+    python benchmarks/worker_step.py --tensor-parallel-size 2 [--threads 1] [--quick]
+
+--threads 0 (the default) leaves the count to the worker's compute plan, as a
+deployed worker does: the usable cores split among the ranks on this host, so TP=1
+runs on all of them and each of N ranks on its share (each table says how many).
 
 With --tensor-parallel-size N the same points run first unsplit (TP=1), then on N
 ranks (this process is rank 0; it starts ranks 1..N-1 as processes that replay the
@@ -139,7 +143,8 @@ def fit(rows, key="step_ms"):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--threads", type=int, default=2, help="torch threads per rank")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="torch threads per rank; 0: the compute plan's (cores // ranks)")
     ap.add_argument("--quick", action="store_true", help="fewer points, for a smoke run")
     ap.add_argument("--decode-steps", type=int, default=8)
     ap.add_argument("--reps", type=int, default=2)
@@ -158,7 +163,6 @@ def main() -> None:
     ap.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)  # helper ranks
     ap.add_argument("--master-port", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
     decode_batches = [1, 8, 32, 64, 128] if not args.quick else [1, 8]
     prefill_chunks = [128, 256, 512, 1024, 2048, 4096] if not args.quick else [128, 512]
     if args.decode_batches:
@@ -173,17 +177,23 @@ def main() -> None:
     t0 = time.perf_counter()
     runner = _runner(args, decode_batches, 0, 1, 0)
     name, dtype = runner.model_info().model_name, runner.dtype
+    threads = runner.compute_plan.threads
     rows = measure(runner, *points)
-    _print_rows(f"{name}, {dtype}, {args.threads} threads, TP=1", rows, t0)
-    results = {"rows": rows, "fit": fit(rows), "threads": args.threads}
+    _print_rows(f"{name}, {dtype}, {threads} threads, TP=1", rows, t0)
+    print(f"compute plan: {runner.compute_plan.summary()}")
+    results = {"rows": rows, "fit": fit(rows), "threads": threads,
+               "compute_plan": runner.compute_plan.summary()}
     if tp > 1:
         del runner
         gc.collect()  # the unsplit weights and KV go before the ranks load theirs
         t0 = time.perf_counter()
-        tp_rows = _measure_split(args, decode_batches, points)
-        _print_rows(f"{name}, {dtype}, {args.threads} thread(s) per rank, TP={tp}", tp_rows, t0)
+        tp_rows, tp_plan = _measure_split(args, decode_batches, points)
+        _print_rows(f"{name}, {dtype}, {tp_plan.threads} thread(s) per rank, TP={tp}",
+                    tp_rows, t0)
+        print(f"compute plan of rank 0: {tp_plan.summary()}")
         _print_comparison(rows, tp_rows, tp)
-        results["tensor_parallel"] = {"size": tp, "rows": tp_rows, "fit": fit(tp_rows)}
+        results["tensor_parallel"] = {"size": tp, "rows": tp_rows, "fit": fit(tp_rows),
+                                      "compute_plan": tp_plan.summary()}
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=2)
@@ -196,7 +206,8 @@ def _runner(args, decode_batches, rank: int, tp: int, master_port: int) -> Model
         load_format=args.load_format, max_model_len=4096 + 16,
         max_num_seqs=max(decode_batches),
         num_gpu_blocks_override=max(max_blocks, 4096 // 16 + 2) + 1,
-        tensor_parallel_rank=rank, tensor_parallel_size=tp, master_port=master_port))
+        tensor_parallel_rank=rank, tensor_parallel_size=tp, master_port=master_port,
+        cpu_threads=args.threads))
 
 
 def _measure_split(args, decode_batches, points):
@@ -207,7 +218,8 @@ def _measure_split(args, decode_batches, points):
     helpers = [subprocess.Popen([sys.executable, __file__, *sys.argv[1:], "--rank", str(r),
                                  "--master-port", str(port)]) for r in range(1, tp)]
     try:
-        return measure(_runner(args, decode_batches, 0, tp, port), *points)
+        runner = _runner(args, decode_batches, 0, tp, port)
+        return measure(runner, *points), runner.compute_plan
     finally:
         for h in helpers:
             if h.wait(timeout=120) != 0:

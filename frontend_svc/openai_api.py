@@ -101,6 +101,8 @@ def operator_router(fe: Frontend) -> APIRouter:
         # the rate the diagnosis reads: preemptions per second over its window
         if out.get("window_s"):
             out["preemption_rate_per_s"] = out["num_preemptions_in_window"] / out["window_s"]
+        # how the worker computes steps (kernels, row limits, threads): worker_svc/compute_plan.py
+        out["compute_plan"] = fe.engine.model_info.compute_plan if fe.engine.model_info else None
         return out
 
     return router

@@ -90,7 +90,7 @@ WORKER = ("model", "tensor_parallel_size", "device", "dtype", "quantization",
           "kv_cache_memory",
           "gpu_memory_utilization", "num_gpu_blocks_override", "block_size", "seed",
           "master_addr", "master_port", "distributed_timeout", "distributed_backend",
-          "load_format", "zero_cost_steps")
+          "load_format", "zero_cost_steps", *flags.CPU_FLAG_DESTS)
 SCHEDULER = ("long_prefill_token_threshold", "long_prefill_exempt_lone_request",
              "scheduling_policy", "enable_prefix_caching",
              "async_scheduling", "enable_chunked_prefill", "num_scheduler_steps",

@@ -197,8 +197,44 @@ def add_worker_flags(parser: argparse.ArgumentParser, *, with_ports: bool = True
     g.add_argument("--num-gpu-blocks-override", type=positive_int, default=None)
     g.add_argument("--block-size", type=positive_int, default=16)
     g.add_argument("--seed", type=int, default=0)
+    add_cpu_compute_flags(g)
     add_tensor_parallel_flags(parser)
     add_worker_benchmark_flags(g)
+
+
+# --- the CPU compute plan (issue 29, worker_svc/compute_plan.py): each switch turns one
+# C kernel or weight layout off; the env spelling is GAPSERVE_CPU_...=off
+CPU_SWITCHES = {
+    "prepack": "matmul weights prepacked in oneDNN's layout (off: plain tensors, F.linear)",
+    "fused-ops": "a layer's norms, RoPE, KV write and SiLU in C (off: torch ops)",
+    "decode-layers": "small decode steps run every layer in one C call (off: the "
+                     "Python loop over the same kernels)",
+    "small-batch": "steps of few tokens on the small-batch matmul kernel and its weight "
+                   "copies (off: oneDNN for every step; --quantization int8 needs it)",
+    "argmax-screen": "greedy rows of small steps screen the vocabulary projection "
+                     "in int8, the argmax unchanged (off: the full projection)",
+    "attention": "decode attention in the C paged kernel (off: torch SDPA)",
+}
+
+
+CPU_FLAG_DESTS = (*(f"cpu_{n.replace('-', '_')}" for n in CPU_SWITCHES), "cpu_threads")
+
+
+def add_cpu_compute_flags(g) -> None:
+    for name, what in CPU_SWITCHES.items():
+        g.add_argument(f"--cpu-{name}", action=argparse.BooleanOptionalAction, default=True,
+                       help=f"CPU: {what}")
+    g.add_argument("--cpu-threads", type=non_negative_int, default=0,
+                   help="torch threads of this rank; 0: $OMP_NUM_THREADS if set, else the "
+                        "usable cores split among the tensor-parallel ranks on this host")
+
+
+def fault_stop_after_steps(environ: Mapping[str, str] | None = None) -> int | None:
+    """GAPSERVE_FAULT_STOP_AFTER_STEPS (worker_svc/fault_injection.py): an environment
+    variable only, no flag, so a typo on a production command line cannot set it."""
+    value = (os.environ if environ is None else environ).get(
+        ENV_PREFIX + "FAULT_STOP_AFTER_STEPS", "")
+    return int(value) if value.strip() else None
 
 
 # --- tensor parallelism (issue 17): how the ranks of one worker find each other

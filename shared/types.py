@@ -266,3 +266,4 @@ class ModelInfo:
     num_kv_blocks: int
     block_size: int
     max_num_batched_tokens: int = 0  # the budget the worker profiled its memory with
+    compute_plan: str = ""  # how the worker computes steps (worker_svc/compute_plan.py)

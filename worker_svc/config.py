@@ -33,6 +33,14 @@ class WorkerConfig:
     # --load-format dummy), and steps that skip the forward pass (zero_cost.py)
     load_format: str = "auto"
     zero_cost_steps: bool = False
+    # CPU compute switches (--cpu-*; worker_svc/compute_plan.py), all on by default
+    cpu_prepack: bool = True
+    cpu_fused_ops: bool = True
+    cpu_decode_layers: bool = True
+    cpu_small_batch: bool = True
+    cpu_argmax_screen: bool = True
+    cpu_attention: bool = True
+    cpu_threads: int = 0  # 0 = $OMP_NUM_THREADS if set, else cores // ranks on this host
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad setting."""
@@ -67,6 +75,8 @@ class WorkerConfig:
         if self.load_format == "dummy" and self.tensor_parallel_size > 1:
             raise ValueError("load_format dummy builds the whole model; it is not split "
                              "across tensor-parallel ranks: use tensor_parallel_size 1")
+        if self.cpu_threads < 0:
+            raise ValueError(f"cpu_threads must be 0 (auto) or more, got {self.cpu_threads}")
         if self.zero_cost_steps and self.load_format != "dummy":
             raise ValueError("zero_cost_steps answers with made-up tokens: it needs "
                              "load_format dummy, so no real deployment turns it on by mistake")

@@ -17,12 +17,16 @@ from pathlib import Path
 
 import torch
 
+from shared import config as flags
 from shared.default_model import resolve_model
+from shared.telemetry import get_logger
 from shared.types import (InvalidRequestError, ModelInfo, ModelRunnerOutput,
                           SchedulerOutput, StepTimings)
 from worker_svc.attention.metadata import AttentionMetadata
 from worker_svc.attention.select import select_backend
+from worker_svc.compute_plan import build_plan, has_biases
 from worker_svc.config import WorkerConfig
+from worker_svc import fault_injection
 from worker_svc.inputs import prepare_inputs
 from worker_svc.kv_capacity import bytes_per_block, cpu_num_blocks, cuda_num_blocks
 from worker_svc.model.config import load_model_config
@@ -37,7 +41,7 @@ from worker_svc.sampler import sample
 from worker_svc.step_check import check_step
 from worker_svc.zero_cost import zero_cost_step
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+log = get_logger(service="worker")
 
 
 class ModelRunner:
@@ -46,10 +50,6 @@ class ModelRunner:
         self.config = config
         self.device = _resolve_device(config.device, config.tensor_parallel_rank,
                                       config.tensor_parallel_size)
-        self.dtype = _resolve_dtype(config.dtype, self.device)
-        if config.quantization == "int8" and self.device.type != "cpu":
-            raise ValueError("--quantization int8 is the CPU small-batch kernel's weight "
-                             f"format; this worker runs on {self.device.type}")
         self.model_dir = resolve_model(None if config.model is None else str(config.model))
         self.model_config = cfg = load_model_config(self.model_dir)
         self._eos = frozenset(cfg.eos_token_ids)  # a request's stop rule needs them
@@ -61,23 +61,30 @@ class ModelRunner:
         self.plan = shard_plan(cfg, config.tensor_parallel_rank, config.tensor_parallel_size)
         self.local_config = self.plan.local_config(cfg)
         self.tp = None if self.plan.whole else _join_group(self.plan, config, self.device)
-        # bf16 on CPU: bf16 matmul weights, fp32 activations and KV cache (cpu_dtype)
-        split = self.device.type == "cpu" and self.dtype == torch.bfloat16
-        act_dtype = torch.float32 if split else self.dtype
+        # every choice of how steps compute, once (compute_plan.py); steps only follow it
+        self.compute_plan = plan = build_plan(
+            config, self.device, self.local_config, biases=has_biases(cfg),
+            ranks_on_host=1 if self.tp is None else self.tp.ranks_on_this_host(),
+            fault_stop_after_steps=flags.fault_stop_after_steps())
+        self.dtype, act_dtype = plan.dtype, plan.act_dtype
+        if torch.get_num_threads() != plan.threads:  # this is the compute thread (compute.py)
+            torch.set_num_threads(plan.threads)
+        # test-only paths bound here, not looked up every step
+        self._passes = self._zero_cost_passes if plan.zero_cost_steps else self._model_passes
+        self.after_step = fault_injection.after_step_hook(plan.fault_stop_after_steps)
         with torch.inference_mode():
             if config.load_format == "dummy":  # never split: refused with tensor parallelism
                 weights = dummy_weights(cfg, act_dtype, self.device, seed=config.seed)
             else:
                 weights = load_weights(self.model_dir, cfg, act_dtype, self.device, self.plan)
             if self.device.type == "cpu":  # prepacked; bf16 for the matmuls only
-                small = _small_batch_copies(config, act_dtype)
-                weights = prepare_matmul_weights(weights, self.dtype, small=small)
-                if small == "plain" and self.tp is None and small_linear.screen_enabled():
+                small = None if plan.small_batch == "off" else plan.small_batch
+                weights = prepare_matmul_weights(weights, self.dtype, plan.prepack, small=small)
+                if plan.argmax_screen:
                     weights.argmax_screen = _argmax_screen(weights)
             self.weight_bytes = weight_bytes(weights)
-            self.model = DecoderModel(self.local_config, weights, select_backend(self.device),
-                                      max_positions=self.max_model_len, tp=self.tp,
-                                      act_dtype=act_dtype)
+            self.model = DecoderModel(self.local_config, weights, select_backend(plan),
+                                      max_positions=self.max_model_len, plan=plan, tp=self.tp)
             if self.tp is not None:  # the CUDA profiling pass runs collectives
                 self.tp.wait_for_all("loaded")
             self.num_kv_blocks = self._measure_num_blocks()
@@ -92,6 +99,9 @@ class ModelRunner:
         self.requests: dict[str, RequestState] = {}
         self.free_rows = list(range(config.max_num_seqs - 1, -1, -1))
         self.generator = torch.Generator(self.device).manual_seed(config.seed)
+        log.info("compute_plan", rank=self.plan.rank, **plan.log_fields(),
+                 weight_mib=round(self.weight_bytes / 2**20, 1),
+                 cpu_bf16=native_bf16() or "none")
 
     def model_info(self) -> ModelInfo:
         cfg = self.model_config
@@ -102,31 +112,8 @@ class ModelRunner:
             num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
             dtype=str(self.dtype).removeprefix("torch."),
             num_kv_blocks=self.num_kv_blocks, block_size=self.block_size,
-            max_num_batched_tokens=self.max_num_batched_tokens)
-
-    def compute_paths(self) -> dict[str, str]:
-        """Which kernels this worker runs, for its start-up log line: a CPU worker
-        without a C compiler (or with the GAPSERVE_CPU_* switches) is much slower."""
-        from worker_svc.attention import cpu_kernel
-        cpu_fp32 = self.device.type == "cpu" and self.model.dtype == torch.float32
-        attention = self.model.backend.__name__.rsplit(".", 1)[-1]
-        if attention == "torch_backend" and cpu_fp32:
-            attention = "c_decode_kernel" if cpu_kernel.active() else "torch_sdpa"
-        return {"attention": attention,
-                "layer_ops": "c_fused" if self.model.fused is not None else "torch",
-                "threads": str(torch.get_num_threads()),
-                "tensor_parallel": f"rank {self.plan.rank} of {self.plan.size}",
-                "weight_mib": f"{self.weight_bytes / 2**20:.1f}",
-                # steps of few tokens: the small-batch kernel, on int8 or plain weights
-                "small_batch": "off" if self.model.small is None
-                else self.config.quantization or "on",
-                # small decode steps: every layer in one C call (model/decode_layers.py)
-                "decode_layers": "c_loop" if self.model.decode_layers is not None
-                else "python",
-                # greedy rows of small steps: the vocabulary projection screened in int8
-                "argmax_screen": "on" if self.model.argmax_screen is not None else "off",
-                # bf16 matmul instructions: --dtype bfloat16 runs ~1.8x faster with them
-                "cpu_bf16": native_bf16() or "none"}
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            compute_plan=self.compute_plan.summary())
 
     # ------------------------------------------------------------------ a step
 
@@ -152,10 +139,17 @@ class ModelRunner:
             out.timings = StepTimings(prepare_ms=_ms(t0), start_unix_s=start_unix,
                                       end_unix_s=time.time())
             return out
-        if self.config.zero_cost_steps:
-            return zero_cost_step(out, states, live, [step.num_scheduled_tokens[r] for r in order],
-                                  self.model_config.vocab_size, self._eos, t0, start_unix,
-                                  step.num_steps)
+        return self._passes(step, order, states, live, out, t0, start_unix, on_prepared)
+
+    def _zero_cost_passes(self, step, order, states, live, out, t0, start_unix,
+                          on_prepared) -> ModelRunnerOutput:
+        return zero_cost_step(out, states, live, [step.num_scheduled_tokens[r] for r in order],
+                              self.model_config.vocab_size, self._eos, t0, start_unix,
+                              step.num_steps)
+
+    def _model_passes(self, step, order, states, live, out, t0, start_unix,
+                      on_prepared) -> ModelRunnerOutput:
+        """The step's forward passes (one, or num_steps of a multi-step decode)."""
         running = [states[i] for i in live]
         inputs = self._prepare_inputs(running, [step.num_scheduled_tokens[order[i]] for i in live])
         t1 = time.perf_counter()
@@ -196,7 +190,8 @@ class ModelRunner:
         t0 = time.perf_counter()
         logits = self.model.forward(inputs.input_ids, inputs.positions, self.kv_caches,
                                     inputs.meta, inputs.logits_indices,
-                                    argmax_only=_argmax_only(samplers))
+                                    argmax_only=_argmax_only(
+                                        samplers, self.compute_plan.logits_max_rows))
         self._sync()
         forward_s = time.perf_counter() - t0
         tokens, token_list, logprobs = self._sample(logits, samplers)
@@ -376,30 +371,14 @@ def _argmax_screen(weights) -> small_linear.Int8Weight | None:
     return small_linear.quantize_int8(head.float())
 
 
-def _argmax_only(samplers: list[RequestState]) -> bool:
+def _argmax_only(samplers: list[RequestState], max_rows: int) -> bool:
     """A small step (only those screen) whose every sampling row is greedy with nothing
     that changes its logits: the sampler takes only each row's argmax
     (small_linear.screened_argmax_logits)."""
-    return 0 < len(samplers) <= small_linear.MAX_ROWS and all(
+    return 0 < len(samplers) <= max_rows and all(
         s.params.greedy and s.params.logprobs is None and not s.params.logit_bias
         and not s.has_penalties and s.num_output_tokens >= s.params.min_tokens
         for s in samplers)
-
-
-def _small_batch_copies(config: WorkerConfig, act_dtype: torch.dtype) -> str | None:
-    """Which copies of the matmul weights the small-batch kernel gets (cpu_dtype)."""
-    if small_linear.active(act_dtype, torch.device("cpu")) is None:
-        if config.quantization == "int8":  # asked for, and nothing would run it
-            raise ValueError("--quantization int8 needs the small-batch kernel: a C "
-                             "compiler, and GAPSERVE_CPU_SMALL_BATCH not off")
-        return None
-    return "int8" if config.quantization == "int8" else "plain"
-
-
-def _resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return _DTYPES[name]
 
 
 def _resolve_max_model_len(requested: int | None, cfg) -> int:

@@ -27,7 +27,6 @@ from shared.telemetry import get_logger, setup_telemetry, start_metrics_server
 from shared.types import InvalidRequestError, ModelRunnerOutput, SchedulerOutput
 from worker_svc import compute
 from worker_svc.config import WorkerConfig
-from worker_svc import fault_injection
 from worker_svc.parallel import GroupLost
 
 log = get_logger(service="worker")
@@ -121,7 +120,7 @@ class StepPipe:
             held.append((step, result))
             if self.steps.empty():  # no next step to prepare: do not sit on this one
                 hand_over()
-            fault_injection.step_done()
+            self.runner.after_step()  # fault injection in drills, else nothing
         hand_over()
         self.results.put(_END)
 
@@ -240,7 +239,8 @@ def worker_config(args) -> WorkerConfig:
         else int(os.environ.get("MASTER_PORT") or 29500),
         distributed_timeout=args.distributed_timeout,
         distributed_backend=args.distributed_backend,
-        load_format=args.load_format, zero_cost_steps=args.zero_cost_steps)
+        load_format=args.load_format, zero_cost_steps=args.zero_cost_steps,
+        **{name: getattr(args, name) for name in flags.CPU_FLAG_DESTS})
     if args.max_num_batched_tokens is not None:
         cfg.max_num_batched_tokens = args.max_num_batched_tokens
     if args.max_num_seqs is not None:
@@ -291,7 +291,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         server.set_serving()
         log.info("worker_ready", model=info.model_name, num_kv_blocks=info.num_kv_blocks,
                  block_size=info.block_size, max_model_len=info.max_model_len, dtype=info.dtype,
-                 **runner.compute_paths())
+                 compute_plan=info.compute_plan)
         stop.wait()
         servicer.drain(server, args.drain_timeout_s)
     except (ValueError, FileNotFoundError) as e:

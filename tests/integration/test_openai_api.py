@@ -153,6 +153,7 @@ def test_metrics_and_status_are_served(tiny_stack):
     status = httpx.get(tiny_stack.http_url + "/v1/status").json()
     assert status["max_num_seqs"] == 64 and isinstance(status["num_steps_total"], int)
     assert status["diagnosis"]
+    assert "layer_loop=" in status["compute_plan"] and "threads=" in status["compute_plan"]
 
 
 # ---------------------------------------------------------------------------

@@ -94,6 +94,8 @@ def test_ranks_form_one_group_and_a_preempted_request_resumes_greedy_equal(
         group = RankGroupClient(_addresses(stack))
         assert [(i.rank, i.tensor_parallel_size) for i in group.infos] == [(0, 2), (1, 2)]
         assert len({i.model_info.num_kv_blocks for i in group.infos}) == 1
+        # both ranks run on this host: they split its cores (the compute plan)
+        assert all("ranks_on_host=2" in i.model_info.compute_plan.split() for i in group.infos)
         driver = StepDriver(group)
         prompt, other = [1, 504, 3209, 28, 253, 4821, 99], [7, 8, 9, 10, 11]
         victim = driver.add("victim", prompt, 12)

@@ -92,17 +92,15 @@ def _decode(runner, params: list[SamplingParams]) -> list[list[int]]:
 
 
 @pytest.mark.parametrize("checkpoint", ["tiny_llama_dir", "tiny_qwen2_dir"])
-def test_greedy_steps_are_screened_and_give_the_unscreened_tokens(checkpoint, request,
-                                                                  monkeypatch):
+def test_greedy_steps_are_screened_and_give_the_unscreened_tokens(checkpoint, request):
     path = request.getfixturevalue(checkpoint)
     greedy = [SamplingParams(temperature=0.0)] * 3
     on = tiny_cpu_runner(path)
-    assert on.compute_paths()["argmax_screen"] == "on"
+    assert on.compute_plan.argmax_screen
     tokens = _decode(on, greedy)
     assert on.model.screen_rows["screened"] >= 3 * 9  # every decode step's rows
-    monkeypatch.setenv("GAPSERVE_CPU_ARGMAX_SCREEN", "off")
-    off = tiny_cpu_runner(path)
-    assert off.model.argmax_screen is None and off.compute_paths()["argmax_screen"] == "off"
+    off = tiny_cpu_runner(path, cpu_argmax_screen=False)
+    assert off.model.argmax_screen is None and not off.compute_plan.argmax_screen
     assert _decode(off, greedy) == tokens
 
 
@@ -121,4 +119,4 @@ def test_a_step_with_any_row_that_needs_more_than_its_argmax_projects_in_full(
 def test_int8_weights_project_in_int8_and_need_no_screen(tiny_llama_dir):
     runner = tiny_cpu_runner(tiny_llama_dir, quantization="int8")
     assert runner.model.argmax_screen is None
-    assert runner.compute_paths()["argmax_screen"] == "off"
+    assert not runner.compute_plan.argmax_screen

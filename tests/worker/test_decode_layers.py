@@ -93,11 +93,7 @@ def test_steps_it_cannot_take_run_the_python_loop(tiny_llama_dir, tiny_qwen2_dir
     assert tiny_cpu_runner(tiny_qwen2_dir).model.decode_layers is None
 
 
-def test_off_switch_keeps_the_python_loop(tiny_llama_dir, monkeypatch):
-    monkeypatch.setenv("GAPSERVE_CPU_DECODE_LAYERS", "off")
-    decode_layers.load.cache_clear()
-    try:
-        assert tiny_cpu_runner(tiny_llama_dir).model.decode_layers is None
-    finally:
-        monkeypatch.delenv("GAPSERVE_CPU_DECODE_LAYERS")
-        decode_layers.load.cache_clear()
+def test_off_switch_keeps_the_python_loop(tiny_llama_dir):
+    runner = tiny_cpu_runner(tiny_llama_dir, cpu_decode_layers=False)
+    assert runner.model.decode_layers is None
+    assert runner.compute_plan.layer_loop == ("c_ops" if runner.model.fused else "torch")

@@ -88,8 +88,9 @@ def test_bf16_on_cpu_rounds_only_the_matmul_weights(tiny_qwen2_dir):
     assert lw.input_norm.dtype == w.final_norm.dtype == torch.float32
     assert runner.model.dtype == torch.float32 and runner.kv_caches[0].dtype == torch.float32
     assert runner.model_info().dtype == "bfloat16"
-    assert runner.compute_paths()["layer_ops"] == "c_fused" or \
-        runner.compute_paths()["layer_ops"] == "torch"  # torch without a C compiler
+    # bf16 matmul weights under fp32 activations keep the fp32 C ops (torch without a compiler)
+    assert runner.compute_plan.fused_ops == (runner.model.fused is not None)
+    assert runner.compute_plan.act_dtype == torch.float32
 
 
 @pytest.mark.parametrize("checkpoint", ["tiny_llama_dir", "tiny_qwen2_dir"])
@@ -119,13 +120,13 @@ def test_native_bf16_reads_the_cpu_flags(monkeypatch):
     assert cpu_dtype.native_bf16() is None
 
 
-def test_prepacked_fp32_weights_give_the_logits_of_plain_ones(tiny_qwen2_dir, monkeypatch):
+def test_prepacked_fp32_weights_give_the_logits_of_plain_ones(tiny_qwen2_dir):
     prompt = list(range(3, 60))
     from .test_model_matches_transformers import _chunk_logits, _state
     logits = {}
     for prepack in ("on", "off"):
-        monkeypatch.setenv("GAPSERVE_CPU_PREPACK", prepack)
-        runner = _runner(tiny_qwen2_dir)
+        runner = _runner(tiny_qwen2_dir, cpu_prepack=prepack == "on")
+        assert runner.compute_plan.prepack == runner.model.w.layers[0].gate_up.is_mkldnn
         assert runner.model.w.layers[0].gate_up.is_mkldnn == \
             (prepack == "on" and cpu_dtype.prepack_available(torch.float32))
         logits[prepack] = _chunk_logits(runner, _state(prompt), len(prompt))

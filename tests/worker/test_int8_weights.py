@@ -98,8 +98,8 @@ def test_small_steps_read_int8_copies_and_wide_steps_the_dtype_weights(tiny_llam
     assert isinstance(small_layers[0].gate_up, Int8Weight)
     assert isinstance(model._small_lm_head, Int8Weight)
     assert wide_layers is model.w.layers and wide_layers[0].gate_up.dtype == torch.float32
-    assert int8.compute_paths()["small_batch"] == "int8"
-    assert plain.compute_paths()["small_batch"] == "on"
+    assert int8.compute_plan.small_batch == "int8"
+    assert plain.compute_plan.small_batch == "plain"
     # a quarter of the plain copies' bytes, plus the scales, is counted for the KV sizing
     assert weight_bytes(int8.model.w) < weight_bytes(plain.model.w)
 
@@ -121,9 +121,27 @@ def test_on_weights_int8_holds_exactly_the_greedy_tokens_are_the_fp32_ones(int8_
     assert run_outputs(int8, prompts[:1], 12) == run_outputs(fp32, prompts[:1], 12)
 
 
-def test_int8_is_refused_with_a_reason_when_nothing_would_run_it(tiny_llama_dir, monkeypatch):
+def test_int8_is_refused_with_a_reason_when_nothing_would_run_it(tiny_llama_dir):
     with pytest.raises(ValueError, match="quantization must be int8"):
         WorkerConfig(quantization="int4").validate()
-    monkeypatch.setenv("GAPSERVE_CPU_SMALL_BATCH", "off")
     with pytest.raises(ValueError, match="needs the small-batch kernel"):
-        tiny_cpu_runner(tiny_llama_dir, quantization="int8")
+        tiny_cpu_runner(tiny_llama_dir, quantization="int8", cpu_small_batch=False)
+
+
+@needs_kernel
+def test_the_vocabulary_projection_takes_int8_for_as_many_rows_as_the_matmuls(int8_exact_dir):
+    """One gate for a step: up to INT8_MAX_ROWS sampling rows project through the
+    int8 copy (bit for bit the kernel's), wider steps through the --dtype weights."""
+    from worker_svc.model.llama import _linear
+    model = tiny_cpu_runner(int8_exact_dir, quantization="int8").model
+    assert model.logits_max_rows == model.small_max_rows == small_linear.INT8_MAX_ROWS
+    g = torch.Generator().manual_seed(7)
+    for rows, int8 in [(small_linear.MAX_ROWS + 4, True), (small_linear.INT8_MAX_ROWS, True),
+                       (small_linear.INT8_MAX_ROWS + 1, False)]:
+        x = torch.randn(rows, model.cfg.hidden_size, generator=g)
+        want = model.small(x, model._small_lm_head) if int8 else _linear(x, model.w.lm_head)
+        assert torch.equal(model._logits(x), want), rows
+    # 12 requests decode 12 rows a step: their greedy tokens are still the fp32 ones
+    prompts = [list(range(3 + 5 * i, 20 + 5 * i)) for i in range(12)]
+    assert run_outputs(tiny_cpu_runner(int8_exact_dir, quantization="int8"), prompts, 8) == \
+        run_outputs(tiny_cpu_runner(int8_exact_dir), prompts, 8)

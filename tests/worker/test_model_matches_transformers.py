@@ -15,9 +15,9 @@ CHECKPOINTS = ["tiny_llama_dir", "tiny_qwen2_dir", "tiny_llama3_rope_dir",
                "tiny_mistral_sharded_dir"]
 
 
-def _runner(path) -> ModelRunner:
+def _runner(path, **kw) -> ModelRunner:
     return ModelRunner(WorkerConfig(model=str(path), device="cpu", max_model_len=256,
-                                    num_gpu_blocks_override=64, max_num_seqs=8))
+                                    num_gpu_blocks_override=64, max_num_seqs=8, **kw))
 
 
 def _prompt(seed: int, n: int) -> list[int]:
@@ -45,21 +45,23 @@ def _relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
 
 
 @pytest.fixture(params=["fused_c_ops", "torch_ops"])
-def layer_ops(request, monkeypatch):
+def layer_ops(request):
     """fp32 on CPU runs the C element-wise ops; the torch ops serve every other
     dtype and device. Both must match the reference."""
-    if request.param == "torch_ops":
-        monkeypatch.setenv("GAPSERVE_CPU_FUSED_OPS", "off")
-    elif fused_ops.active(torch.float32, torch.device("cpu"), 64) is None:
+    if request.param == "fused_c_ops" and fused_ops.load() is None:
         pytest.skip("no C compiler here: the torch ops serve fp32 too")
     return request.param
+
+
+def _layer_ops_runner(path, layer_ops) -> ModelRunner:
+    return _runner(path, cpu_fused_ops=layer_ops == "fused_c_ops")
 
 
 @pytest.mark.parametrize("checkpoint", CHECKPOINTS)
 def test_full_prompt_logits_match_transformers(checkpoint, request, hf_model_cache, layer_ops):
     path = request.getfixturevalue(checkpoint)
     prompt = _prompt(0, 83)
-    runner = _runner(path)
+    runner = _layer_ops_runner(path, layer_ops)
     assert (runner.model.fused is not None) == (layer_ops == "fused_c_ops")
     got = _chunk_logits(runner, _state(prompt), len(prompt))
     with torch.no_grad():
@@ -71,8 +73,8 @@ def test_full_prompt_logits_match_transformers(checkpoint, request, hf_model_cac
 def test_prompt_prefilled_in_chunks_gives_one_shot_logits(checkpoint, request, layer_ops):
     path = request.getfixturevalue(checkpoint)
     prompt = _prompt(1, 70)
-    one_shot = _chunk_logits(_runner(path), _state(prompt), len(prompt))
-    runner, state = _runner(path), _state(prompt)
+    one_shot = _chunk_logits(_layer_ops_runner(path, layer_ops), _state(prompt), len(prompt))
+    runner, state = _layer_ops_runner(path, layer_ops), _state(prompt)
     chunks = [_chunk_logits(runner, state, n) for n in (7, 16, 30, 1, 16)]
     assert _relative_error(torch.cat(chunks), one_shot) < 1e-5
 
@@ -80,7 +82,7 @@ def test_prompt_prefilled_in_chunks_gives_one_shot_logits(checkpoint, request, l
 def test_steps_above_the_c_ops_token_limit_take_torch_ops_and_agree(tiny_llama_dir, monkeypatch):
     """A long prefill chunk runs the torch ops, the decode-sized ones the C ops: a
     request whose steps mix both still gets its one-shot logits."""
-    if fused_ops.active(torch.float32, torch.device("cpu"), 64) is None:
+    if fused_ops.load() is None:
         pytest.skip("no C compiler here: every step takes the torch ops")
     prompt = _prompt(2, 70)
     one_shot = _chunk_logits(_runner(tiny_llama_dir), _state(prompt), len(prompt))

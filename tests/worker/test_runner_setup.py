@@ -60,25 +60,27 @@ def test_float16_runs_on_cpu_through_the_torch_attention_path(tiny_llama_dir):
     assert all(len(r.output) == 4 for r in driver.requests.values())
 
 
-def test_the_start_up_log_names_the_kernels_the_worker_runs(tiny_llama_dir, monkeypatch):
-    from worker_svc.attention import cpu_kernel
-    from worker_svc.model import fused_ops
-    if cpu_kernel.active() is None or fused_ops.active(torch.float32, torch.device("cpu"),
-                                                       16) is None:
+def test_the_start_up_log_line_names_the_compute_plan_the_steps_follow(tiny_llama_dir):
+    from structlog.testing import capture_logs
+    from worker_svc.compute_plan import probe_kernels
+    kernels = probe_kernels()
+    if not (kernels.attention and kernels.fused_ops):
         pytest.skip("no C compiler here: only the torch paths exist")
-    paths = paths_fp32 = ModelRunner(_config(tiny_llama_dir,
-                                             num_gpu_blocks_override=20)).compute_paths()
-    assert paths["attention"] == "c_decode_kernel" and paths["layer_ops"] == "c_fused"
-    monkeypatch.setenv("GAPSERVE_CPU_ATTENTION", "torch")
-    monkeypatch.setenv("GAPSERVE_CPU_FUSED_OPS", "off")
-    paths = ModelRunner(_config(tiny_llama_dir, num_gpu_blocks_override=20)).compute_paths()
-    assert paths["attention"] == "torch_sdpa" and paths["layer_ops"] == "torch"
+    with capture_logs() as logs:
+        fp32 = ModelRunner(_config(tiny_llama_dir, num_gpu_blocks_override=20))
+    lines = [e for e in logs if e["event"] == "compute_plan"]
+    assert len(lines) == 1  # one line says it all
+    assert lines[0]["attention"] == "c_decode_kernel" and lines[0]["fused_ops"] is True
+    assert lines[0]["layer_loop"] == fp32.compute_plan.layer_loop
+    assert fp32.model_info().compute_plan == fp32.compute_plan.summary()
+    assert "attention=c_decode_kernel" in fp32.model_info().compute_plan
+    off = ModelRunner(_config(tiny_llama_dir, num_gpu_blocks_override=20,
+                              cpu_attention=False, cpu_fused_ops=False))
+    assert (off.compute_plan.attention, off.compute_plan.layer_loop) == ("torch_sdpa", "torch")
+    assert off.model.fused is None and off.model.backend.decode_kernel is None
     half = ModelRunner(_config(tiny_llama_dir, num_gpu_blocks_override=20, dtype="float16"))
-    assert half.compute_paths()["layer_ops"] == "torch"
-    monkeypatch.delenv("GAPSERVE_CPU_ATTENTION")
-    monkeypatch.delenv("GAPSERVE_CPU_FUSED_OPS")
+    assert half.compute_plan.layer_loop == "torch" and half.model.fused is None
     # bf16 matmul weights under fp32 activations keep the fp32 C kernels
     bf16 = ModelRunner(_config(tiny_llama_dir, num_gpu_blocks_override=20, dtype="bfloat16"))
-    bf16_paths = bf16.compute_paths()
-    assert bf16_paths == {**paths_fp32, "threads": bf16_paths["threads"],
-                          "weight_mib": bf16_paths["weight_mib"]}
+    assert (bf16.compute_plan.attention, bf16.compute_plan.layer_loop) == (
+        fp32.compute_plan.attention, fp32.compute_plan.layer_loop)

@@ -78,7 +78,7 @@ def test_threads_split_the_rows_without_changing_the_result(kernel):
 
 @pytest.mark.parametrize("checkpoint", ["tiny_llama_dir", "tiny_qwen2_dir"])
 def test_decode_steps_give_the_same_greedy_tokens_with_and_without_the_kernel(
-        checkpoint, request, monkeypatch):
+        checkpoint, request):
     path = request.getfixturevalue(checkpoint)
     # 3 requests decode 3 rows a step (the kernel); the prefill step has 60 (oneDNN)
     prompts = [list(range(3, 23)), list(range(40, 60)), list(range(7, 27))]
@@ -86,8 +86,7 @@ def test_decode_steps_give_the_same_greedy_tokens_with_and_without_the_kernel(
     assert on.model.small is not None
     packed = on.model.w.layers[0].gate_up.is_mkldnn
     assert (on.model.w.plain_layers is not None) == packed  # a plain copy beside a packed one
-    monkeypatch.setenv("GAPSERVE_CPU_SMALL_BATCH", "off")
-    off = tiny_cpu_runner(path)
+    off = tiny_cpu_runner(path, cpu_small_batch=False)
     assert off.model.small is None and off.model.w.plain_layers is None
     if packed:  # the copy is counted where the KV cache is sized
         assert weight_bytes(on.model.w) > weight_bytes(off.model.w)

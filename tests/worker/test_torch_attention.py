@@ -25,18 +25,18 @@ CASES = {
 @pytest.fixture(params=[*(f"c_kernel-{v.name}" for v in native.supported_variants()),
                         "torch"])
 def decode_path(request, monkeypatch):
+    """The backend as a compute plan binds it: the C kernel's library, or None."""
     if request.param == "torch":
-        monkeypatch.setenv("GAPSERVE_CPU_ATTENTION", "torch")
-        return request.param
+        return torch_backend.TorchBackend(None)
     # this ISA level's build, as on a CPU whose best it is
     variant = next(v for v in native.supported_variants()
                    if request.param == f"c_kernel-{v.name}")
     monkeypatch.setattr(native, "_cpu_features", lambda: variant.needs)
     cpu_kernel.load.cache_clear()
     request.addfinalizer(cpu_kernel.load.cache_clear)
-    if cpu_kernel.active() is None:
+    if cpu_kernel.load() is None:
         pytest.skip("no C compiler here: the torch path serves decodes")
-    return request.param
+    return torch_backend.TorchBackend(cpu_kernel.load())
 
 
 def test_c_decode_kernel_builds_where_a_compiler_exists():
@@ -52,7 +52,7 @@ def test_torch_backend_matches_reference_attention(name, decode_path):
     threads = torch.get_num_threads()
     torch.set_num_threads(2)  # lets the C kernel split a large batch across two threads
     try:
-        _check_against_reference(query, key, value, kv_cache, meta)
+        _check_against_reference(decode_path, query, key, value, kv_cache, meta)
     finally:
         torch.set_num_threads(threads)
 
@@ -68,18 +68,21 @@ def test_decode_kernel_vector_paths_match_reference_attention(head_dim, decode_p
     threads = torch.get_num_threads()
     torch.set_num_threads(2)
     try:
-        _check_against_reference(query, key, value, kv_cache, meta)
+        _check_against_reference(decode_path, query, key, value, kv_cache, meta)
     finally:
         torch.set_num_threads(threads)
 
 
-def _check_against_reference(query, key, value, kv_cache, meta):
-    torch_backend.write_kv(key, value, kv_cache, meta.slot_mapping)
+def _check_against_reference(backend, query, key, value, kv_cache, meta):
+    backend.write_kv(key, value, kv_cache, meta.slot_mapping)
     want = reference_attention(query, kv_cache, dataclasses.replace(meta), 0.35)
-    got = torch_backend.attention(query, kv_cache, meta, 0.35)
+    got = backend.attention(query, kv_cache, meta, 0.35)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    # the step's decodes took the path the backend was bound to
+    if meta.backend_state.decode_rows is not None:
+        assert (meta.backend_state.decode_kernel is None) == (backend.decode_kernel is None)
     # a second layer reuses the per-step plan and still gets the right answer
-    got_again = torch_backend.attention(query * 2, kv_cache, meta, 0.35)
+    got_again = backend.attention(query * 2, kv_cache, meta, 0.35)
     torch.testing.assert_close(got_again, reference_attention(query * 2, kv_cache, meta, 0.35),
                                rtol=1e-5, atol=1e-5)
 

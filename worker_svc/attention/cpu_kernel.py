@@ -3,15 +3,15 @@ system C compiler into the cache directory and called through ctypes.
 
 Decode attention is memory-bound: the torch path gathers every request's blocks
 into a padded copy before SDPA, so each K/V byte crosses memory three times; the
-kernel reads each once, in place. Without a compiler (or with
-GAPSERVE_CPU_ATTENTION=torch) `active()` returns None and the torch path is used.
+kernel reads each once, in place. Without a compiler `load()` returns None, and the
+compute plan (worker_svc/compute_plan.py; --no-cpu-attention turns it off) gives the
+torch path.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import os
 from dataclasses import dataclass
 
 import torch
@@ -21,13 +21,6 @@ from worker_svc import native
 _I64, _F32P, _I64P = ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p
 # OpenMP: (request, head) items split across torch's own compute threads (the .c says why)
 FLAGS = ("-fopenmp",)
-
-
-def active() -> ctypes.CDLL | None:
-    """The kernel library, unless GAPSERVE_CPU_ATTENTION=torch asks for the torch path."""
-    if os.environ.get("GAPSERVE_CPU_ATTENTION", "") == "torch":
-        return None
-    return load()
 
 
 @functools.cache

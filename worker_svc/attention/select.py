@@ -1,23 +1,14 @@
-"""Pick the attention backend for a device: Triton kernels on CUDA when they import,
-the torch path everywhere else."""
+"""The attention backend the compute plan chose (worker_svc/compute_plan.py): Triton
+kernels on CUDA when they import, the torch path everywhere else, with the C decode
+kernel on fp32 CPU unless the plan turned it off."""
 
 from __future__ import annotations
 
-import logging
-import types
 
-import torch
-
-log = logging.getLogger(__name__)
-
-
-def select_backend(device: torch.device) -> types.ModuleType:
-    if device.type == "cuda":
-        try:
-            from worker_svc.attention import triton_backend
-            return triton_backend
-        except ImportError as exc:  # no triton here: the torch path still works, slower
-            log.warning("Triton attention kernels unavailable on %s (%s); using the torch "
-                        "path. Install gapserve[cuda] for them.", device, exc)
-    from worker_svc.attention import torch_backend
-    return torch_backend
+def select_backend(plan):
+    if plan.attention == "triton":
+        from worker_svc.attention import triton_backend
+        return triton_backend
+    from worker_svc.attention import cpu_kernel, torch_backend
+    kernel = cpu_kernel.load() if plan.attention == "c_decode_kernel" else None
+    return torch_backend.TorchBackend(kernel)

@@ -1,7 +1,8 @@
 """Attention backend for CPU (and any device without Triton).
 
 Decodes (one query token) of all requests run in ONE call: the C paged-decode kernel
-(cpu_kernel.py) on fp32 CPU tensors, which reads K/V in place; otherwise a batched
+(cpu_kernel.py) on fp32 CPU tensors when the compute plan gives it (TorchBackend's
+decode_kernel), which reads K/V in place; otherwise a batched
 SDPA over the block-gathered contexts, padded to the longest and masked. Prefill
 chunks (several query tokens) run one SDPA each: a step holds few of them, and
 padding a long chunk to the batch would cost far more than the loop. The per-step
@@ -12,6 +13,8 @@ every layer.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+import ctypes
 
 import torch
 import torch.nn.functional as F
@@ -58,12 +61,31 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
     v_flat.index_copy_(0, slot_mapping, value)
 
 
+class TorchBackend:
+    """This module's backend with the compute plan's choice bound: decode_kernel is
+    the C kernel's library (cpu_kernel.load()), or None for batched SDPA."""
+
+    def __init__(self, decode_kernel: ctypes.CDLL | None) -> None:
+        self.decode_kernel = decode_kernel
+
+    write_kv = staticmethod(write_kv)
+
+    def attention(self, query: torch.Tensor, kv_cache: torch.Tensor,
+                  meta: AttentionMetadata, scale: float) -> torch.Tensor:
+        return attention(query, kv_cache, meta, scale, self.decode_kernel)
+
+    def decode_kernel_plan(self, meta: AttentionMetadata, num_heads: int,
+                           kv_cache: torch.Tensor, scale: float):
+        return decode_kernel_plan(meta, num_heads, kv_cache, scale, self.decode_kernel)
+
+
 def attention(query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
-              scale: float) -> torch.Tensor:
-    """query [num_tokens, num_heads, head_dim] -> out of the same shape and dtype."""
+              scale: float, decode_kernel: ctypes.CDLL | None = None) -> torch.Tensor:
+    """query [num_tokens, num_heads, head_dim] -> out of the same shape and dtype;
+    decode_kernel: the C kernel's library, None for the torch path."""
     plan = meta.backend_state
     if not isinstance(plan, _Plan):
-        plan = meta.backend_state = _make_plan(meta, query, kv_cache, scale)
+        plan = meta.backend_state = _make_plan(meta, query, kv_cache, scale, decode_kernel)
     gqa = query.shape[1] != kv_cache.shape[3]
     if plan.decode_all_rows and not plan.prefills and plan.decode_kernel is None:
         return _decode(query, kv_cache, plan, scale)
@@ -85,7 +107,7 @@ def attention(query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetada
 
 
 def decode_kernel_plan(meta: AttentionMetadata, num_heads: int, kv_cache: torch.Tensor,
-                       scale: float):
+                       scale: float, decode_kernel: ctypes.CDLL | None = None):
     """The step's C decode kernel (cpu_kernel.PagedDecode) when it serves every row of
     the step (each a single-token decode), else None; the plan is the one attention()
     uses for this step, made here if no layer made it yet."""
@@ -93,7 +115,7 @@ def decode_kernel_plan(meta: AttentionMetadata, num_heads: int, kv_cache: torch.
     if not isinstance(plan, _Plan):
         probe = torch.empty(0, num_heads, kv_cache.shape[4], dtype=kv_cache.dtype,
                             device=kv_cache.device)  # attention()'s query, for its shape
-        plan = meta.backend_state = _make_plan(meta, probe, kv_cache, scale)
+        plan = meta.backend_state = _make_plan(meta, probe, kv_cache, scale, decode_kernel)
     if plan.decode_kernel is None or not plan.decode_all_rows or plan.prefills:
         return None
     return plan.decode_kernel
@@ -116,7 +138,7 @@ def _decode(query: torch.Tensor, kv_cache: torch.Tensor, plan: _Plan,
 
 
 def _make_plan(meta: AttentionMetadata, query: torch.Tensor, kv_cache: torch.Tensor,
-               scale: float) -> _Plan:
+               scale: float, decode_kernel: ctypes.CDLL | None) -> _Plan:
     block_size, device = kv_cache.shape[2], query.device
     starts = meta.query_start_loc.tolist()
     seq_lens = meta.seq_lens.tolist()
@@ -143,7 +165,8 @@ def _make_plan(meta: AttentionMetadata, query: torch.Tensor, kv_cache: torch.Ten
     table = meta.block_table[idx, :max_blocks].long().contiguous()
     rows = torch.tensor([starts[i] for i in decodes], device=device)
     all_rows = len(decodes) == starts[-1] and decodes == list(range(len(seq_lens)))
-    lib = cpu_kernel.active() if cpu_kernel.supports(query, kv_cache) else None
+    # the plan chose the kernel for fp32 CPU; supports() only guards the tensors' layout
+    lib = decode_kernel if cpu_kernel.supports(query, kv_cache) else None
     if lib is not None:  # every layer has the same scale and cache layout: fix them now
         kernel = cpu_kernel.paged_decode_for_step(lib, query.shape[1], kv_cache.shape, table,
                                                   meta.seq_lens[idx], rows, max_len, scale)

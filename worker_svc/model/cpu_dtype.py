@@ -4,7 +4,7 @@ A decode step on CPU streams every weight once per step. oneDNN can hold a weigh
 its own blocked layout, packed once at load instead of on every call; measured on an
 AVX512_BF16 EPYC, one thread: the 49152 x 576 vocabulary projection of 64 tokens took
 44 ms prepacked against 74 ms through F.linear in fp32, and of one token in bf16
-3.8 against 7.1 ms. GAPSERVE_CPU_PREPACK=off keeps plain tensors and F.linear.
+3.8 against 7.1 ms. --no-cpu-prepack keeps plain tensors and F.linear.
 
 --dtype bfloat16 on CPU: halving the weights' bytes halves what bounds a small batch,
 and bf16 dot-product instructions (AVX512_BF16, AMX) do twice the multiply-adds of
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 
 import torch
 
@@ -60,25 +59,23 @@ def native_bf16() -> str | None:
 
 
 def prepack_available(dtype: torch.dtype) -> bool:
-    if os.environ.get("GAPSERVE_CPU_PREPACK", "") == "off":
-        return False
+    """Whether oneDNN can prepack a weight of this dtype here (the compute plan asks)."""
     if not (torch.backends.mkldnn.is_available()
             and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
         return False
     return dtype == torch.float32 or (dtype == torch.bfloat16 and native_bf16() is not None)
 
 
-def prepare_matmul_weights(weights: ModelWeights, dtype: torch.dtype,
+def prepare_matmul_weights(weights: ModelWeights, dtype: torch.dtype, pack: bool,
                            small: str | None = None) -> ModelWeights:
     """The same weights with every matmul weight (and the vocabulary projection) in
-    dtype and, where oneDNN can, prepacked; norms and the embedding table stay plain
+    dtype and, with pack (the compute plan's prepack), prepacked; norms and the embedding table stay plain
     tensors (the embedding looks rows up; a tied projection gets its own packed copy).
     Each original is dropped as it is replaced, so the peak is one tensor over.
     small: the small-batch kernel's own copies (ModelWeights.plain_layers,
     plain_lm_head): "plain" row-major copies in dtype of prepacked weights (none are
     needed when nothing is prepacked), "int8" int8 copies quantized from the loaded
     weights (small_linear.Int8Weight, --quantization int8), None none."""
-    pack = prepack_available(dtype)
     int8 = small == "int8"
     if not pack and not int8 and dtype == weights.embed.dtype:
         return weights

@@ -11,15 +11,15 @@ a step, so its output is the Python loop's bit for bit, without that overhead.
 It takes a step when every piece is the C one: fp32 activations on CPU, the fused
 element-wise ops, the small-batch matmul kernel (fp32, bf16 or int8 weights), the C
 decode attention kernel serving every row (all rows single-token decodes), no tensor
-parallelism and no matmul biases. Anything else runs the Python loop, as does
-GAPSERVE_CPU_DECODE_LAYERS=off.
+parallelism and no matmul biases: the compute plan (worker_svc/compute_plan.py)
+decides that once at start. Anything else runs the Python loop, as does
+--no-cpu-decode-layers.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import os
 
 import torch
 
@@ -41,8 +41,6 @@ def _address(fn) -> int:
 @functools.cache
 def load():
     """(the driver function, int64 tensor of the kernels' addresses), or None."""
-    if os.environ.get("GAPSERVE_CPU_DECODE_LAYERS", "") == "off":
-        return None
     small, ops, attention = small_linear.load(), fused_ops.load(), cpu_kernel.load()
     lib = native.open_library("decode_layers", FLAGS)
     if None in (small, ops, attention, lib):

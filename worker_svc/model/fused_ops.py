@@ -4,8 +4,9 @@ At batch 1 a layer's matrix multiplies take ~0.8 ms and its ~20 small torch ops
 (norms, RoPE, KV write, residual adds, SiLU·up) another ~0.3 ms of dispatch and allocation;
 these calls do the small ones in four C calls per layer. Loaded with ctypes.PyDLL:
 the calls are microseconds long, so they keep the GIL rather than hand it to the
-gRPC threads and wait to get it back. Without a compiler, for other dtypes or
-devices, or with GAPSERVE_CPU_FUSED_OPS=off, `active()` is None and the model keeps
+gRPC threads and wait to get it back. The compute plan (worker_svc/compute_plan.py)
+gives them to fp32 CPU models of head_dim up to MAX_HEAD_DIM when they build; without
+a compiler, for other dtypes or devices, or with --no-cpu-fused-ops the model keeps
 its torch ops.
 """
 
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
 
 import torch
 
@@ -95,12 +95,3 @@ def takes(input_ids: torch.Tensor, positions: torch.Tensor,
 def load() -> FusedOps | None:
     lib = native.open_library("decoder_ops", FLAGS, ctypes.PyDLL)
     return None if lib is None else FusedOps(lib)
-
-
-def active(dtype: torch.dtype, device: torch.device, head_dim: int) -> FusedOps | None:
-    """The ops for a model of this dtype/device, or None where the torch path runs."""
-    if os.environ.get("GAPSERVE_CPU_FUSED_OPS", "") == "off":
-        return None
-    if dtype != torch.float32 or device.type != "cpu" or head_dim > MAX_HEAD_DIM:
-        return None
-    return load()

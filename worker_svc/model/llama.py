@@ -19,11 +19,10 @@ from worker_svc.model.weights import ModelWeights
 
 class DecoderModel:
     def __init__(self, cfg: ModelConfig, weights: ModelWeights, backend,
-                 max_positions: int, tp=None, act_dtype: torch.dtype | None = None) -> None:
-        """cfg: the model as this rank holds it (ShardPlan.local_config); tp: the
-        tensor-parallel group (worker_svc.parallel.group), None when unsplit;
-        act_dtype: activations and KV cache when they differ from the weights' (bf16
-        matmul weights on CPU keep them fp32, worker_svc/model/cpu_dtype.py)."""
+                 max_positions: int, plan, tp=None) -> None:
+        """cfg: the model as this rank holds it (ShardPlan.local_config); plan: the
+        worker's ComputePlan (worker_svc/compute_plan.py), which every step follows;
+        tp: the tensor-parallel group (worker_svc.parallel.group), None when unsplit."""
         self.cfg = cfg
         self.w = weights
         self.backend = backend  # module with write_kv() and attention()
@@ -35,7 +34,7 @@ class DecoderModel:
             self._reduce = _unchanged
         self.scale = cfg.head_dim ** -0.5
         # activations and KV cache; bf16 matmul weights on CPU keep them fp32 (cpu_dtype)
-        device, dtype = weights.embed.device, act_dtype or weights.embed.dtype
+        device, dtype = weights.embed.device, plan.act_dtype
         self.dtype = dtype
         # cos/sin per position, computed in fp32 like the reference, then cast once
         freqs = torch.arange(max_positions, dtype=torch.float).unsqueeze(1) * cfg.inv_freq
@@ -45,24 +44,30 @@ class DecoderModel:
         half = cfg.head_dim // 2
         sign = torch.cat((-torch.ones(half), torch.ones(half)))
         self.sin = (emb.sin() * cfg.rope_scaling * sign).to(device=device, dtype=dtype)
-        self.fused = fused_ops.active(dtype, device, cfg.head_dim)  # fp32 on CPU: C ops
-        # steps of few tokens: the small-batch kernel on plain weights (small_linear)
-        self.small = small_linear.active(dtype, device)
+        # fp32 on CPU: a layer's element-wise ops in C (fused_ops)
+        self.fused = fused_ops.load() if plan.fused_ops else None
+        # steps of few tokens: the small-batch kernel on its copies (small_linear)
+        self.small = small_linear.load() if plan.small_batch != "off" else None
         self._small_layers = weights.plain_layers or weights.layers
         self._small_lm_head = weights.plain_lm_head if weights.plain_lm_head is not None \
             else weights.lm_head
         plain = [self._small_lm_head] + [getattr(lw, n) for lw in self._small_layers
                                          for n in ("qkv", "o_proj", "gate_up", "down")]
-        if not all(small_linear.supports(t) for t in plain):
-            self.small = None
-        # steps up to this many tokens run the kernel (more on int8 copies)
-        self.small_max_rows = small_linear.max_rows(plain[-1])
+        if self.small is not None and not all(small_linear.supports(t) for t in plain):
+            raise RuntimeError(f"the compute plan's small-batch kernel ({plan.small_batch}) "
+                               "cannot read these weights")
+        # steps up to this many tokens run the kernel (more on int8 copies); the
+        # vocabulary projection's own limit is the plan's too
+        self.small_max_rows = plan.small_max_rows
+        self.logits_max_rows = plan.logits_max_rows
         # greedy rows of small steps: the projection screened by an int8 copy
-        self.argmax_screen = weights.argmax_screen if self.small is not None else None
+        self.argmax_screen = weights.argmax_screen if plan.argmax_screen else None
         # small decode steps: every layer in one C call, the same kernels (decode_layers)
         self.decode_layers = None
-        if self.small is not None and self.fused is not None:
+        if plan.decode_layers:
             self.decode_layers = decode_layers.DecodeLayers.build(cfg, self._small_layers, tp)
+            if self.decode_layers is None:
+                raise RuntimeError("the compute plan's C layer loop cannot take this model")
         self.screen_rows = {"screened": 0, "full": 0}  # the worker's metrics read these
 
     def allocate_kv_caches(self, num_blocks: int, block_size: int) -> list[torch.Tensor]:
@@ -177,7 +182,7 @@ class DecoderModel:
         """[rows, vocab] fp32 logits; with tensor parallelism each rank computes its
         vocab columns and rank 0 gets them all (None on the other ranks). argmax_only:
         rows of a small step may come back screened (-inf where the argmax is not)."""
-        small = self.small is not None and 0 < x.shape[0] <= small_linear.MAX_ROWS
+        small = self.small is not None and 0 < x.shape[0] <= self.logits_max_rows
         if argmax_only and small and self.argmax_screen is not None:
             logits = small_linear.screened_argmax_logits(self.small, x, self.argmax_screen,
                                                          self._small_lm_head)

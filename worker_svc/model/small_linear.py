@@ -15,15 +15,15 @@ steps of up to INT8_MAX_ROWS tokens (a short prompt's prefill, up to 32 concurre
 decodes) read them too; wider steps (long prefill, big batches) keep the --dtype
 weights and their accuracy.
 
-GAPSERVE_CPU_SMALL_BATCH=off keeps every step on oneDNN (and no copies); without a
-compiler `load()` is None and the same happens.
+--no-cpu-small-batch keeps every step on oneDNN (and no copies); without a compiler
+`load()` is None and the same happens. The compute plan (worker_svc/compute_plan.py)
+decides, once: which copies, and up to how many rows (MAX_ROWS, INT8_MAX_ROWS).
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import os
 from dataclasses import dataclass
 
 import torch
@@ -113,11 +113,6 @@ class SmallLinear:
         return y
 
 
-def max_rows(weight) -> int:
-    """The widest step (in token rows) the kernel serves on this kind of copy."""
-    return INT8_MAX_ROWS if isinstance(weight, Int8Weight) else MAX_ROWS
-
-
 def supports(weight: torch.Tensor | Int8Weight) -> bool:
     if isinstance(weight, Int8Weight):
         return (weight.q.device.type == "cpu" and weight.q.is_contiguous()
@@ -130,15 +125,6 @@ def supports(weight: torch.Tensor | Int8Weight) -> bool:
 def load() -> SmallLinear | None:
     lib = native.open_library("small_linear", FLAGS)
     return None if lib is None else SmallLinear(lib)
-
-
-def active(act_dtype: torch.dtype, device: torch.device) -> SmallLinear | None:
-    """The kernel for fp32 activations on CPU (fp32 or bf16 weights), or None."""
-    if os.environ.get("GAPSERVE_CPU_SMALL_BATCH", "") == "off":
-        return None
-    if act_dtype != torch.float32 or device.type != "cpu":
-        return None
-    return load()
 
 
 # ---- greedy rows: the vocabulary projection screened by its int8 copy -------------
@@ -161,11 +147,6 @@ def active(act_dtype: torch.dtype, device: torch.device) -> SmallLinear | None:
 # times 1.05 for the rounding of the bound itself. A row can be the argmax only if
 # approx_r + eps_r >= approx_top - eps_top.
 SCREEN_MAX_CANDIDATES = 4096  # past this a row's logits are too flat: the full projection
-
-
-def screen_enabled() -> bool:
-    """GAPSERVE_CPU_ARGMAX_SCREEN=off projects greedy rows in full, like any other."""
-    return os.environ.get("GAPSERVE_CPU_ARGMAX_SCREEN", "") != "off"
 
 
 def screen_factor(in_features: int) -> float:

@@ -13,6 +13,7 @@ in place, and a half-alive group would compute with a stale peer).
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from datetime import timedelta
@@ -27,6 +28,14 @@ from worker_svc.parallel import GroupLost
 from worker_svc.parallel.shard import ShardPlan, even_split
 
 log = get_logger(service="worker")
+
+
+def _host_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return socket.gethostname()
 
 RENDEZVOUS_TIMEOUT_S = 900.0  # ranks start (and load) at their own pace
 HEARTBEAT_INTERVAL_S = 1.0
@@ -110,6 +119,13 @@ class TensorParallelGroup:
         except Exception as e:  # noqa: BLE001 - a timeout or a store that went away
             self.lose(f"not every rank reached {stage}: {e}")
             raise GroupLost(f"not every rank reached {stage}: {e}") from e
+
+    def ranks_on_this_host(self) -> int:
+        """How many ranks of the group run on this host (the same kernel boot id, which
+        containers share): they split its cores (compute_plan.py)."""
+        me = _host_id()
+        self._store.set(f"host/{self.rank}", me)
+        return sum(self._store.get(f"host/{r}").decode() == me for r in range(self.size))
 
     def barrier(self) -> None:
         self.all_reduce(torch.zeros(1, device=self.device))

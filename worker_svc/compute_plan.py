@@ -1,0 +1,199 @@
+"""The worker's compute plan: every choice of how a step is computed, made once at start.
+
+Which attention kernel, which of the three layer loops (torch ops; a Python loop over
+the C ops; every layer in one C call), which weight copies and up to how many rows the
+small-batch kernel takes, whether greedy rows screen the vocabulary projection, how
+many threads: `build_plan` decides them all from the flags (the --cpu-* switches in
+shared/config.py), the device, dtype and quantization, the model's shape, the C
+kernels this machine could build and the tensor-parallel ranks on this host. The
+model, the attention backend and the runner then only read the plan; no step asks
+the environment or a kernel's availability again. The worker logs it in one
+`compute_plan` line and reports `summary()` in ModelInfo (GetModelInfo, /v1/status).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from shared.telemetry import get_logger
+from worker_svc.config import WorkerConfig
+
+log = get_logger(service="worker")
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass(frozen=True, slots=True)
+class Kernels:
+    """Which C kernels this machine has (built, or buildable with its compiler), and
+    whether oneDNN can prepack a weight of each CPU dtype."""
+    attention: bool
+    fused_ops: bool
+    small_batch: bool
+    decode_layers: bool
+    prepack_fp32: bool
+    prepack_bf16: bool
+
+
+def probe_kernels() -> Kernels:
+    from worker_svc.attention import cpu_kernel
+    from worker_svc.model import cpu_dtype, decode_layers, fused_ops, small_linear
+    return Kernels(attention=cpu_kernel.load() is not None,
+                   fused_ops=fused_ops.load() is not None,
+                   small_batch=small_linear.load() is not None,
+                   decode_layers=decode_layers.load() is not None,
+                   prepack_fp32=cpu_dtype.prepack_available(torch.float32),
+                   prepack_bf16=cpu_dtype.prepack_available(torch.bfloat16))
+
+
+@dataclass(frozen=True, slots=True)
+class ComputePlan:
+    device: torch.device
+    dtype: torch.dtype  # the matmul weights' (what ModelInfo.dtype reports)
+    act_dtype: torch.dtype  # activations and KV cache: fp32 under bf16 CPU weights
+    attention: str  # "triton", "c_decode_kernel" or "torch_sdpa"
+    prepack: bool  # matmul weights in oneDNN's packed layout (model/cpu_dtype.py)
+    fused_ops: bool  # a layer's element-wise ops in C (model/fused_ops.py)
+    decode_layers: bool  # small decode steps: every layer in one C call
+    small_batch: str  # "off", "plain" or "int8": the small-batch kernel's weight copies
+    small_max_rows: int  # steps of at most this many tokens run that kernel (0: none)
+    logits_max_rows: int  # vocabulary projections of at most this many rows too
+    argmax_screen: bool  # greedy rows of small steps screened in int8 (small_linear)
+    threads: int  # torch (and the C kernels') threads of this rank
+    ranks_on_host: int  # tensor-parallel ranks sharing this host's cores
+    zero_cost_steps: bool  # test/benchmark only: steps skip the model (zero_cost.py)
+    fault_stop_after_steps: int | None  # test/drill only: SIGSTOP after N steps
+
+    @property
+    def layer_loop(self) -> str:
+        """Which of the three layer loops a small decode step runs (wider steps run
+        c_ops whenever fused_ops is on; docs/worker.md says why all three stay)."""
+        return "c_loop" if self.decode_layers else "c_ops" if self.fused_ops else "torch"
+
+    def summary(self) -> str:
+        """One compact line for ModelInfo.compute_plan and /v1/status."""
+        on = {True: "on", False: "off"}
+        dtype = _name(self.dtype) if self.dtype == self.act_dtype else \
+            f"{_name(self.dtype)}/{_name(self.act_dtype)}"
+        parts = [f"device={self.device}", f"dtype={dtype}", f"attention={self.attention}",
+                 f"layer_loop={self.layer_loop}", f"prepack={on[self.prepack]}",
+                 f"small_batch={self.small_batch}:{self.small_max_rows}",
+                 f"logits_small_rows={self.logits_max_rows}",
+                 f"argmax_screen={on[self.argmax_screen]}", f"threads={self.threads}",
+                 f"ranks_on_host={self.ranks_on_host}"]
+        if self.zero_cost_steps:
+            parts.append("zero_cost_steps=on")
+        if self.fault_stop_after_steps is not None:
+            parts.append(f"fault_stop_after_steps={self.fault_stop_after_steps}")
+        return " ".join(parts)
+
+    def log_fields(self) -> dict[str, object]:
+        return {"device": str(self.device), "dtype": _name(self.dtype),
+                "act_dtype": _name(self.act_dtype), "attention": self.attention,
+                "layer_loop": self.layer_loop, "prepack": self.prepack,
+                "fused_ops": self.fused_ops, "small_batch": self.small_batch,
+                "small_max_rows": self.small_max_rows,
+                "logits_max_rows": self.logits_max_rows, "argmax_screen": self.argmax_screen,
+                "threads": self.threads, "ranks_on_host": self.ranks_on_host,
+                "zero_cost_steps": self.zero_cost_steps,
+                "fault_stop_after_steps": self.fault_stop_after_steps}
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def has_biases(model_cfg) -> bool:
+    """Whether the model's matmuls carry biases (Qwen2's q/k/v), which the C layer
+    loop has no place for; the rule weights and dummy_weights follow."""
+    from worker_svc.model.config import SUPPORTED_MODEL_TYPES
+    hf = model_cfg.hf_config
+    return bool(SUPPORTED_MODEL_TYPES.get(model_cfg.model_type, False)
+                or getattr(hf, "attention_bias", False) or getattr(hf, "mlp_bias", False))
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return _DTYPES[name]
+
+
+def build_plan(config: WorkerConfig, device: torch.device, model_cfg, *, biases: bool,
+               ranks_on_host: int = 1, kernels: Kernels | None = None,
+               usable_cores: int | None = None, environ=None,
+               fault_stop_after_steps: int | None = None) -> ComputePlan:
+    """The plan for this worker. model_cfg: the model as this rank holds it (head_dim,
+    hidden_size); biases: whether any matmul has a bias (Qwen2's q/k/v). kernels,
+    usable_cores and environ default to this machine's; tests pass their own."""
+    from worker_svc.model import fused_ops, small_linear
+    dtype = resolve_dtype(config.dtype, device)
+    cpu = device.type == "cpu"
+    if config.quantization == "int8" and not cpu:
+        raise ValueError("--quantization int8 is the CPU small-batch kernel's weight "
+                         f"format; this worker runs on {device.type}")
+    # bf16 on CPU: bf16 matmul weights, fp32 activations and KV cache (cpu_dtype)
+    act_dtype = torch.float32 if cpu and dtype == torch.bfloat16 else dtype
+    c_path = cpu and act_dtype == torch.float32  # the C kernels are fp32 CPU kernels
+    if cpu and kernels is None:
+        kernels = probe_kernels()
+    attention = "triton" if device.type == "cuda" and _triton_imports(device) else "torch_sdpa"
+    if c_path and config.cpu_attention and kernels.attention:
+        attention = "c_decode_kernel"
+    prepack = cpu and config.cpu_prepack and (
+        kernels.prepack_fp32 if dtype == torch.float32
+        else kernels.prepack_bf16 if dtype == torch.bfloat16 else False)
+    fused = c_path and config.cpu_fused_ops and kernels.fused_ops \
+        and model_cfg.head_dim <= fused_ops.MAX_HEAD_DIM
+    small = "off"
+    if c_path and config.cpu_small_batch and kernels.small_batch:
+        small = "int8" if config.quantization == "int8" else "plain"
+    if config.quantization == "int8" and small == "off":  # asked for, nothing would run it
+        raise ValueError("--quantization int8 needs the small-batch kernel: a C compiler, "
+                         "and not --no-cpu-small-batch (GAPSERVE_CPU_SMALL_BATCH=off)")
+    small_rows = {"off": 0, "plain": small_linear.MAX_ROWS,
+                  "int8": small_linear.INT8_MAX_ROWS}[small]
+    tp = config.tensor_parallel_size > 1
+    decode_layers = (fused and small != "off" and attention == "c_decode_kernel"
+                     and config.cpu_decode_layers and kernels.decode_layers
+                     and not tp and not biases)
+    # int8 projects in int8 already; the screen's copy needs whole int8 groups
+    screen = (small == "plain" and not tp and config.cpu_argmax_screen
+              and model_cfg.hidden_size % small_linear.GROUP == 0)
+    return ComputePlan(
+        device=device, dtype=dtype, act_dtype=act_dtype, attention=attention,
+        prepack=bool(prepack), fused_ops=bool(fused), decode_layers=bool(decode_layers),
+        small_batch=small, small_max_rows=small_rows,
+        # the vocabulary projection follows the matmuls' gate: with int8, a step of
+        # 9-32 sampling rows reads the int8 copy too, as --quantization's help says
+        logits_max_rows=small_rows, argmax_screen=screen,
+        threads=_threads(config.cpu_threads, ranks_on_host, usable_cores, environ),
+        ranks_on_host=ranks_on_host, zero_cost_steps=config.zero_cost_steps,
+        fault_stop_after_steps=fault_stop_after_steps)
+
+
+def _threads(requested: int, ranks_on_host: int, usable_cores: int | None, environ) -> int:
+    """--cpu-threads if given; else OMP_NUM_THREADS (which torch already follows) if
+    set; else this host's usable cores split among its ranks: two ranks of 2 threads on
+    2 cores made a 200-token stream take 102 s against 6 s with one rank."""
+    if requested:
+        return requested
+    environ = os.environ if environ is None else environ
+    if environ.get("OMP_NUM_THREADS", "").strip():
+        return torch.get_num_threads()
+    if usable_cores is None:
+        usable_cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
+            else os.cpu_count() or 1
+    return max(1, usable_cores // max(1, ranks_on_host))
+
+
+def _triton_imports(device: torch.device) -> bool:
+    try:
+        from worker_svc.attention import triton_backend  # noqa: F401
+    except ImportError as exc:  # no triton here: the torch path still works, slower
+        log.warning("triton_unavailable", device=str(device), error=str(exc),
+                    hint="install gapserve[cuda] for the Triton attention kernels")
+        return False
+    return True
