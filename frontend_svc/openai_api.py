@@ -18,7 +18,7 @@ from frontend_svc.generation import Choice
 from frontend_svc.http_guard import HttpGuard
 from frontend_svc.http_util import (
     HttpError, SSEResponse, install_error_handlers, unless_disconnected)
-from frontend_svc.observe import metrics_text
+from frontend_svc.observe import scrape
 from frontend_svc.protocol import (
     ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest)
 from frontend_svc.request_state import RequestState
@@ -76,7 +76,7 @@ def build_app(fe: Frontend, payload_limit: int = 8 << 20) -> FastAPI:
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        body, content_type = metrics_text()
+        body, content_type = await scrape(fe.engine, fe.served_model_name)
         return Response(body, media_type=content_type)
 
     @app.get("/v1/status")
