@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shared.telemetry import get_logger, metrics_text, setup_telemetry
+from shared.telemetry import get_logger, setup_telemetry
 
 from frontend_svc.metrics import RequestTracker
 from frontend_svc.vllm_metrics import scrape
@@ -42,4 +42,4 @@ def setup(args) -> None:
                     log_format=args.log_format, log_level=args.log_level)
 
 
-__all__ = ["Observer", "setup", "metrics_text", "scrape", "log"]
+__all__ = ["Observer", "setup", "scrape", "log"]
