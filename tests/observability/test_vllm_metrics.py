@@ -241,3 +241,15 @@ def test_the_scheduler_series_are_the_schedulers_own_totals(stack, sent):
         == status.prefix_cache_hits
     assert total(fams, "vllm:num_requests_running", "vllm:num_requests_running") == 0
     assert 0.0 <= total(fams, "vllm:kv_cache_usage_perc", "vllm:kv_cache_usage_perc") <= 1.0
+
+
+def test_without_the_scheduler_a_scrape_has_no_stale_scheduler_series(stack, sent):
+    """Last in this module: it stops the stack's scheduler."""
+    scheduler = stack.process("scheduler")
+    scheduler.kill()
+    scheduler.wait()
+    fams = scrape(stack)
+    assert "vllm:num_requests_waiting" not in fams and "vllm:num_preemptions" not in fams
+    assert total(fams, "vllm:request_success", "vllm:request_success_total") \
+        == sent["requests"]  # the frontends' own series stay
+    assert "scrape without the scheduler's series" in stack.logs(chars=20000)
