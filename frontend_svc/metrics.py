@@ -2,13 +2,14 @@
 (continuing the caller's trace), client-perceived latencies and token counts as
 Prometheus metrics, served on the frontend's own HTTP port at /metrics.
 
-A handler makes four calls:
+A handler makes these calls:
 
     t = RequestTracker.start(req_id, model_name, params, num_prompt_tokens,
                              headers_or_grpc_metadata, operation="chat")
     with t.activate():                       # logs inside carry the trace id
         carrier = t.carrier()                # send with the request to the scheduler
-        ... for each output from the scheduler: t.on_tokens(len(out.new_token_ids))
+        ... for each output from the scheduler: t.on_output(out)   # its queue/prefill times
+                                                 t.on_tokens(len(out.new_token_ids))
         t.finish(out.finish_reason, num_preemptions=..., num_cached_tokens=...)
     # or, on an error: t.fail("UNAVAILABLE", "scheduler unreachable")
 
