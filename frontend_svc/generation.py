@@ -51,7 +51,7 @@ async def stream(engine: EngineClient, tokenizer: TextTokenizer, choice: Choice,
                  observer: Observer) -> AsyncIterator[tuple[OutputStream, Delta]]:
     """Deltas of one choice until it finishes; raises EngineError on a scheduler error."""
     state = new_state(tokenizer, choice)
-    tracker = observer.start(choice)
+    tracker = observer.start(choice, engine)
     gone_at_scheduler = False
     try:
         queue = engine.add(choice.req_id, choice.inp.prompt_token_ids, choice.params,
@@ -88,6 +88,7 @@ def _merge(state: OutputStream, items: list, tracker) -> Delta:
         if isinstance(item, EngineError):
             raise item
         delta = state.process(item)
+        tracker.on_output(item)
         tracker.on_tokens(len(delta.token_ids))
         merged.token_ids += delta.token_ids
         merged.text += delta.text

@@ -20,8 +20,8 @@ from frontend_svc.observe import log
 
 OPEN_PATHS = frozenset({"/health", "/metrics"})  # probes and scrapers need no key
 # the routes that cost CPU or a request slot: all go through admission
-ADMITTED_PATHS = frozenset({"/v1/completions", "/v1/chat/completions", "/tokenize",
-                            "/detokenize"})
+GENERATE_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})  # a drain refuses these
+ADMITTED_PATHS = GENERATE_PATHS | {"/tokenize", "/detokenize"}
 
 
 class PayloadTooLarge(HTTPException):

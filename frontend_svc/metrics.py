@@ -2,18 +2,20 @@
 (continuing the caller's trace), client-perceived latencies and token counts as
 Prometheus metrics, served on the frontend's own HTTP port at /metrics.
 
-A handler makes four calls:
+A handler makes these calls:
 
     t = RequestTracker.start(req_id, model_name, params, num_prompt_tokens,
                              headers_or_grpc_metadata, operation="chat")
     with t.activate():                       # logs inside carry the trace id
         carrier = t.carrier()                # send with the request to the scheduler
-        ... for each output from the scheduler: t.on_tokens(len(out.new_token_ids))
+        ... for each output from the scheduler: t.on_output(out)   # its queue/prefill times
+                                                 t.on_tokens(len(out.new_token_ids))
         t.finish(out.finish_reason, num_preemptions=..., num_cached_tokens=...)
     # or, on an error: t.fail("UNAVAILABLE", "scheduler unreachable")
 
-/metrics body and content type: shared.telemetry.metrics_text().
-Metric names mirror vLLM's `vllm:*` ones (docs/observability.md has the table).
+/metrics body and content type: frontend_svc.vllm_metrics.scrape().
+Metric names mirror vLLM's `vllm:*` ones (docs/observability.md has the table), and
+every observation also feeds the `vllm:*`-named series themselves (vllm_metrics.py).
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from prometheus_client import Counter, Histogram
 
 from shared.telemetry import context_carrier, extract_context, finish_reason_name, get_tracer
 from shared.types import FinishReason, SamplingParams
+
+from frontend_svc import vllm_metrics
 
 _M = ["model_name"]
 TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
@@ -105,17 +109,21 @@ class RequestTracker:
     num_prompt_tokens: int
     span: trace.Span
     arrival_s: float
+    vllm: vllm_metrics.VllmSeries
     first_token_s: float | None = None
     last_token_s: float | None = None
     num_output_tokens: int = 0
     done: bool = False
+    queue_time_s: float | None = None  # the scheduler's, from the first-token output
+    prefill_time_s: float | None = None
 
     @classmethod
     def start(cls, req_id: str, model_name: str, params: SamplingParams,
               num_prompt_tokens: int, incoming: Any = None,
-              operation: str = "text_completion") -> RequestTracker:
+              operation: str = "text_completion", max_model_len: int = 0) -> RequestTracker:
         """Open the request's root span (server kind), continuing the caller's
-        trace when `incoming` headers or gRPC metadata carry a traceparent."""
+        trace when `incoming` headers or gRPC metadata carry a traceparent;
+        max_model_len sizes the vLLM token buckets (vllm_metrics.series)."""
         span = _tracer.start_span(
             f"{operation} {model_name}", context=extract_context(incoming), kind=SpanKind.SERVER,
             attributes={
@@ -134,7 +142,9 @@ class RequestTracker:
         if params.seed is not None:
             span.set_attribute("gen_ai.request.seed", params.seed)
         _series(model_name).max_tokens.observe(params.max_tokens)
-        return cls(req_id, model_name, num_prompt_tokens, span, time.monotonic())
+        vllm = vllm_metrics.series(model_name, max_model_len)
+        vllm.max_tokens.observe(params.max_tokens)
+        return cls(req_id, model_name, num_prompt_tokens, span, time.monotonic(), vllm)
 
     def activate(self):
         """Make the span current (logs carry its trace id) without ending it on exit."""
@@ -148,6 +158,13 @@ class RequestTracker:
         """The same, as gRPC metadata pairs."""
         return list(self.carrier().items())
 
+    def on_output(self, out) -> None:
+        """A scheduler output (shared.types.RequestOutput): keep the queue and prefill
+        times the one with the first token carries (the first scheduler's, if a
+        continuation went to a second one)."""
+        if out.queue_time_s is not None and self.queue_time_s is None:
+            self.queue_time_s, self.prefill_time_s = out.queue_time_s, out.prefill_time_s
+
     def on_tokens(self, num_new_tokens: int, now_s: float | None = None) -> None:
         """New output tokens arrived from the scheduler (0 is allowed: ignored)."""
         if num_new_tokens <= 0 or self.done:
@@ -157,8 +174,11 @@ class RequestTracker:
         if self.first_token_s is None:
             self.first_token_s = now
             _series(m).ttft.observe(now - self.arrival_s)
+            self.vllm.ttft.observe(now - self.arrival_s)
             self.span.add_event("first_token")
         else:
+            # vLLM's: one observation per output, however many tokens it carries
+            self.vllm.itl.observe(now - self.last_token_s)
             # tokens that arrive together share the gap since the previous batch
             gap = (now - self.last_token_s) / num_new_tokens
             for _ in range(num_new_tokens):
@@ -166,6 +186,7 @@ class RequestTracker:
         self.last_token_s = now
         self.num_output_tokens += num_new_tokens
         _series(m).generation_tokens.inc(num_new_tokens)
+        self.vllm.generation_tokens.inc(num_new_tokens)
 
     def finish(self, reason: FinishReason, num_preemptions: int = 0,
                num_cached_tokens: int = 0) -> None:
@@ -175,11 +196,17 @@ class RequestTracker:
         self.done = True
         m = self.model_name
         name = finish_reason_name(reason)
-        _series(m).e2e.observe(time.monotonic() - self.arrival_s)
+        e2e = time.monotonic() - self.arrival_s
+        _series(m).e2e.observe(e2e)
         _series(m).prompt_tokens.inc(self.num_prompt_tokens)
         _series(m).request_prompt_tokens.observe(self.num_prompt_tokens)
         _series(m).request_generation_tokens.observe(self.num_output_tokens)
         REQUEST_SUCCESS.labels(m, name).inc()
+        first = self.first_token_s
+        self.vllm.finished(name, e2e, None if first is None else first - self.arrival_s,
+                           0.0 if first is None else self.last_token_s - first,
+                           self.num_prompt_tokens, self.num_output_tokens,
+                           self.queue_time_s, self.prefill_time_s)
         self.span.add_event("finished", {"reason": name})
         self.span.set_attributes({
             "gen_ai.usage.output_tokens": self.num_output_tokens,

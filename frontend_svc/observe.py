@@ -1,13 +1,15 @@
 """Every telemetry hook of the frontend in one place: the root span and metrics
-of each request (frontend_svc/metrics.py), logging set-up, /metrics."""
+of each request (frontend_svc/metrics.py), logging set-up, /metrics (scrape: the
+gapserve:* and vllm:* series, frontend_svc/vllm_metrics.py)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shared.telemetry import get_logger, metrics_text, setup_telemetry
+from shared.telemetry import get_logger, setup_telemetry
 
 from frontend_svc.metrics import RequestTracker
+from frontend_svc.vllm_metrics import scrape
 
 log = get_logger(component="frontend")
 
@@ -16,10 +18,12 @@ log = get_logger(component="frontend")
 class Observer:
     model_name: str
 
-    def start(self, choice) -> RequestTracker:
+    def start(self, choice, engine=None) -> RequestTracker:
+        info = None if engine is None else engine.model_info
         return RequestTracker.start(choice.req_id, self.model_name, choice.params,
                                     len(choice.inp.prompt_token_ids), choice.incoming,
-                                    operation=choice.operation)
+                                    operation=choice.operation,
+                                    max_model_len=info.max_model_len if info else 0)
 
     def finish(self, tracker: RequestTracker, state) -> None:
         tracker.finish(state.finish_reason, num_preemptions=state.num_preemptions,
@@ -38,4 +42,4 @@ def setup(args) -> None:
                     log_format=args.log_format, log_level=args.log_level)
 
 
-__all__ = ["Observer", "setup", "metrics_text", "log"]
+__all__ = ["Observer", "setup", "scrape", "log"]

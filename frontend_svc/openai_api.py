@@ -23,7 +23,7 @@ from frontend_svc.generation import Choice
 from frontend_svc.http_guard import HttpGuard
 from frontend_svc.http_util import (
     HttpError, SSEResponse, install_error_handlers, parse_body, unless_disconnected)
-from frontend_svc.observe import metrics_text
+from frontend_svc.observe import scrape
 from frontend_svc.protocol import (
     ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest)
 from frontend_svc.output_stream import OutputStream
@@ -90,7 +90,7 @@ def operator_router(fe: Frontend) -> APIRouter:
 
     @router.get("/metrics")
     async def metrics() -> Response:
-        body, content_type = metrics_text()
+        body, content_type = await scrape(fe.engine, fe.served_model_name)
         return Response(body, media_type=content_type)
 
     @router.get("/v1/status")

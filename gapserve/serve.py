@@ -9,12 +9,15 @@ stops all of them on Ctrl-C/SIGTERM.
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
+import shutil
 import signal
 import socket
 import ssl
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -144,6 +147,14 @@ def _free_port(host: str) -> int:
         return s.getsockname()[1]
 
 
+def _metrics_dir() -> str:
+    """A fresh directory for the frontends' multiprocess metrics (removed at exit):
+    files of a frontend that died stay, so its counts are not lost from the sums."""
+    path = tempfile.mkdtemp(prefix="gapserve-frontend-metrics-")
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
+
+
 def children(args: argparse.Namespace) -> list[Child]:
     host = _loopback(args.inner_host)
     security = LinkSecurity.from_args(args)
@@ -173,12 +184,15 @@ def children(args: argparse.Namespace) -> list[Child]:
     scheme = "https" if args.ssl_certfile else "http"
     # --api-server-count N: N frontends on the same ports; the kernel spreads connections
     count = getattr(args, "api_server_count", 1)
+    front_env = _secret_env(args, FRONTEND_SECRETS)
+    if count > 1:  # a scrape reaches one of them: it must sum all (frontend_svc/vllm_metrics.py)
+        front_env["PROMETHEUS_MULTIPROC_DIR"] = _metrics_dir()
     frontends = [Child(
         "frontend" if count == 1 else f"frontend-{i}",
         ["frontend", "--scheduler-address", scheduler.health_address, "--host", args.host,
          *_argv(args, COMMON + FRONTEND + TLS + ADMISSION + TENANCY)],
         f"{front}:{args.grpc_port}", f"{scheme}://{front}:{args.http_port}/health",
-        env=_secret_env(args, FRONTEND_SECRETS), security=security)
+        env=dict(front_env), security=security)
         for i in range(count)]
     return [*workers, scheduler, *frontends]
 

@@ -245,6 +245,9 @@ class RequestOutput:
     stop_token_id: int | None = None  # the EOS or stop token id that ended it
     num_preemptions: int = 0
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    # on the output with the first token only (scheduler_svc/metrics.py stamps them)
+    queue_time_s: float | None = None
+    prefill_time_s: float | None = None
 
     @property
     def finished(self) -> bool:

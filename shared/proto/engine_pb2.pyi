@@ -55,7 +55,7 @@ class EngineRequests(_message.Message):
     def __init__(self, requests: _Optional[_Iterable[_Union[EngineRequest, _Mapping]]] = ...) -> None: ...
 
 class RequestOutput(_message.Message):
-    __slots__ = ("request_id", "new_token_ids", "new_logprobs", "finish_reason", "stop_token_id", "num_preemptions", "num_cached_tokens")
+    __slots__ = ("request_id", "new_token_ids", "new_logprobs", "finish_reason", "stop_token_id", "num_preemptions", "num_cached_tokens", "queue_time_s", "prefill_time_s")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     NEW_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     NEW_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
@@ -63,6 +63,8 @@ class RequestOutput(_message.Message):
     STOP_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_PREEMPTIONS_FIELD_NUMBER: _ClassVar[int]
     NUM_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    QUEUE_TIME_S_FIELD_NUMBER: _ClassVar[int]
+    PREFILL_TIME_S_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     new_token_ids: _containers.RepeatedScalarFieldContainer[int]
     new_logprobs: _containers.RepeatedCompositeFieldContainer[_common_pb2.TokenLogprobs]
@@ -70,7 +72,9 @@ class RequestOutput(_message.Message):
     stop_token_id: int
     num_preemptions: int
     num_cached_tokens: int
-    def __init__(self, request_id: _Optional[str] = ..., new_token_ids: _Optional[_Iterable[int]] = ..., new_logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprobs, _Mapping]]] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., stop_token_id: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., num_cached_tokens: _Optional[int] = ...) -> None: ...
+    queue_time_s: float
+    prefill_time_s: float
+    def __init__(self, request_id: _Optional[str] = ..., new_token_ids: _Optional[_Iterable[int]] = ..., new_logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprobs, _Mapping]]] = ..., finish_reason: _Optional[_Union[_common_pb2.FinishReason, str]] = ..., stop_token_id: _Optional[int] = ..., num_preemptions: _Optional[int] = ..., num_cached_tokens: _Optional[int] = ..., queue_time_s: _Optional[float] = ..., prefill_time_s: _Optional[float] = ...) -> None: ...
 
 class Rejection(_message.Message):
     __slots__ = ("request_id", "status")
