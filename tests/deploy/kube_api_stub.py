@@ -60,8 +60,11 @@ def _not_found(path: str) -> dict:
 
 @dataclass
 class KubeApiStub:
-    """Every object created through it lands in `created`, in order."""
+    """Every object created through it lands in `created`, in order; `existing`
+    ({API path: object}) is what the cluster already holds (`lookup` reads it)."""
+    existing: dict[str, dict] = field(default_factory=dict)
     created: list[dict] = field(default_factory=list)
+    patched: list[dict | None] = field(default_factory=list)
     requests: list[str] = field(default_factory=list)
     _server: ThreadingHTTPServer | None = None
 
@@ -106,6 +109,8 @@ class KubeApiStub:
                 gv = path.removeprefix("/api/").removeprefix("/apis/")
                 if gv in RESOURCES:
                     return self._send(200, _resource_list(gv))
+                if path in stub.existing:
+                    return self._send(200, stub.existing[path])
                 # a collection (the release history): empty; one object: not there
                 if path.rsplit("/", 1)[-1] in PLURALS:
                     return self._send(200, {"kind": "List", "apiVersion": "v1",
@@ -123,9 +128,12 @@ class KubeApiStub:
                 stub.requests.append(f"PUT {self.path}")
                 return self._echo(200, self._body())
 
-            def do_PATCH(self) -> None:
+            def do_PATCH(self) -> None:  # Helm adopting an object it finds: the
+                # patch is recorded, and the object answered as it was (not merged)
                 stub.requests.append(f"PATCH {self.path}")
-                return self._echo(200, self._body())
+                path = self.path.split("?")[0]
+                stub.patched.append(self._body())
+                return self._echo(200, stub.existing.get(path))
 
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         threading.Thread(target=self._server.serve_forever, daemon=True).start()

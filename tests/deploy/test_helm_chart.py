@@ -128,15 +128,23 @@ def test_inner_services_bind_a_pod_address_only_with_the_internal_token_from_a_s
         assert env_of(_container(r.pod_specs()[component]))["GAPSERVE_HOST"]["value"] == "0.0.0.0"
 
 
-def test_the_generated_internal_token_is_random_and_kept_on_upgrade():
+def test_the_generated_internal_token_is_random_and_a_live_one_is_kept():
     secret = rendered("defaults").get("Secret")
     token = base64.b64decode(secret["data"]["token"]).decode()
     assert len(token) == 48 and token.isalnum()
     assert token != base64.b64decode(install({}).get("Secret")["data"]["token"]).decode()
-    # kept: `lookup` reads the live Secret back; helm uninstall leaves it too
+    # helm uninstall leaves it; a release of that name adopts it again
     assert secret["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
-    template = (CHART / "templates" / "secret-internal-token.yaml").read_text()
-    assert 'lookup "v1" "Secret"' in template
+    # a cluster that holds the release's token Secret: `lookup` reads it back
+    name = f"{FULL}-internal-token"
+    live = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": {"name": name, "namespace": NAMESPACE,
+                         "labels": {"app.kubernetes.io/managed-by": "Helm"},
+                         "annotations": {"meta.helm.sh/release-name": RELEASE,
+                                         "meta.helm.sh/release-namespace": NAMESPACE}},
+            "data": {"token": base64.b64encode(b"the-live-token").decode()}}
+    again = install({}, existing={f"/api/v1/namespaces/{NAMESPACE}/secrets/{name}": live})
+    assert base64.b64decode(again.get("Secret")["data"]["token"]) == b"the-live-token"
 
 
 def test_an_existing_token_secret_replaces_the_generated_one():
