@@ -135,11 +135,12 @@ def _no_new_kube_cache():
             shutil.rmtree(KUBE_CACHE.parent, ignore_errors=True)
 
 
-def install(overrides: dict, existing: dict[str, dict] | None = None) -> Rendered:
-    """`helm install` (no wait) into the recording API stub, which already holds
-    `existing` ({API path: object}); raises helm_sdkpy.InstallError with Helm's
-    message when the chart refuses the values."""
-    stub = KubeApiStub(existing=existing or {})
+def install(overrides: dict, existing: dict[str, dict] | None = None,
+            minor: int = 32) -> Rendered:
+    """`helm install` (no wait) into the recording API stub, a Kubernetes 1.<minor>
+    that already holds `existing` ({API path: object}); raises
+    helm_sdkpy.InstallError with Helm's message when the chart refuses."""
+    stub = KubeApiStub(existing=existing or {}, minor=minor)
     url = stub.start()
     try:
         with tempfile.TemporaryDirectory() as tmp, _no_new_kube_cache():

@@ -20,8 +20,11 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-SERVER_VERSION = {"major": "1", "minor": "32", "gitVersion": "v1.32.0",
-                  "platform": "linux/amd64"}
+
+def server_version(minor: int) -> dict:
+    return {"major": "1", "minor": str(minor), "gitVersion": f"v1.{minor}.0",
+            "platform": "linux/amd64"}
+
 
 # group/version -> [(plural, Kind, namespaced)]: what discovery advertises
 RESOURCES: dict[str, list[tuple[str, str, bool]]] = {
@@ -63,6 +66,7 @@ class KubeApiStub:
     """Every object created through it lands in `created`, in order; `existing`
     ({API path: object}) is what the cluster already holds (`lookup` reads it)."""
     existing: dict[str, dict] = field(default_factory=dict)
+    minor: int = 32  # the Kubernetes version it claims to be, 1.<minor>
     created: list[dict] = field(default_factory=list)
     patched: list[dict | None] = field(default_factory=list)
     requests: list[str] = field(default_factory=list)
@@ -101,7 +105,7 @@ class KubeApiStub:
                 path = self.path.split("?")[0].rstrip("/")
                 stub.requests.append(f"GET {self.path}")
                 if path == "/version":
-                    return self._send(200, SERVER_VERSION)
+                    return self._send(200, server_version(stub.minor))
                 if path == "/api":
                     return self._send(200, {"kind": "APIVersions", "versions": ["v1"]})
                 if path == "/apis":

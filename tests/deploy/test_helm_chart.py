@@ -97,6 +97,13 @@ def test_defaults_give_frontends_one_scheduler_and_a_one_rank_worker_with_servic
         assert _container(spec)["args"][0] == component
 
 
+def test_the_chart_refuses_a_cluster_older_than_1_28():
+    # grpc probes and the StatefulSet pod-index label (the worker's rank) need it
+    with pytest.raises(helm_sdkpy.InstallError, match="kubeVersion"):
+        install({}, minor=27)
+    install({}, minor=28)
+
+
 def test_frontend_replicas_follow_the_values():
     assert install({"frontend": {"replicas": 5}}).get(
         "Deployment", "-frontend")["spec"]["replicas"] == 5
