@@ -35,7 +35,8 @@ INFO, WARNING, ERROR = 1, 2, 3
 # Each way the chart is meant to be installed; every check runs on each.
 VALUE_SETS: dict[str, dict] = {
     "defaults": {},
-    "tp2": {"tensorParallel": {"size": 2}},
+    "tp2": {"tensorParallel": {"size": 2}, "model": "/models/smollm2",
+            "limits": {"maxModelLen": 2048, "maxNumSeqs": 64}},
     "multinode-lws": {"tensorParallel": {"size": 2, "multiNode": True},
                       "worker": {"gpusPerRank": 1}},
     "tls": {"tls": {"enabled": True, "secretName": "gapserve-tls"}},

@@ -311,3 +311,7 @@ def test_every_pod_starts_with_a_command_line_its_service_accepts(name):
         assert worker.master_addr.startswith(f"{FULL}-worker-0.")
     assert len(parsed["scheduler"].worker_addresses) == tp
     assert parsed["frontend"].scheduler_address == f"{FULL}-scheduler.{NAMESPACE}.svc:50052"
+    model = VALUE_SETS[name].get("model")
+    assert parsed["worker"].model == parsed["frontend"].model == (model or None)
+    max_len = VALUE_SETS[name].get("limits", {}).get("maxModelLen")
+    assert parsed["worker"].max_model_len == parsed["scheduler"].max_model_len == max_len

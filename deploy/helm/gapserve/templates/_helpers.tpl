@@ -89,10 +89,6 @@ imagePullPolicy: {{ .Values.image.pullPolicy }}
   value: /etc/gapserve/tls/ca.crt
 {{- end }}
 {{- end }}
-{{- with .Values.model }}
-- name: GAPSERVE_MODEL
-  value: {{ . | quote }}
-{{- end }}
 {{- with .Values.extraEnv }}
 {{ toYaml . }}
 {{- end }}
@@ -149,5 +145,23 @@ tcpSocket:
 {{- else }}
 grpc:
   port: {{ index . 1 }}
+{{- end }}
+{{- end -}}
+
+{{/* --model: the worker loads it, the frontend reads its tokenizer and name */}}
+{{- define "gapserve.modelEnv" -}}
+{{- with .Values.model }}
+- name: GAPSERVE_MODEL
+  value: {{ . | quote }}
+{{- end }}
+{{- end -}}
+
+{{/* the limits the worker and the scheduler share (0: the service's default) */}}
+{{- define "gapserve.limitsEnv" -}}
+{{- range $key, $flag := dict "maxModelLen" "MAX_MODEL_LEN" "maxNumSeqs" "MAX_NUM_SEQS" "maxNumBatchedTokens" "MAX_NUM_BATCHED_TOKENS" }}
+{{- with (index $.Values.limits $key) }}
+- name: GAPSERVE_{{ $flag }}
+  value: {{ . | int64 | quote }}
+{{- end }}
 {{- end }}
 {{- end -}}

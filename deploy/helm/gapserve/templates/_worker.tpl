@@ -34,6 +34,8 @@ spec:
       {{- end }}
       env:
         {{- include "gapserve.commonEnv" . | nindent 8 }}
+        {{- include "gapserve.modelEnv" . | nindent 8 }}
+        {{- include "gapserve.limitsEnv" . | nindent 8 }}
         {{- if not $tp.multiNode }}
         # the StatefulSet's pod index (label since Kubernetes 1.28) is the rank
         - name: GAPSERVE_RANK
