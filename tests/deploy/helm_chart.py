@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import re
 import shutil
 import tempfile
 from contextlib import contextmanager
@@ -241,3 +242,25 @@ def validate(obj: dict, version: str) -> None:
                     {"apiVersion": "v1", "kind": "PodTemplate",
                      "metadata": {"name": obj["metadata"]["name"]}, "template": spec},
                     version, strict=True)
+
+
+def as_the_kubelet_starts_it(container: dict, injected: dict[str, str], pod_index: int,
+                             secret: str = "s3cret") -> tuple[list[str], dict[str, str]]:
+    """(args, environment) of a container as the kubelet starts it: Secret
+    references read as `secret`, the pod-index label as pod_index, `injected` (what
+    LWS adds) beneath, and $(VAR) in args expanded from that environment (an
+    unknown one stays as written, as the kubelet leaves it)."""
+    env = dict(injected)
+    for name, e in env_of(container).items():
+        source = e.get("valueFrom", {})
+        if "value" in e:
+            env[name] = e["value"]
+        elif "secretKeyRef" in source:
+            env[name] = secret
+        else:
+            assert source["fieldRef"]["fieldPath"] == \
+                "metadata.labels['apps.kubernetes.io/pod-index']", source
+            env[name] = str(pod_index)
+    args = [re.sub(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)", lambda m: env.get(m.group(1), m.group(0)), a)
+            for a in container["args"]]
+    return args, env

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import base64
 import functools
-import re
 import shutil
 
 import helm_sdkpy
@@ -15,7 +14,8 @@ import yaml
 
 from .cli_parsers import flag_env_names, subcommand_parsers
 from .helm_chart import (CHART, ERROR, K8S_VERSIONS, NAMESPACE, RELEASE, VALUE_SETS,
-                         WARNING, env_of, install, lint, pod_template, validate)
+                         WARNING, as_the_kubelet_starts_it, env_of, install, lint,
+                         pod_template, validate)
 
 FULL = f"{RELEASE}-gapserve"
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -273,23 +273,6 @@ def test_bad_values_are_refused_with_what_to_change(values, message):
         install(values)
 
 
-def _as_the_kubelet_starts_it(container: dict, lws_env: dict[str, str]) -> tuple[list, dict]:
-    """(args, environment) of a container as the kubelet would start it: Secret
-    references read as "s3cret", the pod-index label as "1", the variables LWS
-    injects as given, and $(VAR) in args expanded from that environment."""
-    env = dict(lws_env)
-    for name, e in env_of(container).items():
-        source = e.get("valueFrom", {})
-        env[name] = e["value"] if "value" in e else \
-            "s3cret" if "secretKeyRef" in source else \
-            {"metadata.labels['apps.kubernetes.io/pod-index']": "1"}[
-                source["fieldRef"]["fieldPath"]]
-    # an unknown $(VAR) stays as written, as the kubelet leaves it
-    expand = functools.partial(re.sub, r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
-                               lambda m: env.get(m.group(1), m.group(0)))
-    return [expand(a) for a in container["args"]], env
-
-
 @pytest.mark.parametrize("name", VALUE_SETS)
 def test_every_pod_starts_with_a_command_line_its_service_accepts(name):
     # the services' own parsers read the rendered args and GAPSERVE_* variables
@@ -299,7 +282,7 @@ def test_every_pod_starts_with_a_command_line_its_service_accepts(name):
     lws_env = {"LWS_WORKER_INDEX": "1", "LWS_LEADER_ADDRESS": leader, "LWS_GROUP_SIZE": str(tp)}
     parsed = {}
     for component, spec in rendered(name).pod_specs().items():
-        args, env = _as_the_kubelet_starts_it(_container(spec), lws_env)
+        args, env = as_the_kubelet_starts_it(_container(spec), lws_env, pod_index=1)
         parsed[component] = config.parse_args(getattr(config, f"{component}_parser")(),
                                                args[1:], env)
     for args in parsed.values():
