@@ -14,4 +14,9 @@ say "installing torch 2.13.0 (about a minute on a first run; quick when present)
 .venv/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0
 say "installing gapserve (editable) and its test dependencies"
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
+# helm-sdkpy (the test extra's Helm library) says Python >= 3.12 but runs on 3.11
+if .venv/bin/python -c 'import sys; sys.exit(sys.version_info >= (3, 12))'; then
+  .venv/bin/python -m pip install -q --disable-pip-version-check --ignore-requires-python \
+    helm-sdkpy==0.1.32
+fi
 say "done"

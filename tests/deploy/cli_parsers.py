@@ -18,3 +18,11 @@ def subcommand_parsers() -> dict[str, argparse.ArgumentParser]:
         if build is not None:
             parsers[command] = build()
     return parsers
+
+
+def flag_env_names(parser: argparse.ArgumentParser) -> set[str]:
+    """The GAPSERVE_* variable of every --flag the parser takes."""
+    return {config.env_name(flags[0]) for action in parser._actions
+            if action.dest != "help"
+            for flags in [[f for f in action.option_strings
+                           if f.startswith("--") and not f.startswith("--no-")]] if flags}
