@@ -9,7 +9,7 @@ import numpy as np
 import torch
 
 from worker_svc.attention.metadata import AttentionMetadata
-from worker_svc.request_state import RequestState
+from worker_svc.worker_request import WorkerRequest
 
 
 @dataclass(slots=True)
@@ -22,7 +22,7 @@ class StepInputs:
     num_scheduled: list[int]
 
 
-def prepare_inputs(states: list[RequestState], num_scheduled: list[int], block_size: int,
+def prepare_inputs(states: list[WorkerRequest], num_scheduled: list[int], block_size: int,
                    device: torch.device, last_sampled: torch.Tensor) -> StepInputs:
     """Flatten the step into one batch: token ids, positions, slot mapping, metadata."""
     num_reqs = len(states)

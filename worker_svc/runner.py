@@ -36,7 +36,7 @@ from worker_svc.model.dummy_weights import dummy_weights
 from worker_svc.model.llama import DecoderModel
 from worker_svc.model.weights import load_weights, weight_bytes
 from worker_svc.parallel.shard import shard_plan
-from worker_svc.request_state import RequestState
+from worker_svc.worker_request import WorkerRequest
 from worker_svc.sampler import sample
 from worker_svc.step_check import check_step
 from worker_svc.zero_cost import zero_cost_step
@@ -96,7 +96,7 @@ class ModelRunner:
             # last sampled token per request row, on the device (see module docstring)
             self.last_sampled = torch.zeros(config.max_num_seqs, dtype=torch.long,
                                             device=self.device)
-        self.requests: dict[str, RequestState] = {}
+        self.requests: dict[str, WorkerRequest] = {}
         self.free_rows = list(range(config.max_num_seqs - 1, -1, -1))
         self.generator = torch.Generator(self.device).manual_seed(config.seed)
         log.info("compute_plan", rank=self.plan.rank, **plan.log_fields(),
@@ -181,7 +181,7 @@ class ModelRunner:
                                   num_tokens=num_tokens)
         return out
 
-    def _forward_and_sample(self, states: list[RequestState], slots: list[int], inputs,
+    def _forward_and_sample(self, states: list[WorkerRequest], slots: list[int], inputs,
                             out) -> float:
         """One forward pass over the prepared inputs of `states` (whose places in
         `out` are `slots`); the sampled tokens are appended to the requests' states
@@ -208,7 +208,7 @@ class ModelRunner:
                 out.logprobs[slot].extend(lp)
         return forward_s
 
-    def _sample(self, logits: torch.Tensor | None, samplers: list[RequestState]):
+    def _sample(self, logits: torch.Tensor | None, samplers: list[WorkerRequest]):
         """Rank 0 samples from the gathered logits and sends the tokens to the other
         ranks, which need them as the next step's inputs (and to re-prefill a
         preempted request); only rank 0 reports logprobs."""
@@ -243,12 +243,12 @@ class ModelRunner:
                 state.block_ids.extend(cached.new_block_ids[i])
             state.num_computed_tokens = cached.num_computed_tokens[i]
 
-    def _new_state(self, new) -> RequestState:
+    def _new_state(self, new) -> WorkerRequest:
         params = new.sampling_params
         if not self.free_rows:  # more requests held (running + preempted) than rows
             self._grow_rows()
         output = new.output_token_ids  # non-empty: resent after a worker was lost
-        state = RequestState(req_id=new.req_id, token_ids=[*new.prompt_token_ids, *output],
+        state = WorkerRequest(req_id=new.req_id, token_ids=[*new.prompt_token_ids, *output],
                              num_prompt_tokens=len(new.prompt_token_ids),
                              block_ids=list(new.block_ids),
                              num_computed_tokens=new.num_computed_tokens, params=params,
@@ -273,7 +273,7 @@ class ModelRunner:
         self.last_sampled = torch.cat([self.last_sampled, torch.zeros_like(self.last_sampled)])
         self.free_rows.extend(range(2 * old - 1, old - 1, -1))
 
-    def _prepare_inputs(self, states: list[RequestState], num_scheduled: list[int]):
+    def _prepare_inputs(self, states: list[WorkerRequest], num_scheduled: list[int]):
         return prepare_inputs(states, num_scheduled, self.block_size, self.device,
                               self.last_sampled)
 
@@ -371,7 +371,7 @@ def _argmax_screen(weights) -> small_linear.Int8Weight | None:
     return small_linear.quantize_int8(head.float())
 
 
-def _argmax_only(samplers: list[RequestState], max_rows: int) -> bool:
+def _argmax_only(samplers: list[WorkerRequest], max_rows: int) -> bool:
     """A small step (only those screen) whose every sampling row is greedy with nothing
     that changes its logits: the sampler takes only each row's argmax
     (small_linear.screened_argmax_logits)."""

@@ -14,12 +14,12 @@ from __future__ import annotations
 import torch
 
 from shared.types import TokenLogprobs
-from worker_svc.request_state import RequestState
+from worker_svc.worker_request import WorkerRequest
 
 MIN_TEMPERATURE = 1e-2
 
 
-def sample(logits: torch.Tensor, states: list[RequestState], eos_token_ids: list[int],
+def sample(logits: torch.Tensor, states: list[WorkerRequest], eos_token_ids: list[int],
            generator: torch.Generator
            ) -> tuple[torch.Tensor, list[int], list[list[TokenLogprobs] | None]]:
     """logits [len(states), vocab] fp32, modified in place -> (tokens on the device,
@@ -55,7 +55,7 @@ def sample(logits: torch.Tensor, states: list[RequestState], eos_token_ids: list
     return tokens, token_list, logprobs
 
 
-def _random_sample(logits: torch.Tensor, states: list[RequestState],
+def _random_sample(logits: torch.Tensor, states: list[WorkerRequest],
                    generator: torch.Generator) -> torch.Tensor:
     device = logits.device
     # Like the reference system (vLLM), a temperature in (0, 1e-2) is raised to 1e-2:
@@ -84,7 +84,7 @@ def _random_sample(logits: torch.Tensor, states: list[RequestState],
     return probs.div_(noise).argmax(dim=-1)
 
 
-def output_position(state: RequestState) -> int:
+def output_position(state: WorkerRequest) -> int:
     """Output tokens before the one being sampled, counting those a continuation
     carries in its prompt (SamplingParams.num_output_prefix_tokens)."""
     return state.num_output_tokens + state.params.num_output_prefix_tokens
@@ -153,7 +153,7 @@ def _top_k_top_p(logits: torch.Tensor, top_k: list[int], top_p: list[float]) -> 
     return torch.full_like(logits, float("-inf")).scatter_(1, order, sorted_logits)
 
 
-def _apply_penalties(logits: torch.Tensor, states: list[RequestState]) -> torch.Tensor:
+def _apply_penalties(logits: torch.Tensor, states: list[WorkerRequest]) -> torch.Tensor:
     for i, s in enumerate(states):
         if not s.has_penalties:
             continue
@@ -169,7 +169,7 @@ def _apply_penalties(logits: torch.Tensor, states: list[RequestState]) -> torch.
     return logits
 
 
-def _logprobs(raw: torch.Tensor, tokens: torch.Tensor, states: list[RequestState],
+def _logprobs(raw: torch.Tensor, tokens: torch.Tensor, states: list[WorkerRequest],
               want: list[bool]) -> list[list[TokenLogprobs] | None]:
     sampled = raw.gather(1, tokens.unsqueeze(1))
     ranks = ((raw > sampled).sum(dim=-1) + 1).tolist()

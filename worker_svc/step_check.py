@@ -7,14 +7,14 @@ from __future__ import annotations
 from shared.request_limits import token_ids_problem
 from shared.token_checksum import token_checksum
 from shared.types import MAX_NUM_STEPS, InvalidRequestError, SchedulerOutput
-from worker_svc.request_state import RequestState
+from worker_svc.worker_request import WorkerRequest
 
 
 class StepError(ValueError):
     """The step contradicts what this worker holds: a scheduler/worker desync."""
 
 
-def check_step(step: SchedulerOutput, requests: dict[str, RequestState], *, vocab_size: int,
+def check_step(step: SchedulerOutput, requests: dict[str, WorkerRequest], *, vocab_size: int,
                max_model_len: int, num_blocks: int, block_size: int) -> None:
     finished = step.finished_req_ids
     # per request after this step's increments: (known tokens, blocks held, computed)
@@ -95,7 +95,7 @@ def _check_room(req_id: str, end: int, num_held_blocks: int, max_model_len: int,
                         f"{end} tokens{of}")
 
 
-def _check_tokens(req_id: str, state: RequestState, check: tuple[int, int] | None) -> None:
+def _check_tokens(req_id: str, state: WorkerRequest, check: tuple[int, int] | None) -> None:
     """The scheduler's token ids of a resumed request must be this worker's: the KV is
     about to be recomputed from them, and every later token depends on it."""
     if check is None:

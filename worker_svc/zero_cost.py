@@ -13,19 +13,19 @@ from __future__ import annotations
 import time
 
 from shared.types import ModelRunnerOutput, StepTimings
-from worker_svc.request_state import RequestState
+from worker_svc.worker_request import WorkerRequest
 
 LOW_IDS_SKIPPED = HIGH_IDS_SKIPPED = 1000  # specials sit at the start (SmolLM, Llama 2)
 # or at the end (Llama 3, Qwen2) of the vocabulary
 
 
-def made_up_token(state: RequestState, vocab_size: int) -> int:
+def made_up_token(state: WorkerRequest, vocab_size: int) -> int:
     skip = min(LOW_IDS_SKIPPED, HIGH_IDS_SKIPPED, vocab_size // 8)  # tiny test vocabularies
     span = max(vocab_size - 2 * skip, 1)
     return skip + (len(state.token_ids) * 7919) % span
 
 
-def zero_cost_step(out: ModelRunnerOutput, states: list[RequestState], live: list[int],
+def zero_cost_step(out: ModelRunnerOutput, states: list[WorkerRequest], live: list[int],
                    num_scheduled: list[int], vocab_size: int, eos: frozenset[int], t0: float,
                    start_unix: float, num_steps: int = 1) -> ModelRunnerOutput:
     """`out` comes with empty token lists; `live` are the states not stopped."""

@@ -9,7 +9,7 @@ from scheduler_svc.core import Scheduler
 from shared.stop_rule import finish_reason, first_stop, is_stop, stop_ids
 from shared.types import FinishReason, SamplingParams
 from tests.scheduler.helpers import EOS, make_request, make_scheduler
-from worker_svc.request_state import RequestState
+from worker_svc.worker_request import WorkerRequest
 
 CASES = [  # params, output tokens before the token 2 (EOS), does it stop
     (SamplingParams(), 0, True),
@@ -42,7 +42,7 @@ def test_a_last_allowed_token_that_is_a_stop_token_is_reported_as_stop():
 
 @pytest.mark.parametrize("params, outputs_before, stops", CASES)
 def test_worker_and_scheduler_stop_on_the_same_token(params, outputs_before, stops):
-    state = RequestState("r", [5, 6] + [9] * outputs_before, 2, [], 0, params, 0, None)
+    state = WorkerRequest("r", [5, 6] + [9] * outputs_before, 2, [], 0, params, 0, None)
     state.record_sampled(EOS, frozenset({EOS}))
     s = make_scheduler()
     request = make_request("r", [5, 6], params.max_tokens, min_tokens=params.min_tokens,

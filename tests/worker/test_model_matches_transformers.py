@@ -8,7 +8,7 @@ from shared.types import SamplingParams
 from worker_svc.config import WorkerConfig
 from worker_svc.inputs import prepare_inputs
 from worker_svc.model import fused_ops
-from worker_svc.request_state import RequestState
+from worker_svc.worker_request import WorkerRequest
 from worker_svc.runner import ModelRunner
 
 CHECKPOINTS = ["tiny_llama_dir", "tiny_qwen2_dir", "tiny_llama3_rope_dir",
@@ -25,7 +25,7 @@ def _prompt(seed: int, n: int) -> list[int]:
 
 
 @torch.inference_mode()
-def _chunk_logits(runner, state: RequestState, n: int) -> torch.Tensor:
+def _chunk_logits(runner, state: WorkerRequest, n: int) -> torch.Tensor:
     """Logits of every position of the next n tokens of `state` (one step)."""
     inputs = prepare_inputs([state], [n], runner.block_size, runner.device, runner.last_sampled)
     logits = runner.model.forward(inputs.input_ids, inputs.positions, runner.kv_caches,
@@ -34,8 +34,8 @@ def _chunk_logits(runner, state: RequestState, n: int) -> torch.Tensor:
     return logits
 
 
-def _state(prompt: list[int]) -> RequestState:
-    return RequestState(req_id="r", token_ids=list(prompt), num_prompt_tokens=len(prompt),
+def _state(prompt: list[int]) -> WorkerRequest:
+    return WorkerRequest(req_id="r", token_ids=list(prompt), num_prompt_tokens=len(prompt),
                         block_ids=[5, 9, 2, 7, 11, 3], num_computed_tokens=0,
                         params=SamplingParams(temperature=0.0), row=0)
 

@@ -160,8 +160,8 @@ def test_a_multi_step_ends_when_every_request_in_it_stopped(runners):
 ])
 def test_the_workers_stop_rule_is_the_schedulers(params, outputs_before, stops):
     from scheduler_svc.core import Request, Scheduler
-    from worker_svc.request_state import RequestState
-    state = RequestState("r", [5, 6] + [9] * outputs_before, 2, [], 0, params, 0, None)
+    from worker_svc.worker_request import WorkerRequest
+    state = WorkerRequest("r", [5, 6] + [9] * outputs_before, 2, [], 0, params, 0, None)
     state.record_sampled(2, frozenset({2}))
     assert state.stopped is stops
     request = Request("r", [5, 6], params, [2])  # EOS 2, as the worker's

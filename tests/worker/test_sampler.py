@@ -8,15 +8,15 @@ import math
 import torch
 
 from shared.types import SamplingParams
-from worker_svc.request_state import RequestState
+from worker_svc.worker_request import WorkerRequest
 from worker_svc.sampler import row_key, sample, seeded_exponential
 
 VOCAB = 50
 EOS = 2
 
 
-def _state(params: SamplingParams, prompt=(5, 6, 7), output=(), req_id="r") -> RequestState:
-    s = RequestState(req_id=req_id, token_ids=list(prompt) + list(output),
+def _state(params: SamplingParams, prompt=(5, 6, 7), output=(), req_id="r") -> WorkerRequest:
+    s = WorkerRequest(req_id=req_id, token_ids=list(prompt) + list(output),
                      num_prompt_tokens=len(prompt), block_ids=[], num_computed_tokens=0,
                      params=params, row=0)
     if s.has_penalties:

@@ -13,7 +13,7 @@ from shared.types import SamplingParams
 
 
 @dataclass(slots=True)
-class RequestState:
+class WorkerRequest:
     req_id: str
     token_ids: list[int]  # prompt followed by every token this worker sampled
     num_prompt_tokens: int
