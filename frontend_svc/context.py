@@ -42,6 +42,10 @@ class Frontend:
     # tokenizing and chat templating: off the event loop that serves every stream
     pool: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(2, thread_name_prefix="tokenize"))
+    # /tokenize, /detokenize and gRPC Tokenize: their own thread, so a flood of them
+    # queues behind itself and never in front of a generation request's prompt
+    utility_pool: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="tokenize-api"))
 
     @property
     def ready(self) -> bool:
@@ -59,6 +63,11 @@ class Frontend:
         """Run a tokenizing call on the pool; the event loop keeps serving meanwhile."""
         return await asyncio.get_running_loop().run_in_executor(
             self.pool, functools.partial(fn, *args))
+
+    async def offload_utility(self, fn: Callable[..., T], *args) -> T:
+        """Run a tokenize/detokenize endpoint's work on its own thread (utility_pool)."""
+        return await asyncio.get_running_loop().run_in_executor(
+            self.utility_pool, functools.partial(fn, *args))
 
     @staticmethod
     def new_id(prefix: str) -> str:

@@ -137,7 +137,7 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
         await self._caller(context)
         try:
             with self.fe.admission.admit(1):  # like HTTP /tokenize: a slot, then the pool
-                return await self.fe.offload(tokenize_reply, request, self.fe)
+                return await self.fe.offload_utility(tokenize_reply, request, self.fe)
         except EngineError as exc:
             await context.abort(exc.code, exc.message)
         except InvalidRequestError as exc:

@@ -110,20 +110,20 @@ def operator_router(fe: Frontend) -> APIRouter:
 
 def token_router(fe: Frontend) -> APIRouter:
     """/tokenize and /detokenize: admitted like a generation request (one place
-    each), parsed and run on the tokenizer pool, bounded before parsing."""
+    each), parsed and run on their own thread (Frontend.utility_pool), bounded before parsing."""
     router = APIRouter()
 
     @router.post("/tokenize")
     async def tokenize(request: Request) -> Response:
         body = await request.body()
         with fe.admission.admit(1):
-            return await fe.offload(_tokenize, fe, fe.limits, body)
+            return await fe.offload_utility(_tokenize, fe, fe.limits, body)
 
     @router.post("/detokenize")
     async def detokenize(request: Request) -> Response:
         body = await request.body()
         with fe.admission.admit(1):
-            return await fe.offload(_detokenize, fe, fe.limits, body)
+            return await fe.offload_utility(_detokenize, fe, fe.limits, body)
 
     return router
 

@@ -125,6 +125,7 @@ async def serve(args, tokenizer: TextTokenizer, served_model_name: str,
     await http_task
     await engine.close()
     fe.pool.shutdown(wait=False, cancel_futures=True)
+    fe.utility_pool.shutdown(wait=False, cancel_futures=True)
     observe.log.info("frontend stopped")
 
 
