@@ -35,12 +35,9 @@ from shared.types import FinishReason, SamplingParams
 from frontend_svc import vllm_metrics
 
 _M = ["model_name"]
-TTFT_BUCKETS = [0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
-                7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0]
-ITL_BUCKETS = [0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5,
-               10.0, 20.0, 40.0, 80.0]
-REQUEST_TIME_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
-                        50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
+# the latency histograms keep vLLM's buckets, stated once in vllm_metrics
+TTFT_BUCKETS, ITL_BUCKETS = vllm_metrics.TTFT_BUCKETS, vllm_metrics.ITL_BUCKETS
+REQUEST_TIME_BUCKETS = vllm_metrics.REQUEST_TIME_BUCKETS
 TOKEN_BUCKETS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000]
 
 TIME_TO_FIRST_TOKEN = Histogram("gapserve:time_to_first_token_seconds",

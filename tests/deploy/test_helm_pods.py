@@ -24,6 +24,7 @@ import pytest
 from shared.grpc_server import check_health
 from shared.link_security import TOKEN_METADATA
 from shared.proto import engine_pb2, engine_pb2_grpc
+from tests.integration.conftest import free_ports
 from tests.integration.tiny_model import tiny_llama_dir
 
 from .compose_file import ROOT
@@ -32,17 +33,6 @@ from .helm_chart import as_the_kubelet_starts_it, install
 START_ORDER = ("worker", "scheduler", "frontend")
 STARTUP_TIMEOUT_S = 300.0
 SVC_HOST = re.compile(r"[a-z0-9.-]+\.svc\b")
-
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 def probe_passes(probe: dict, container: dict) -> bool:
