@@ -97,7 +97,8 @@ WORKER = ("model", "tensor_parallel_size", "device", "dtype", "quantization",
 SCHEDULER = ("long_prefill_token_threshold", "long_prefill_exempt_lone_request",
              "scheduling_policy", "enable_prefix_caching",
              "async_scheduling", "enable_chunked_prefill", "num_scheduler_steps",
-             "step_timeout_s", "max_queued_requests")  # the last: one bound over all frontends
+             "step_timeout_s", "kv_events_config",
+             "max_queued_requests")  # the last: one bound over all frontends
 FRONTEND = ("http_port", "grpc_port", "model", "served_model_name", "api_server_count")
 
 

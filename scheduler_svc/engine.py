@@ -158,6 +158,7 @@ class Engine:
         # steps submitted and not collected, oldest first; the core allows two
         self._in_flight: deque[SchedulerOutput] = deque()
         self._depth = 2 if getattr(scheduler.config, "async_scheduling", False) else 1
+        self.kv_events = None  # a publisher (scheduler_svc/kv_events.py) set by the server
         self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
 
     # ---------------------------------------------------------------- callers
@@ -401,11 +402,17 @@ class Engine:
         self._reconnect_delay = 0.05
         self.counters.num_steps += 1
         self.counters.num_forward_passes += step.num_steps
+        self._publish_kv_events()
         if tel is not None:
             tel.step_finished(step.step_id, result)
             tel.request_outputs(outputs)
             tel.refresh(self._scheduler.stats())  # gauges read idle once all ended
         self._route(outputs, [])
+
+    def _publish_kv_events(self) -> None:
+        # the prefix cache's changes since the last step; publish() never blocks
+        if self.kv_events is not None:
+            self.kv_events.publish(self._scheduler.kv.take_events())
 
     def _route(self, outputs: list[RequestOutput], failures: list[Failure]) -> None:
         by_session: dict[Session, list] = {}
@@ -455,6 +462,7 @@ class Engine:
         self._set_workers_connected(False)
         self._in_flight.clear()  # their results will never come; telemetry drops them below
         recovered = self._scheduler.requeue_all_for_recompute()
+        self._publish_kv_events()  # AllBlocksCleared: the workers' KV is gone
         self.num_requests_recovered += len(recovered)
         if tel is not None:
             tel.worker_lost(len(recovered))

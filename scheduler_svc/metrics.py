@@ -102,6 +102,12 @@ SESSION_COALESCED_STEPS = Counter(
     "Steps whose outputs waited for a frontend to read them and went out in one "
     "message with an earlier step's: that frontend reads more slowly than steps end "
     "(consider --api-server-count).", _M)
+KV_EVENTS_PUBLISHED = Counter("gapserve:kv_events_published",
+                              "KV cache events (--kv-events-config) sent on the ZMQ PUB "
+                              "socket.", _M)
+KV_EVENTS_DROPPED = Counter("gapserve:kv_events_dropped",
+                            "KV cache events dropped because the publisher's queue "
+                            "(max_queue_size) was full: subscribers see a sequence gap.", _M)
 WORKERS_CONNECTED = Gauge("gapserve:workers_connected",
                           "1 while the scheduler holds a Step stream to its workers.", _M)
 CAPACITY_DIAGNOSIS = Gauge("gapserve:capacity_diagnosis",

@@ -26,6 +26,7 @@ from scheduler_svc.core.scheduler import Scheduler
 from scheduler_svc.metrics import SESSION_COALESCED_STEPS, SchedulerTelemetry
 from scheduler_svc.engine import (CLOSED, Engine, EngineFailed, ErrorCode, Failure, Overloaded,
                                   Session, describe)
+from scheduler_svc.kv_events import KVEventsConfig, start_publisher
 from scheduler_svc.worker_group import WorkerGroup
 from shared import config as flags
 from shared import proto_convert as pc
@@ -260,9 +261,10 @@ def main(argv: Sequence[str] | None = None) -> int:
              spares=flags.worker_groups(args.worker_addresses)[1:])
     group = WorkerGroup(args.worker_addresses, step_timeout_s=args.step_timeout_s or None,
                         security=security)
-    engine = None
+    engine = kv_events = None
     failed = threading.Event()
     try:
+        kv_events_cfg = KVEventsConfig.from_json(args.kv_events_config)
         info = _handshake(group, stop, args.max_num_batched_tokens)
         if info is None:
             return 0
@@ -274,6 +276,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         on_failure=lambda e: (failed.set(), stop.set()),
                         on_serving=server.set_serving)
         engine.max_open_requests = cfg.max_num_seqs + args.max_queued_requests
+        engine.kv_events = kv_events = start_publisher(kv_events_cfg, scheduler.kv,
+                                                       info.block_size, info.model_name)
         group.open_streams(on_lost=engine.post_worker_lost)
         engine.start()
         servicer.ready(engine, lambda: engine_status(engine, scheduler, telemetry))
@@ -295,6 +299,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         server.stop(grace_s=2.0)
         if engine is not None:
             engine.stop()
+        if kv_events is not None:
+            kv_events.close()
         group.close()
     return 1 if failed.is_set() else 0
 

@@ -289,6 +289,10 @@ def add_scheduler_flags(parser: argparse.ArgumentParser, *, with_ports: bool = T
                         "gRPC message carries that many tokens a request (streams then "
                         "arrive in bursts of that many tokens); 1 = off "
                         "(docs/scheduling.md)")
+    g.add_argument("--kv-events-config", default=None, metavar="JSON",
+                   help="publish KV cache events in vLLM's format for prefix-aware routers, "
+                        'e.g. \'{"enable_kv_cache_events": true, "endpoint": "tcp://*:5557", '
+                        '"replay_endpoint": "tcp://*:5558"}\' (docs/kv_events.md)')
     # resilience (docs/resilience.md)
     g.add_argument("--step-timeout-s", type=non_negative_float, default=120.0,
                    help="a step not answered within this many seconds means the worker is "

@@ -5,11 +5,37 @@ Allocation takes from the head of the free queue. A freed block without a hash g
 to the head (reused first); a freed block with a hash goes to the tail (evicted last)
 and keeps its hash until it is handed out again (lazy eviction), so a later request
 can still hit it. Block 0 is the reserved null block and never enters the queue.
+
+With `events` set to a list, the pool records each change of its hash set there
+(the service layer drains it after each step and publishes it, scheduler_svc/kv_events.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class BlocksStored:
+    """Full blocks of one request, consecutive in its hash chain, entered the cache.
+    `parent_block_hash` is the hash of the block before the first (None: the chain's start)."""
+
+    block_hashes: list[bytes]
+    parent_block_hash: bytes | None
+    token_ids: list[int]
+
+
+@dataclass(slots=True)
+class BlocksRemoved:
+    """Hashes left the cache (their blocks were handed out again: lazy eviction)."""
+
+    block_hashes: list[bytes]
+
+
+@dataclass(slots=True)
+class CacheCleared:
+    """Every hash left the cache (the workers' KV is gone)."""
 
 
 class KVBlock:
@@ -80,7 +106,7 @@ class FreeBlockQueue:
 
 
 class BlockPool:
-    __slots__ = ("num_blocks", "blocks", "free_queue", "cached", "null_block")
+    __slots__ = ("num_blocks", "blocks", "free_queue", "cached", "null_block", "events")
 
     def __init__(self, num_blocks: int) -> None:
         if num_blocks < 2:
@@ -92,6 +118,7 @@ class BlockPool:
         self.null_block.ref_cnt = 1  # held forever by the pool itself
         self.free_queue = FreeBlockQueue(self.blocks[1:])
         self.cached: dict[bytes, KVBlock] = {}
+        self.events: list | None = None  # None: nobody listens, nothing is recorded
 
     @property
     def num_free_blocks(self) -> int:
@@ -105,14 +132,18 @@ class BlockPool:
         if n > self.free_queue.num_free:
             raise RuntimeError(f"asked for {n} blocks, {self.free_queue.num_free} free")
         out = []
+        evicted = []
         for _ in range(n):
             block = self.free_queue.popleft()
             if block.block_hash is not None:  # lazy eviction happens here
                 if self.cached.get(block.block_hash) is block:
                     del self.cached[block.block_hash]
+                    evicted.append(block.block_hash)
                 block.block_hash = None
             block.ref_cnt = 1
             out.append(block)
+        if evicted and self.events is not None:
+            self.events.append(BlocksRemoved(evicted))
         return out
 
     def get_cached_block(self, block_hash: bytes) -> KVBlock | None:
@@ -125,11 +156,14 @@ class BlockPool:
                 self.free_queue.remove(block)
             block.ref_cnt += 1
 
-    def cache_block(self, block: KVBlock, block_hash: bytes) -> None:
-        """Register a full block; the first block to reach a hash keeps it."""
+    def cache_block(self, block: KVBlock, block_hash: bytes) -> bool:
+        """Register a full block; the first block to reach a hash keeps it. Returns
+        whether the hash entered the cache now."""
         if block.block_hash is None and block_hash not in self.cached:
             block.block_hash = block_hash
             self.cached[block_hash] = block
+            return True
+        return False
 
     def free_blocks(self, blocks_in_eviction_order: Iterable[KVBlock]) -> None:
         for block in blocks_in_eviction_order:
@@ -146,3 +180,5 @@ class BlockPool:
         for block in self.blocks:
             block.block_hash = None
         self.cached.clear()
+        if self.events is not None:
+            self.events.append(CacheCleared())

@@ -3,7 +3,7 @@ tokens, prefix-cache lookup, freeing, and usage/hit statistics."""
 
 from __future__ import annotations
 
-from scheduler_svc.core.block_pool import BlockPool, KVBlock
+from scheduler_svc.core.block_pool import BlockPool, BlocksStored, KVBlock
 from scheduler_svc.core.request import Request
 
 NO_BLOCKS: tuple[KVBlock, ...] = ()
@@ -100,9 +100,40 @@ class KVCacheManager:
         if upto <= done:
             return
         hashes = request.block_hashes
+        events = self.pool.events
+        run_start = None  # first block of the current run of newly cached blocks
         for i in range(done, upto):
-            self.pool.cache_block(blocks[i], hashes[i])
+            if self.pool.cache_block(blocks[i], hashes[i]):
+                if run_start is None:
+                    run_start = i
+            elif run_start is not None and events is not None:
+                events.append(self._stored(request, run_start, i))
+                run_start = None
+        if run_start is not None and events is not None:
+            events.append(self._stored(request, run_start, upto))
         self.num_cached_blocks[req_id] = upto
+
+    def _stored(self, request: Request, start: int, end: int) -> BlocksStored:
+        """Blocks [start, end) of the request entered the cache. A block whose hash
+        another block already held is left out (its hash is announced once), which
+        splits a step's blocks into runs, each naming its parent."""
+        size = self.block_size
+        return BlocksStored(request.block_hashes[start:end],
+                            request.block_hashes[start - 1] if start else None,
+                            request.all_token_ids[start * size:end * size])
+
+    def record_events(self) -> None:
+        """Start recording the prefix cache's changes (KV cache events) for take_events."""
+        if self.pool.events is None:
+            self.pool.events = []
+
+    def take_events(self) -> list:
+        """The changes recorded since the last call, oldest first; [] when not recording."""
+        events = self.pool.events
+        if not events:
+            return []
+        self.pool.events = []
+        return events
 
     def free(self, request: Request) -> None:
         """Release the request's blocks, deepest first, so its longest prefix is evicted first."""
