@@ -173,3 +173,12 @@ def test_a_routed_prefix_counts_as_held_until_it_expires_or_events_confirm_it():
     index.expect(keys, now=300.0)
     feed(index, 0, batch(stored([1, 2, 3], None, list(range(12)))))
     assert not index.pending and index.match(keys, now=1e9) == 3
+
+
+def test_the_frontend_refuses_kv_endpoints_that_do_not_pair_with_the_schedulers(capsys):
+    from frontend_svc import server
+    with pytest.raises(SystemExit) as exc:
+        server.main(["--scheduler-addresses", "127.0.0.1:1,127.0.0.1:2",
+                     "--kv-events-endpoints", "tcp://127.0.0.1:5557"])
+    assert exc.value.code == 2
+    assert "--kv-events-endpoints: 1 given for 2 scheduler address(es)" in capsys.readouterr().err
