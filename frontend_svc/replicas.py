@@ -6,8 +6,9 @@ the APIs, the drain and /metrics do not know there are several.
 - Routing: each request goes where the rule of frontend_svc/replica_router.py says,
   from each replica's in-flight count here and the prefix its KV cache events say
   it holds (frontend_svc/kv_subscriber.py feeding frontend_svc/kv_index.py).
-- Failover: a replica whose session breaks leaves routing at once, and its open
-  requests continue on the others as continuations (frontend_svc/continuation.py:
+- Failover: a replica whose session breaks, or whose scheduler reports NOT_SERVING
+  (it lost its workers), leaves routing at once, and its open requests continue on
+  the others as continuations (aborted first at a scheduler still connected) (frontend_svc/continuation.py:
   prompt + output so far, num_output_prefix_tokens for seeded sampling): the
   client's stream pauses, nothing is lost. When no other replica is in routing
   they wait for their own as before, and move as soon as any replica joins. A
@@ -213,6 +214,8 @@ class ReplicaSet:
         if ready:
             self._start_kv(replica)
             self._rehome_stranded()
+        elif replica.client.connected.is_set():  # session open, workers lost: health failed
+            self._move_open(replica)
         self._in_routing.set(len(self.in_routing()))
         if self._on_connection is not None:
             await self._on_connection(self.ready)
@@ -236,7 +239,7 @@ class ReplicaSet:
     def _rehome_stranded(self) -> None:
         """A replica joined: requests waiting on a replica that is still away move."""
         for replica in self.replicas:
-            if not replica.client.connected.is_set() and replica.client.num_active:
+            if not replica.client.ready and replica.client.num_active:
                 self._move_open(replica)
 
     def _move_open(self, source: Replica) -> None:

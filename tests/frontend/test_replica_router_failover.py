@@ -120,3 +120,23 @@ def test_status_of_replicas_is_summed_with_usage_over_all_blocks():
     assert (s.num_running, s.num_waiting, s.max_num_seqs, s.num_kv_blocks) == (5, 4, 16, 400)
     assert abs(s.kv_cache_usage - 0.2) < 1e-9 and s.window_s == 10
     assert s.diagnosis == "concurrency_capped" and s.worker_addresses == "w0:1;w1:1"
+
+
+def test_a_replica_that_lost_its_workers_hands_its_requests_over_after_aborting_them():
+    async def body():
+        replicas = two_replicas()
+        out0, out1 = up(replicas, 0), up(replicas, 1)
+        queue = replicas.add("a", [1, 2], SamplingParams(max_tokens=6))
+        out0.get_nowait()
+        replicas.replicas[0].client._route(output("a", [3]))
+        replicas.replicas[0].client.health.serving = False  # its scheduler: NOT_SERVING
+        await replicas._changed(0, False)
+        assert list(out0.get_nowait().abort.request_ids) == ["a"]  # freed over there
+        add = out1.get_nowait().add
+        assert list(add.prompt_token_ids) == [1, 2, 3] and add.sampling_params.max_tokens == 5
+        replicas.replicas[0].client._route(output("a", [99]))  # late: dropped
+        replicas.replicas[1].client._route(output(add.request_id, [4],
+                                                  common_pb2.FINISH_REASON_LENGTH))
+        assert [queue.get_nowait().new_token_ids for _ in range(2)] == [[3], [4]]
+        await replicas.close()
+    asyncio.run(body())

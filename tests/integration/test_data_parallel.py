@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 import threading
 from pathlib import Path
@@ -96,6 +97,7 @@ class DataParallel:
         self.front.stop()
         for r in self.replicas:
             r.stop()
+        shutil.rmtree(self.sockets, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -222,3 +224,27 @@ def test_killing_one_replicas_scheduler_mid_stream_loses_no_stream(dp):
     wait_for(lambda: all(r["in_routing"] for r in dp.status()["replicas"]),
              timeout_s=60, what="the restarted replica back in routing")
     assert dp.metric("gapserve:replicas_in_routing") == 2
+
+
+def test_killing_one_replicas_worker_mid_stream_loses_no_stream(dp):
+    """The scheduler stays up but reports NOT_SERVING: its requests are aborted there
+    and continue on the other replica, rather than waiting for a new worker."""
+    reference = Streams(dp.front)
+    reference.join()
+    failovers = dp.metric("gapserve:replica_failovers_total")
+    run = Streams(dp.front)
+    wait_for(lambda: min(run.chunks) >= 2, timeout_s=60, what="every stream under way")
+    victim = dp.replicas[1].supervisor
+    worker = next(c for c in victim.children if c.name.startswith("worker"))
+    worker.process.kill()
+    worker.process.wait()
+    assert run.finish.count("length") < NUM_STREAMS
+    run.join()
+    assert run.text == reference.text
+    assert dp.metric("gapserve:replica_failovers_total") > failovers
+    victim.launch(worker)  # its scheduler reconnects, SERVING again: back in routing
+    wait_for(lambda: all(r["in_routing"] for r in dp.status()["replicas"]),
+             timeout_s=60, what="the replica back in routing")
+    # nothing is left behind on the replica that lost its worker
+    wait_for(lambda: (lambda s: s.num_running == 0 and s.num_waiting == 0)(
+        dp.replicas[1].engine_status()), timeout_s=30, what="replica 1 idle")
