@@ -140,3 +140,39 @@ def test_a_replica_that_lost_its_workers_hands_its_requests_over_after_aborting_
         assert [queue.get_nowait().new_token_ids for _ in range(2)] == [[3], [4]]
         await replicas.close()
     asyncio.run(body())
+
+
+def test_the_route_span_names_the_replica_and_the_matched_prefix_in_the_requests_trace():
+    import io
+
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from shared.telemetry import get_tracer, setup_telemetry, shutdown_tracing
+    from shared.telemetry.logs import reset_logging
+    from shared.telemetry.tracing import context_carrier
+    from opentelemetry import trace
+
+    exporter = InMemorySpanExporter()
+    setup_telemetry("frontend-test", span_exporter=exporter, log_format="json",
+                    log_stream=io.StringIO())
+    try:
+        async def body():
+            replicas = two_replicas(policy="kv-aware")
+            up(replicas, 0), up(replicas, 1)
+            root = get_tracer("test").start_span("request")
+            carrier = context_carrier(trace.set_span_in_context(root))
+            replicas.add("a", list(range(10)), SamplingParams(max_tokens=1),
+                         trace_context=carrier)
+            root.end()
+            await replicas.close()
+            return root
+        root = asyncio.run(body())
+        route = next(s for s in exporter.get_finished_spans() if s.name == "route")
+        assert route.attributes["gapserve.replica"] == 0
+        assert route.attributes["gapserve.routing.matched_prefix_tokens"] == 0
+        assert route.attributes["gapserve.routing.reason"] == "least-loaded"
+        assert route.context.trace_id == root.context.trace_id
+        assert route.parent.span_id == root.context.span_id
+    finally:
+        shutdown_tracing()
+        reset_logging()
