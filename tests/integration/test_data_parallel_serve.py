@@ -109,3 +109,11 @@ def test_each_replica_gets_its_own_ports_and_kv_event_sockets():
     front = next(c for c in children(args) if c.name == "frontend").argv
     assert "--kv-events-endpoints" not in front
     assert front[front.index("--data-parallel-routing") + 1] == "round-robin"
+    # --api-server-count still works: every frontend process fronts every replica
+    args = config.parse_args(serve_parser(), [
+        "--model", "/m", "--data-parallel-size", "2", "--api-server-count", "2"], environ={})
+    fronts = [c for c in children(args) if c.name.startswith("frontend")]
+    assert len(fronts) == 2 and len({c.env["PROMETHEUS_MULTIPROC_DIR"] for c in fronts}) == 1
+    for c in fronts:
+        assert c.argv[c.argv.index("--scheduler-addresses") + 1] == \
+            "127.0.0.1:50052,127.0.0.1:50152"
