@@ -17,7 +17,9 @@ same defaults), with the prefix match read from each replica's KV cache events
    blocks (SGLang's "smallest tree": the most room for a new prefix); then the
    lower index.
 
-Load is the requests this frontend has in flight on the replica. `round-robin`
+Load is the requests this frontend has in flight on the replica plus what the
+other frontends had there at the last poll of its scheduler (frontend_svc/replicas.py,
+`Replica.load`). `round-robin`
 takes the replicas in turn. Only replicas in routing (session open, SERVING) are
 candidates; the caller filters.
 """
@@ -56,7 +58,7 @@ class Candidate:
     """One replica in routing, as measured at this request's arrival."""
 
     index: int
-    load: int  # requests in flight there from this frontend
+    load: int  # requests in flight there (ours, plus the other frontends' as last polled)
     matched_blocks: int = 0  # leading prompt blocks its prefix cache holds
     cached_blocks: int = 0  # blocks in its prefix cache
 

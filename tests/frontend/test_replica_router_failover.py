@@ -176,3 +176,21 @@ def test_the_route_span_names_the_replica_and_the_matched_prefix_in_the_requests
     finally:
         shutdown_tracing()
         reset_logging()
+
+
+def test_other_frontends_requests_at_a_replica_count_in_its_load():
+    async def body():
+        replicas = two_replicas(policy="kv-aware")
+        out0, out1 = up(replicas, 0), up(replicas, 1)
+        replicas.add("mine", [1], SamplingParams(max_tokens=1))  # -> replica 0
+        out0.get_nowait()
+        r0, r1 = replicas.replicas
+        # replica 1's scheduler runs 40 requests of other frontends; replica 0 just ours
+        r0.polled(engine_pb2.EngineStatus(num_running=1), ours=1)
+        r1.polled(engine_pb2.EngineStatus(num_running=30, num_waiting=10), ours=0)
+        assert (r0.load, r1.load) == (1, 40)
+        replicas.add("next", [2], SamplingParams(max_tokens=1))
+        assert out0.qsize() == 1 and out1.empty()  # the idler one by the whole count
+        assert replicas.describe()[1]["others_in_flight"] == 40
+        await replicas.close()
+    asyncio.run(body())
