@@ -224,3 +224,9 @@ def test_a_late_subscriber_replays_from_the_real_publisher_what_it_missed(tmp_pa
         publisher.close()
     assert subscriber.index.match(block_keys(chain, BS), 0.0) == 3  # replayed
     assert subscriber.num_resets == 0
+
+
+def test_full_ties_go_round_so_one_request_at_a_time_spreads():
+    router = ReplicaRouter()
+    idle = [Candidate(0, 0), Candidate(1, 0), Candidate(2, 0)]
+    assert [router.choose(idle, 4, BS).index for _ in range(4)] == [0, 1, 2, 0]
