@@ -117,3 +117,16 @@ def test_each_replica_gets_its_own_ports_and_kv_event_sockets():
     for c in fronts:
         assert c.argv[c.argv.index("--scheduler-addresses") + 1] == \
             "127.0.0.1:50052,127.0.0.1:50152"
+
+
+def test_a_stride_that_would_overlap_the_replicas_ports_is_refused(capsys):
+    import pytest
+
+    from gapserve import serve
+
+    with pytest.raises(SystemExit) as exc:
+        serve.main(["--data-parallel-size", "2", "--tensor-parallel-size", "2",
+                    "--data-parallel-port-stride", "2"])
+    assert exc.value.code == 2
+    assert "--data-parallel-port-stride 2 must exceed --tensor-parallel-size 2" in \
+        capsys.readouterr().err
