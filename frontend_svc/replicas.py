@@ -90,19 +90,25 @@ class Replica:
         self.others = max(0, status.num_running + status.num_waiting - ours)
 
 
+def check_endpoints(addresses: list[str], kv_endpoints: list[str],
+                    replay_endpoints: list[str]) -> None:
+    """One KV events (and replay) endpoint per scheduler, in the same order, or none."""
+    if not addresses:
+        raise ValueError("data parallelism needs at least one scheduler address")
+    for what, given in (("--kv-events-endpoints", kv_endpoints),
+                        ("--kv-events-replay-endpoints", replay_endpoints)):
+        if given and len(given) != len(addresses):
+            raise ValueError(f"{what}: {len(given)} given for {len(addresses)} scheduler "
+                             f"address(es); one each, in the order of --scheduler-addresses")
+
+
 class ReplicaSet:
     def __init__(self, addresses: list[str], *, kv_endpoints: list[str] = (),
                  replay_endpoints: list[str] = (), rule: RoutingRule = RoutingRule(),
                  on_connection: Callable[[bool], Awaitable[None]] | None = None,
                  model_name: str = "", security: LinkSecurity | None = None,
                  kv_topic: str = "") -> None:
-        if not addresses:
-            raise ValueError("data parallelism needs at least one scheduler address")
-        for what, given in (("--kv-events-endpoints", kv_endpoints),
-                            ("--kv-events-replay-endpoints", replay_endpoints)):
-            if given and len(given) != len(addresses):
-                raise ValueError(f"{what}: {len(given)} given for {len(addresses)} "
-                                 f"scheduler addresses (one each, in the same order)")
+        check_endpoints(addresses, kv_endpoints, replay_endpoints)
         self.router = ReplicaRouter(rule)
         self.model_name = model_name
         self._on_connection = on_connection
