@@ -11,7 +11,8 @@ in scheduler.py:
 - `add_draft_slots`: which requests get slots and how many (the budget clamp, the KV
   allocation): after pass 1, never in a step that preempted, never by preemption;
 - `count_scheduled`: what scheduling them adds to the request's counters;
-- `roll_back`: what the answer takes back;
+- `roll_back` (per request; `roll_back_step` over an answer, with the acceptance
+  counters): what the answer takes back;
 - `committed_kv_end`: how far a committed step's KV holds committed tokens, the end
   of what the prefix cache may register.
 """

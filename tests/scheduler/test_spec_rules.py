@@ -7,7 +7,7 @@ disable_by_batch_size turns it off per step; a wrong answer is refused."""
 
 import pytest
 
-from scheduler_svc.core import WorkerOutputError
+from scheduler_svc.core import ConfigError, WorkerOutputError
 from scheduler_svc.core.spec_slots import committed_kv_end
 from shared.speculative_config import SpeculativeConfig
 from shared.types import FinishReason, ModelRunnerOutput
@@ -335,3 +335,8 @@ def test_greedy_stream_equals_decoding_without_speculation():
         params = make_request(r, prompt, max_tokens=30).sampling_params
         assert got[r] == expected_stream(model, prompt, params, 48)
     assert s.num_free_blocks == s.num_total_blocks - 1
+
+
+def test_the_scheduler_takes_only_a_parsed_speculative_config():
+    with pytest.raises(ConfigError, match="must be a SpeculativeConfig"):
+        make_scheduler(speculative_config={"method": "ngram", "num_speculative_tokens": 2})
