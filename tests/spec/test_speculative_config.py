@@ -4,9 +4,11 @@ vLLM's defaults; everything else is refused with a message that names the field.
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shared.speculative_config import (
-    MAX_SPECULATIVE_TOKENS, SpeculativeConfig, SpeculativeConfigError,
+    KEYS, MAX_SPECULATIVE_TOKENS, SpeculativeConfig, SpeculativeConfigError,
     parse_speculative_config,
 )
 
@@ -107,3 +109,20 @@ def test_bad_configs_are_refused_by_name(text, message):
     with pytest.raises(SpeculativeConfigError) as e:
         parse_speculative_config(text)
     assert message in str(e.value)
+
+
+VALUES = st.one_of(st.none(), st.booleans(), st.integers(-3, 40), st.floats(allow_nan=False),
+                   st.text(max_size=8), st.lists(st.integers(), max_size=2),
+                   st.sampled_from(["ngram", "draft_model", "eagle", "int8", "[ngram]"]))
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(obj=st.dictionaries(st.sampled_from([*KEYS, "other"]), VALUES, max_size=5))
+def test_any_json_object_parses_or_is_refused_with_a_named_error(obj):
+    try:
+        c = parse_speculative_config(json.dumps(obj))
+    except SpeculativeConfigError as e:
+        assert str(e)
+        return
+    assert c is not None and c.method in ("ngram", "draft_model")
+    assert 1 <= c.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS
