@@ -92,30 +92,41 @@ def rejection_sample(target_probs: torch.Tensor, draft_ids: torch.Tensor,
     """Leviathan et al.'s rule. target_probs [sum (n + 1), V] (the sampler's processed
     distribution at each verified position); draft_probs [sum n, V], None = one-hot at
     the drafts; uniforms [sum n] in [0, 1); noise [sum (n + 1), V] Exp(1) for the draw
-    at the first rejected row or the bonus row."""
+    at the first rejected row or the bonus row. Works on the flat rows: the vocabulary
+    is touched once per draft (p(x), q(x)) and once per request (its one draw), so
+    memory is O(rows + requests * V), never [requests, max drafts, V]."""
     k, draft_mask, row_mask = _layout(num_drafts)
-    probs = _pad(target_probs, row_mask, 0.0)  # [B, K + 1, V]
-    drafts = _pad(draft_ids, draft_mask, 0)  # [B, K]
-    p_x = probs[:, :k].gather(2, drafts[..., None]).squeeze(2)
-    # q is zero past each request's drafts, so its bonus row's residual is p itself
-    if draft_probs is None:
-        q = torch.zeros_like(probs[:, :k]).scatter_(2, drafts[..., None], 1.0)
-        q.mul_(draft_mask[..., None])
+    first_row = torch.cumsum(num_drafts + 1, dim=0) - (num_drafts + 1)  # [B]
+    first_draft = first_row - torch.arange(num_drafts.shape[0], device=num_drafts.device)
+    draft_index = torch.arange(draft_ids.shape[0], device=draft_ids.device)
+    owner = torch.repeat_interleave(torch.arange(num_drafts.shape[0], device=num_drafts.device),
+                                    num_drafts)
+    draft_row = first_row[owner] + draft_index - first_draft[owner]  # target row of each draft
+    p_x = target_probs[draft_row, draft_ids]
+    q_x = draft_probs[draft_index, draft_ids] if draft_probs is not None \
+        else torch.ones_like(p_x)
+    accepted = _pad(uniforms * q_x < p_x, draft_mask, False)  # u < p/q, no division
+    num_accepted = accepted.to(torch.int64).cumprod(dim=1).sum(dim=1)  # [B]
+    # One draw a request, at its first rejected row (from max(p - q, 0) renormalised)
+    # or, all accepted, at its bonus row (from p). A residual of no mass (p == q) is
+    # never drawn from: that draft is accepted surely.
+    row = first_row + num_accepted
+    rejected = num_accepted < num_drafts
+    p = target_probs[row]
+    at = (first_draft + num_accepted).clamp(max=max(draft_ids.shape[0] - 1, 0))
+    if draft_probs is not None:
+        q = draft_probs[at] if draft_ids.shape[0] else torch.zeros_like(p)
     else:
-        q = _pad(draft_probs, draft_mask, 0.0)
-    q_x = q.gather(2, drafts[..., None]).squeeze(2)
-    u = _pad(uniforms, draft_mask, 1.0)
-    accepted = (u * q_x < p_x) & draft_mask  # u < p/q without dividing by q
-    # The draw at each row: rows < n from the residual max(p - q, 0), row n from p. A
-    # residual of zero mass (p == q) is never needed: the draft is accepted surely.
-    residual = torch.cat([(probs[:, :k] - q).clamp_(min=0.0), probs[:, k:]], dim=1)
-    mass = residual.sum(dim=2, keepdim=True)
-    residual = torch.where(mass > 0, residual, probs)
-    drawn = residual.div_(_pad(noise, row_mask, 1.0)).argmax(dim=2)  # [B, K + 1]
-    # Committed: the accepted drafts, then the draw at the first row not accepted.
+        q = torch.zeros_like(p)
+        if draft_ids.shape[0]:
+            q.scatter_(1, draft_ids[at][:, None], 1.0)
+    residual = torch.where(rejected[:, None], (p - q).clamp_(min=0.0), p)
+    residual = torch.where(residual.sum(dim=1, keepdim=True) > 0, residual, p)
+    drawn = residual.div_(noise[row]).argmax(dim=1)  # [B]
+    # Committed: the accepted drafts, then the draw.
+    drafts = _pad(draft_ids, draft_mask, 0)
     target = torch.cat([drafts, drafts.new_zeros((drafts.shape[0], 1))], dim=1)
-    first_rejected = accepted.to(torch.int64).cumprod(dim=1).sum(dim=1)
-    target.scatter_(1, first_rejected[:, None], drawn.gather(1, first_rejected[:, None]))
+    target.scatter_(1, num_accepted[:, None], drawn[:, None])
     return _commit(target, accepted, row_mask)
 
 
