@@ -340,3 +340,33 @@ def test_greedy_stream_equals_decoding_without_speculation():
 def test_the_scheduler_takes_only_a_parsed_speculative_config():
     with pytest.raises(ConfigError, match="must be a SpeculativeConfig"):
         make_scheduler(speculative_config={"method": "ngram", "num_speculative_tokens": 2})
+
+
+def test_a_lost_worker_with_drafts_in_flight_is_recovered_exactly():
+    """The workers are replaced while two steps with slots are in flight: their
+    answers never come, every request is recomputed from the scheduler's tokens, and
+    the streams are still exact."""
+    model = prefix_model(eos_every=31)
+    s = spec_scheduler(k=3, block_size=4, max_model_len=64, async_scheduling=True)
+    prompts = {"a": [11, 12, 13] * 3, "b": [20, 21] * 5}
+    for r, prompt in prompts.items():
+        s.add_request(make_request(r, prompt, max_tokens=25))
+    worker = SpecWorker(model, 4, 64, seed=2, p_good=0.8)
+    got: dict[str, list[int]] = {}
+    for _ in range(3):  # a few steps, then two in flight
+        so = s.schedule()
+        for out in s.update_from_output(so, worker.execute(so, s.draft_slots(so.step_id))):
+            got.setdefault(out.req_id, []).extend(out.new_token_ids)
+    lost_slots = {}
+    for _ in range(2):
+        so = s.schedule()
+        lost_slots.update(s.draft_slots(so.step_id))
+        worker.execute(so, s.draft_slots(so.step_id))  # answers that are lost
+    assert lost_slots and set(s.requeue_all_for_recompute()) == set(lost_slots)
+    assert all(r.num_computed_tokens == r.num_output_placeholders == 0
+               for r in s.requests.values())
+    _serve_async(s, SpecWorker(model, 4, 64, seed=9, p_good=0.8), got)
+    for r, prompt in prompts.items():
+        params = make_request(r, prompt, max_tokens=25).sampling_params
+        assert got[r] == expected_stream(model, prompt, params, 64)
+    assert s.num_free_blocks == s.num_total_blocks - 1
