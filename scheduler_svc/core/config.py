@@ -5,6 +5,7 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass, field
 
+from shared.speculative_config import SpeculativeConfig
 from shared.types import MAX_NUM_STEPS
 
 POLICIES = ("fcfs", "priority")
@@ -37,6 +38,10 @@ class SchedulerConfig:
     # per-message cost of the gRPC links is paid once per that many tokens
     # (docs/scheduling.md). 1 = off.
     num_scheduler_steps: int = 1
+    # Speculative decoding (vLLM's --speculative-config, parsed by
+    # shared/speculative_config.py): decoding requests get up to k draft slots a step,
+    # which the worker fills with its own proposals (docs/spec_decode.md). None = off.
+    speculative_config: SpeculativeConfig | None = None
     # Per-deployment salt of the prefix-cache hash chain; random unless pinned.
     hash_seed: str = field(default_factory=lambda: secrets.token_hex(16))
 
@@ -75,5 +80,9 @@ class SchedulerConfig:
                 or not 1 <= steps <= MAX_SCHEDULER_STEPS:
             bad(f"num_scheduler_steps must be an integer in [1, {MAX_SCHEDULER_STEPS}], "
                 f"got {steps!r}")
+        spec = self.speculative_config
+        if spec is not None and not isinstance(spec, SpeculativeConfig):
+            bad(f"speculative_config must be a SpeculativeConfig "
+                f"(shared/speculative_config.py), got {type(spec).__name__}")
         if not isinstance(self.hash_seed, str) or not self.hash_seed:
             bad("hash_seed must be a non-empty string")

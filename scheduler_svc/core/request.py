@@ -37,6 +37,7 @@ class Request:
         "num_preemptions", "num_cached_tokens", "block_hashes", "block_hasher",
         "max_tokens", "min_tokens", "next_hash_at",
         "num_lost_tokens", "stop_check_ids", "max_num_tokens", "worker_forgot",
+        "num_rejected_tokens",
     )
 
     def __init__(self, req_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
@@ -58,6 +59,9 @@ class Request:
         self.stop_token_id: int | None = None
         self.num_preemptions = 0
         self.num_lost_tokens = 0  # computed tokens dropped by the last preemption
+        # Draft slots taken back so far (speculative decoding): a step in flight scheduled
+        # before a rollback counts its positions as if those drafts had been accepted.
+        self.num_rejected_tokens = 0
         self.num_cached_tokens = 0  # prompt tokens served from the prefix cache at admission
         # The workers lost their state (one was replaced): resend it whole, as new.
         self.worker_forgot = False

@@ -13,6 +13,8 @@ from scheduler_svc.core.config import ConfigError, SchedulerConfig
 from scheduler_svc.core.kv_cache_manager import KVCacheManager
 from scheduler_svc.core.queues import make_queue
 from scheduler_svc.core.request import Request, RequestStatus
+from scheduler_svc.core.spec_slots import (NO_DRAFTS, add_draft_slots, committed_kv_end,
+                                           count_scheduled, roll_back_step)
 from scheduler_svc.core.stats import SchedulerStats
 from shared.request_limits import token_ids_problem
 from shared.stop_rule import finish_reason, first_stop
@@ -58,6 +60,8 @@ class InFlight(NamedTuple):
     num_computed_after: int  # its num_computed_tokens once the step is done
     num_preemptions: int  # at scheduling; a preemption since voids the step's KV
     max_sampled: int = 1  # tokens it may sample: the step's forward passes (multi-step)
+    num_drafts: int = 0  # draft slots (speculative decoding): it may commit 1 + these
+    rejected_before: int = 0  # the request's num_rejected_tokens at scheduling
 
 
 class Scheduler:
@@ -87,6 +91,8 @@ class Scheduler:
         self.in_flight: dict[int, dict[str, InFlight]] = {}
         self.next_step_id = 0
         self._stats = SchedulerStats(num_total_blocks=num_blocks)
+        spec = config.speculative_config  # accepted drafts by position, vLLM's per_pos
+        self._accepted_per_pos = [0] * (spec.num_speculative_tokens if spec else 0)
 
     # ------------------------------------------------------------------ requests
 
@@ -154,6 +160,10 @@ class Scheduler:
         preempted: list[Request] = []
         budget = self._schedule_running(cfg.max_num_batched_tokens, cap, num_scheduled,
                                         new_blocks_of, scheduled_running, preempted)
+        drafts = NO_DRAFTS
+        if cfg.speculative_config is not None and scheduled_running and not preempted:
+            budget, drafts = add_draft_slots(self, cap, budget, scheduled_running,
+                                             num_scheduled, new_blocks_of)
         new_reqs: list[Request] = []
         resumed: list[Request] = []
         if not preempted:
@@ -165,7 +175,7 @@ class Scheduler:
                 and not (new_reqs or resumed or preempted):
             steps = self._multi_steps(scheduled_running, num_scheduled, new_blocks_of)
         return self._emit(new_reqs, resumed, scheduled_running, new_blocks_of,
-                          num_scheduled, preempted, blocked_by, steps)
+                          num_scheduled, preempted, blocked_by, steps, drafts)
 
     def _clamp(self, n: int, cap: int, budget: int, num_computed: int) -> int:
         """The token clamp of both passes: min(gap `n`, the long-prefill cap, the
@@ -293,7 +303,7 @@ class Scheduler:
         return steps
 
     def _emit(self, new_reqs, resumed, scheduled_running, new_blocks_of, num_scheduled,
-              preempted, blocked_by, steps: int = 1) -> SchedulerOutput:
+              preempted, blocked_by, steps: int = 1, drafts=NO_DRAFTS) -> SchedulerOutput:
         kv = self.kv
         out = SchedulerOutput(step_id=self.next_step_id)
         self.next_step_id += 1
@@ -330,9 +340,12 @@ class Scheduler:
         total = 0
         for req_id, n in num_scheduled.items():
             request = self.requests[req_id]
-            samples = n == len(request.all_token_ids) + request.num_output_placeholders \
+            d = drafts.get(req_id, 0) if drafts else 0
+            samples = n - d == len(request.all_token_ids) + request.num_output_placeholders \
                 - request.num_computed_tokens
-            if steps == 1:
+            if d:  # draft slots (spec_slots.py): one pass, up to 1 + d tokens
+                count_scheduled(request, n, d, async_)
+            elif steps == 1:
                 request.num_computed_tokens += n
                 if samples and async_:
                     request.num_output_placeholders += 1
@@ -340,7 +353,8 @@ class Scheduler:
                 request.num_computed_tokens += steps
                 request.num_output_placeholders += steps if async_ else steps - 1
             step[req_id] = InFlight(request, samples, request.num_computed_tokens,
-                                    request.num_preemptions, steps)
+                                    request.num_preemptions, steps + d,
+                                    d, request.num_rejected_tokens)
             total += n
         if step:  # an empty step computes nothing: its update may be skipped
             self.in_flight[out.step_id] = step
@@ -355,6 +369,7 @@ class Scheduler:
         stats.step_num_scheduled_tokens = total
         stats.step_num_scheduled_reqs = len(num_scheduled)
         stats.step_num_preempted = len(preempted)
+        stats.step_num_draft_slots = sum(drafts.values())
         stats.admission_blocked_by = blocked_by
         stats.num_steps += 1
         return out
@@ -448,12 +463,17 @@ class Scheduler:
                            f"chunk there did not reach the end of its tokens")
             elif len(sampled) > entry.max_sampled or (
                     entry.samples and len(sampled) < entry.max_sampled
+                    and not (entry.num_drafts and sampled)  # rejected drafts: shorter
                     and not self._stopped_short(entry.request, sampled)):
                 problem = (f"worker sampled {len(sampled)} tokens for request {req_id!r} in "
-                           f"step {step_id}, which ran {entry.max_sampled} forward pass(es)")
+                           f"step {step_id}, which " + (
+                               f"had {entry.num_drafts} draft slot(s)" if entry.num_drafts
+                               else f"ran {entry.max_sampled} forward pass(es)"))
             if problem is not None:
                 raise WorkerOutputError(problem, {req_id: _both_sides(entry, sampled)})
         del self.in_flight[step_id]
+        if self.config.speculative_config is not None:
+            roll_back_step(self, step, req_ids, sampled_ids)
         self._commit_kv(step)
 
         logprobs = model_runner_output.logprobs
@@ -463,13 +483,14 @@ class Scheduler:
         for k, (req_id, sampled) in enumerate(zip(req_ids, sampled_ids)):
             if not sampled:  # a non-final prefill chunk
                 continue
-            request = step[req_id].request
+            entry = step[req_id]
+            request = entry.request
             # Finished meanwhile (EOS in the previous step, or aborted): the token
             # computed after the end is discarded.
             if request.status >= finished_status:
                 continue
             placeholders = request.num_output_placeholders
-            if placeholders:  # 0 if preempted since: placeholders were dropped
+            if placeholders and not entry.num_drafts:  # 0 if preempted since: dropped
                 request.num_output_placeholders = max(0, placeholders - len(sampled))
             new_ids = []
             status = None
@@ -496,16 +517,19 @@ class Scheduler:
 
     def _commit_kv(self, step: dict[str, InFlight]) -> None:
         """The step's KV is written: register its newly full blocks in the prefix
-        cache. Not for requests finished or preempted since it was scheduled: their
-        blocks were freed (and may have a new owner)."""
+        cache, up to the end its committed tokens reach (committed_kv_end: never a
+        block holding a rejected draft). Not for requests finished or preempted since
+        it was scheduled: their blocks were freed (and may have a new owner)."""
         if self.hasher is None:
             return
         cache = self.kv.cache_computed_blocks
+        spec = self.config.speculative_config is not None
         for entry in step.values():
             request = entry.request
             if request.status is RequestStatus.RUNNING \
                     and request.num_preemptions == entry.num_preemptions:
-                cache(request, entry.num_computed_after)
+                cache(request, committed_kv_end(request, entry) if spec
+                      else entry.num_computed_after)
 
     @staticmethod
     def _stopped_short(request: Request, sampled: list[int]) -> bool:
@@ -564,6 +588,12 @@ class Scheduler:
     def get_block_ids(self, req_id: str) -> list[int]:
         return self.kv.get_block_ids(req_id)
 
+    def draft_slots(self, step_id: int) -> dict[str, int]:
+        """The draft slots of a step in flight, per request that has any (the worker
+        fills them with its own proposals; not on the wire yet: docs/spec_decode.md)."""
+        return {r: e.num_drafts for r, e in self.in_flight.get(step_id, {}).items()
+                if e.num_drafts}
+
     def stats(self) -> SchedulerStats:
         s = self._stats
         s.num_running = len(self.running)
@@ -573,4 +603,5 @@ class Scheduler:
         s.prefix_cache_queries = self.kv.prefix_queries
         s.prefix_cache_hits = self.kv.prefix_hits
         s.num_steps_in_flight = len(self.in_flight)
+        s.spec_num_accepted_tokens_per_pos = tuple(self._accepted_per_pos)
         return SchedulerStats(**{f: getattr(s, f) for f in SchedulerStats.__slots__})

@@ -29,6 +29,20 @@ class SchedulerStats:
     step_num_preempted: int = 0  # last step
     num_steps: int = 0
     num_steps_in_flight: int = 0
+    # Speculative decoding (docs/spec_decode.md), cumulative, vLLM's spec_decode_* set:
+    # slots are what the scheduler reserved; the worker may propose fewer drafts than
+    # slots (an n-gram without a match), so this acceptance rate is per slot.
+    step_num_draft_slots: int = 0  # last step
+    spec_num_drafts: int = 0  # request-steps that had slots and committed
+    spec_num_draft_slots: int = 0  # their slots
+    spec_num_accepted_tokens: int = 0  # drafts the worker accepted
+    spec_num_accepted_tokens_per_pos: tuple[int, ...] = ()  # [i]: accepted at draft i
+
+    @property
+    def spec_acceptance_rate(self) -> float:
+        """Accepted drafts per draft slot (0 without speculation)."""
+        return self.spec_num_accepted_tokens / self.spec_num_draft_slots \
+            if self.spec_num_draft_slots else 0.0
 
     @property
     def prefix_cache_hit_rate(self) -> float:
