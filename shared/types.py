@@ -15,6 +15,8 @@ import enum
 import math
 from dataclasses import dataclass, field
 
+from shared.structured_output import KINDS, StructuredOutputSpec
+
 
 class FinishReason(enum.IntEnum):
     """Why a request stopped. STOP covers EOS, a stop token id and a stop string."""
@@ -56,6 +58,9 @@ class SamplingParams:
     # after a scheduler loss): penalties count them as output, and seeded draws go on
     # from output position n, so the continuation samples what the original would.
     num_output_prefix_tokens: int = 0
+    # The output must match this grammar (shared/structured_output.py): the worker's
+    # rank 0 masks each step's logits with the request's matcher (docs/structured_outputs.md).
+    structured_output: StructuredOutputSpec | None = None
 
     MAX_LOGPROBS = 20
     MAX_LOGIT_BIAS = 100.0  # OpenAI's range is [-100, 100]
@@ -103,6 +108,9 @@ class SamplingParams:
                 f"got {self.num_output_prefix_tokens}")
         if self.seed is not None and not -(2**63) <= self.seed < 2**63:
             bad("seed must fit in a signed 64-bit integer")  # int64 on the wire
+        if self.structured_output is not None and self.structured_output.kind not in KINDS:
+            bad(f"structured_output kind must be one of {', '.join(KINDS)}, "
+                f"got {self.structured_output.kind!r}")
         for tid in self.stop_token_ids:
             if tid < 0 or (vocab_size is not None and tid >= vocab_size):
                 bad(f"stop_token_ids contains {tid}, outside the vocabulary")
