@@ -24,7 +24,9 @@ from frontend_svc.generation import Choice
 from frontend_svc.observe import Observer
 from frontend_svc.output_stream import Delta, OutputStream
 from frontend_svc.tokenizer import TextTokenizer
+from frontend_svc.tools import ToolConfig
 from frontend_svc.translate import ModelLimits
+from shared.structured_output import grammar_vocab
 
 T = TypeVar("T")
 
@@ -46,6 +48,7 @@ class Frontend:
     # queues behind itself and never in front of a generation request's prompt
     utility_pool: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="tokenize-api"))
+    tools: ToolConfig = field(default_factory=ToolConfig)  # --enable-auto-tool-choice, ...
 
     @property
     def ready(self) -> bool:
@@ -57,7 +60,8 @@ class Frontend:
         if info is None:
             raise EngineError(grpc.StatusCode.UNAVAILABLE, "the scheduler is not connected yet")
         return ModelLimits(info.max_model_len, info.vocab_size,
-                           self.caps.for_model(info.max_model_len, self.tokenizer.max_token_bytes))
+                           self.caps.for_model(info.max_model_len, self.tokenizer.max_token_bytes),
+                           functools.partial(grammar_vocab, self.model_path, info.vocab_size))
 
     async def offload(self, fn: Callable[..., T], *args) -> T:
         """Run a tokenizing call on the pool; the event loop keeps serving meanwhile."""

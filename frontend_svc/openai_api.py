@@ -173,6 +173,8 @@ def generation_router(fe: Frontend) -> APIRouter:
     def choices_for(inputs: list[GenerationInput], width: int, resp_id: str,
                     request: Request, operation: str) -> list[Choice]:
         """`width` choices per prompt; choice k of the response is request `resp_id-k`."""
+        if inputs:  # its structured output and tool_choice, counted and logged once
+            fe.observer.constrained(resp_id, inputs[0])
         pairs = [(inp, params) for inp in inputs for params in fan_out(inp.params, width)]
         return [Choice(f"{resp_id}-{k}", inp, params, request.headers, operation)
                 for k, (inp, params) in enumerate(pairs)]
@@ -211,7 +213,7 @@ def generation_router(fe: Frontend) -> APIRouter:
     @router.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         req: ChatCompletionRequest = await admitted(request, ChatCompletionRequest)
-        inp = await fe.offload(chat_input, req, fe.tokenizer, fe.limits)
+        inp = await fe.offload(chat_input, req, fe.tokenizer, fe.limits, fe.tools)
         resp_id = fe.new_id("chatcmpl")
         width = choices_per_prompt(req)
         choices = choices_for([inp], width, resp_id, request, "chat")
@@ -225,7 +227,7 @@ def generation_router(fe: Frontend) -> APIRouter:
                 "choices": [fmt.chat_choice(
                     i, states[k], inp.prompt_text,
                     fmt.chat_logprobs(fe.tokenizer, states[k].logprobs) if req.logprobs
-                    else None)
+                    else None, inp.tool_plan)
                     for i, k in enumerate(keep)],
                 "usage": fmt.usage_of([len(inp.prompt_token_ids)], [states[k] for k in keep])}
 
@@ -277,9 +279,13 @@ async def _chat_events(fe: Frontend, req: ChatCompletionRequest, resp_id: str,
     created, model = fmt.now(), fe.served_model_name
     states: dict[int, OutputStream] = {}
     echo = choices[0].inp.prompt_text
+    plan = choices[0].inp.tool_plan
+    parsers = {i: plan.new_parser() for i in range(len(choices))} \
+        if plan is not None and plan.parses else {}
     for index in range(len(choices)):
-        yield fmt.sse(fmt.chat_chunk(resp_id, created, model, index,
-                                     {"role": "assistant", "content": ""}, None, None))
+        # with tool calls, content may never come: OpenAI's first delta has none then
+        role = {"role": "assistant"} if parsers else {"role": "assistant", "content": ""}
+        yield fmt.sse(fmt.chat_chunk(resp_id, created, model, index, role, None, None))
         if echo:  # vLLM sends the echoed content right after the role
             yield fmt.sse(fmt.chat_chunk(resp_id, created, model, index,
                                          {"content": echo}, None, None))
@@ -289,8 +295,9 @@ async def _chat_events(fe: Frontend, req: ChatCompletionRequest, resp_id: str,
             if not delta.text and not delta.finished and not delta.logprobs:
                 continue
             lps = fmt.chat_logprobs(fe.tokenizer, delta.logprobs) if req.logprobs else None
-            body = {"content": delta.text} if delta.text else {}
-            yield fmt.sse(fmt.chat_chunk(resp_id, created, model, index, body, delta, lps))
+            for chunk in _chat_delta_chunks(resp_id, created, model, index, delta, lps,
+                                            parsers.get(index), plan):
+                yield fmt.sse(chunk)
         if req.stream_options and req.stream_options.include_usage:
             yield fmt.sse({"id": resp_id, "object": "chat.completion.chunk",
                            "created": created, "model": model, "choices": [],
@@ -299,6 +306,29 @@ async def _chat_events(fe: Frontend, req: ChatCompletionRequest, resp_id: str,
     except EngineError as exc:
         yield fmt.sse(error_body(exc.message, exc.http_status))
     yield fmt.sse("[DONE]")
+
+
+def _chat_delta_chunks(resp_id: str, created: int, model: str, index: int, delta,
+                       lps: dict | None, parser, plan) -> list[dict]:
+    """The chunks of one delta: its text as content, or, with a tool parser, the
+    parser's content and tool_calls bodies; logprobs ride on the first chunk and
+    the finish reason (renamed by the tool plan) on the last."""
+    if parser is None:
+        body = {"content": delta.text} if delta.text else {}
+        return [fmt.chat_chunk(resp_id, created, model, index, body, delta, lps)]
+    bodies = parser.feed(delta.text) if delta.text else []
+    if delta.finished:
+        bodies += parser.finish()
+    if not bodies and not delta.finished and not lps:
+        return []
+    bodies = bodies or [{}]
+    finish = plan.finish_reason(delta.finish_name, parser.num_calls) \
+        if delta.finished else None
+    last = len(bodies) - 1
+    return [fmt.chat_chunk(resp_id, created, model, index, body,
+                           delta if i == last else None, lps if i == 0 else None,
+                           finish if i == last else None)
+            for i, body in enumerate(bodies)]
 
 
 async def _chain(first, rest: AsyncIterator) -> AsyncIterator:

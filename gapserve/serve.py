@@ -99,7 +99,8 @@ SCHEDULER = ("long_prefill_token_threshold", "long_prefill_exempt_lone_request",
              "async_scheduling", "enable_chunked_prefill", "num_scheduler_steps",
              "step_timeout_s", "kv_events_config",
              "max_queued_requests")  # the last: one bound over all frontends
-FRONTEND = ("http_port", "grpc_port", "model", "served_model_name", "api_server_count")
+FRONTEND = ("http_port", "grpc_port", "model", "served_model_name", "api_server_count",
+            "enable_auto_tool_choice", "tool_call_parser", "chat_template")
 
 
 def _loopback(host: str) -> str:
@@ -270,6 +271,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(e))
     if problem is not None:
         parser.error(f"--inner-host: {problem}")
+    if flags.tool_flags_problem(args):
+        parser.error(flags.tool_flags_problem(args))
     from shared.default_model import resolve_model
 
     try:  # converted once here, not raced by two children
