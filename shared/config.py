@@ -237,6 +237,23 @@ def fault_stop_after_steps(environ: Mapping[str, str] | None = None) -> int | No
     return int(value) if value.strip() else None
 
 
+# --- structured outputs (issue 30, docs/structured_outputs.md)
+def structured_output_compile_timeout_s(environ: Mapping[str, str] | None = None) -> float:
+    """GAPSERVE_STRUCTURED_OUTPUT_COMPILE_TIMEOUT_S: seconds a grammar may take to
+    compile (the frontend's validation and rank 0's compile) before the request is
+    refused; default shared.structured_output.DEFAULT_COMPILE_TIMEOUT_S."""
+    from shared.structured_output import DEFAULT_COMPILE_TIMEOUT_S
+    value = (os.environ if environ is None else environ).get(
+        ENV_PREFIX + "STRUCTURED_OUTPUT_COMPILE_TIMEOUT_S", "")
+    if not value.strip():
+        return DEFAULT_COMPILE_TIMEOUT_S
+    timeout = float(value)
+    if not timeout > 0:
+        raise ValueError(f"{ENV_PREFIX}STRUCTURED_OUTPUT_COMPILE_TIMEOUT_S must be positive, "
+                         f"got {value!r}")
+    return timeout
+
+
 # --- tensor parallelism (issue 17): how the ranks of one worker find each other
 def add_tensor_parallel_flags(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("tensor parallelism (with --tensor-parallel-size > 1)")

@@ -20,10 +20,20 @@ import json
 import threading
 import time
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from pathlib import Path
+
+from prometheus_client import Counter, Histogram
+
+# Per process: the frontend's validation and rank 0's compiles each count their own.
+COMPILE_TIME = Histogram("gapserve:structured_output_compile_seconds",
+                         "Time to compile one structured-output grammar (a cache miss).",
+                         ["kind"], buckets=[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+                                            0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0])
+CACHE_LOOKUPS = Counter("gapserve:structured_output_cache",
+                        "Compiled-grammar cache lookups, by result (hit, miss).", ["result"])
 
 KINDS = ("json", "json_object", "regex", "choice", "grammar")
 
@@ -34,9 +44,9 @@ DEFAULT_COMPILE_TIMEOUT_S = 10.0
 # hundred KB for a nested schema; 256 is a few tens of MB at most.
 CACHE_SIZE = 256
 # Whitespace between JSON tokens when the client does not forbid it: bounded, so a
-# small model cannot pad forever ("runaway whitespace"); a newline and indentation
-# of up to 8 spaces per gap keeps pretty-printed JSON possible.
-BOUNDED_WHITESPACE = r"[\n\t ]{0,8}"
+# small model cannot pad forever ("runaway whitespace"); one newline and up to 12
+# spaces or tabs per gap keeps pretty-printed JSON (indented a few levels) possible.
+BOUNDED_WHITESPACE = r"\n?[ \t]{0,12}"
 
 
 @dataclass(frozen=True)
@@ -193,7 +203,7 @@ class CompiledGrammar:
 class CompileCache:
     """Compiled grammars by (vocab, spec), LRU, thread-safe; a spec compiled by a
     concurrent caller is awaited rather than compiled twice. Counts hits and misses
-    (gapserve:structured_output_cache_total reads them through `on_lookup`)."""
+    (gapserve:structured_output_cache_total{result}) and times compiles."""
 
     def __init__(self, size: int = CACHE_SIZE) -> None:
         self.size = size
@@ -203,8 +213,6 @@ class CompileCache:
         self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="grammar-compile")
         self.hits = 0
         self.misses = 0
-        self.on_lookup = None  # fn(hit: bool) for a metric
-        self.on_compiled = None  # fn(seconds) for a histogram
 
     def lookup(self, spec: StructuredOutputSpec, vocab: GrammarVocab) -> CompiledGrammar | None:
         """The compiled grammar when cached (counts a hit), else None (no count)."""
@@ -216,22 +224,30 @@ class CompileCache:
                 self._count(True)
             return got
 
-    def compile(self, spec: StructuredOutputSpec, vocab: GrammarVocab,
-                timeout_s: float = DEFAULT_COMPILE_TIMEOUT_S) -> CompiledGrammar:
-        """The compiled grammar, compiling it (off the caller's thread, bounded by
-        timeout_s) on a miss; raises StructuredOutputError."""
+    def submit(self, spec: StructuredOutputSpec, vocab: GrammarVocab) -> Future:
+        """A future of the compiled grammar: done at once on a hit; on a miss the
+        compile runs on the cache's threads (joined by concurrent askers)."""
         key = (vocab.model_dir, vocab.vocab_size, spec.key())
         with self._lock:
             got = self._done.get(key)
             if got is not None:
                 self._done.move_to_end(key)
                 self._count(True)
-                return got
+                future: Future = Future()
+                future.set_result(got)
+                return future
             self._count(False)
             future = self._pending.get(key)
             if future is None:
                 future = self._pool.submit(self._compile_and_store, key, spec, vocab)
                 self._pending[key] = future
+            return future
+
+    def compile(self, spec: StructuredOutputSpec, vocab: GrammarVocab,
+                timeout_s: float = DEFAULT_COMPILE_TIMEOUT_S) -> CompiledGrammar:
+        """The compiled grammar, compiling it (off the caller's thread, bounded by
+        timeout_s) on a miss; raises StructuredOutputError."""
+        future = self.submit(spec, vocab)
         try:
             return future.result(timeout=timeout_s)
         except FutureTimeout:
@@ -245,8 +261,7 @@ class CompileCache:
             self.hits += 1
         else:
             self.misses += 1
-        if self.on_lookup is not None:
-            self.on_lookup(hit)
+        CACHE_LOOKUPS.labels("hit" if hit else "miss").inc()
 
     def _compile_and_store(self, key: tuple, spec: StructuredOutputSpec,
                            vocab: GrammarVocab) -> CompiledGrammar:
@@ -259,8 +274,7 @@ class CompileCache:
             self._done[key] = compiled
             while len(self._done) > self.size:
                 self._done.popitem(last=False)
-        if self.on_compiled is not None:
-            self.on_compiled(compiled.compile_s)
+        COMPILE_TIME.labels(spec.kind).observe(compiled.compile_s)
         return compiled
 
 
@@ -299,3 +313,15 @@ def validate(spec: StructuredOutputSpec, vocab: GrammarVocab,
     """Compile the spec (through the cache) with a timeout; raise
     StructuredOutputError naming the problem. Changes nothing else."""
     CACHE.compile(spec, vocab, timeout_s)
+
+
+def validate_for_model(spec: StructuredOutputSpec, model_dir, vocab_size: int | None = None,
+                       eos_token_ids: list[int] | None = None,
+                       timeout_s: float | None = None) -> None:
+    """validate() against a model's vocabulary (the frontend's door: the model
+    directory it tokenizes with and the workers' vocab size and EOS ids from
+    ModelInfo, so it compiles what rank 0 will compile)."""
+    from shared import config
+    vocab = grammar_vocab(model_dir, vocab_size, eos_token_ids)
+    validate(spec, vocab, config.structured_output_compile_timeout_s()
+             if timeout_s is None else timeout_s)
