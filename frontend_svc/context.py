@@ -14,6 +14,9 @@ from typing import TypeVar
 
 import grpc
 
+from shared.config import structured_output_compile_timeout_s
+from shared.structured_output import grammar_vocab
+
 from frontend_svc.admission import Admission
 from frontend_svc.auth import ApiKeys
 from frontend_svc.caps import RequestCaps
@@ -26,7 +29,6 @@ from frontend_svc.output_stream import Delta, OutputStream
 from frontend_svc.tokenizer import TextTokenizer
 from frontend_svc.tools import ToolConfig
 from frontend_svc.translate import ModelLimits
-from shared.structured_output import grammar_vocab
 
 T = TypeVar("T")
 
@@ -49,6 +51,8 @@ class Frontend:
     utility_pool: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="tokenize-api"))
     tools: ToolConfig = field(default_factory=ToolConfig)  # --enable-auto-tool-choice, ...
+    # GAPSERVE_STRUCTURED_OUTPUT_COMPILE_TIMEOUT_S, the same bound rank 0 compiles under
+    compile_timeout_s: float = field(default_factory=structured_output_compile_timeout_s)
 
     @property
     def ready(self) -> bool:
@@ -61,7 +65,10 @@ class Frontend:
             raise EngineError(grpc.StatusCode.UNAVAILABLE, "the scheduler is not connected yet")
         return ModelLimits(info.max_model_len, info.vocab_size,
                            self.caps.for_model(info.max_model_len, self.tokenizer.max_token_bytes),
-                           functools.partial(grammar_vocab, self.model_path, info.vocab_size))
+                           # the vocabulary rank 0 compiles against: the workers' size, EOS
+                           functools.partial(grammar_vocab, self.model_path, info.vocab_size,
+                                             list(info.eos_token_ids) or None),
+                           self.compile_timeout_s)
 
     async def offload(self, fn: Callable[..., T], *args) -> T:
         """Run a tokenizing call on the pool; the event loop keeps serving meanwhile."""
