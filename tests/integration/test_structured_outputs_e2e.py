@@ -195,11 +195,18 @@ def test_regex_choice_and_grammars_match_in_full(client, endpoint):
         ({"guided_grammar": 'root ::= "The answer is " ("yes" | "no") "."'},
          lambda t: t in ("The answer is yes.", "The answer is no.")),
     ]
-    for k, (extra, check) in enumerate(cases):
-        for stream, sampled in ((False, False), (True, True)):
-            text, finish = constrained_text(client, endpoint, stream, sampled, k,
-                                            "Answer the question: what is it?", extra)
-            assert check(text) and finish == "stop", (extra, text, finish)
+    jobs = [(k, stream, sampled) for k in range(len(cases))
+            for stream, sampled in ((False, False), (True, True))]
+
+    def run(job):
+        k, stream, sampled = job
+        return constrained_text(client, endpoint, stream, sampled, k,
+                                "Answer the question: what is it?", cases[k][0])
+
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        results = list(pool.map(run, jobs))
+    for (k, _, _), (text, finish) in zip(jobs, results):
+        assert cases[k][1](text) and finish == "stop", (cases[k][0], text, finish)
 
 
 # ---- tools
@@ -237,15 +244,21 @@ def streamed(client, **body):
 
 
 def both_ways(client, **body):
-    """The non-streamed reply and the stream, folded; they must be equal (ids aside)."""
+    """The non-streamed reply and the stream, folded (sent together, so they share
+    steps); reproducible ones (greedy, seeded) must be equal, ids aside."""
     body = {"model": MODEL, "messages": ASK, "max_tokens": MAX_TOKENS, **body}
-    choice = client.chat.completions.create(**body).choices[0]
-    whole = (choice.message.content, message_calls(choice.message), choice.finish_reason)
-    stream = streamed(client, **body)
+
+    def whole():
+        choice = client.chat.completions.create(**body).choices[0]
+        return choice.message.content, message_calls(choice.message), choice.finish_reason
+
+    with ThreadPoolExecutor(2) as pool:
+        reply, stream = pool.submit(whole), pool.submit(streamed, client, **body)
+        reply, stream = reply.result(), stream.result()
     strip = lambda r: (r[0], [{**c, "id": None} for c in r[1]], r[2])  # noqa: E731
     if body.get("temperature", 1.0) == 0.0 or "seed" in body:  # both are reproducible
-        assert strip(stream) == strip(whole)
-    return whole, stream
+        assert strip(stream) == strip(reply)
+    return reply, stream
 
 
 def test_tool_choice_required_and_parallel_tool_calls(client):
