@@ -212,3 +212,17 @@ def test_auto_tool_choice_without_a_parser_is_refused_at_start(tmp_path):
     with pytest.raises(SystemExit):
         config.parse_args(serve_parser(), ["--chat-template", str(tmp_path / "missing")],
                           environ={})
+
+
+def test_serve_hands_the_tool_flags_to_the_frontend(tmp_path):
+    from gapserve.serve import children, serve_parser
+    from shared import config
+    template = tmp_path / "t.jinja"
+    template.write_text("{{ messages }}")
+    args = config.parse_args(serve_parser(), [
+        "--model", "/m", "--enable-auto-tool-choice", "--tool-call-parser", "llama3_json",
+        "--chat-template", str(template)], environ={})
+    [frontend] = [c for c in children(args) if c.name == "frontend"]
+    parsed = config.parse_args(config.frontend_parser(), frontend.argv[1:], environ={})
+    assert (parsed.enable_auto_tool_choice, parsed.tool_call_parser, parsed.chat_template) == \
+        (True, "llama3_json", str(template))
