@@ -24,7 +24,7 @@ from frontend_svc.engine_client import EngineClient
 from frontend_svc.errors import EngineError
 from frontend_svc import generation
 from frontend_svc.generation import Choice
-from frontend_svc.observe import Observer
+from frontend_svc.observe import Observer, log
 from frontend_svc.output_stream import Delta, OutputStream
 from frontend_svc.tokenizer import TextTokenizer
 from frontend_svc.tools import ToolConfig
@@ -69,6 +69,14 @@ class Frontend:
                            functools.partial(grammar_vocab, self.model_path, info.vocab_size,
                                              list(info.eos_token_ids) or None),
                            self.compile_timeout_s)
+
+    def warm_grammar_vocab(self) -> None:
+        """Build the model's grammar vocabulary (about a second, once per process) on
+        the pool when the scheduler connects, not on the first structured request."""
+        try:
+            self.limits.grammar_vocab()
+        except Exception as exc:  # structured requests will say it; serving goes on
+            log.warning("no grammar vocabulary for structured outputs", error=str(exc))
 
     async def offload(self, fn: Callable[..., T], *args) -> T:
         """Run a tokenizing call on the pool; the event loop keeps serving meanwhile."""
