@@ -188,7 +188,8 @@ def test_regex_choice_and_grammars_match_in_full(client, endpoint):
          lambda t: re.fullmatch(r"\+[0-9]{2} [0-9]{3} [0-9]{4}", t)),
         ({"structured_outputs": {"choice": ["positive", "negative", "neutral"]}},
          lambda t: t in ("positive", "negative", "neutral")),
-        ({"guided_choice": ["Paris", "London", "Rome"]}, lambda t: t in ("Paris", "London", "Rome")),
+        ({"guided_choice": ["Paris", "London", "Rome"]},
+         lambda t: t in ("Paris", "London", "Rome")),
         ({"structured_outputs": {"grammar": 'start: term op term " = " term\n'
                                             'op: "+" | "-"\nterm: /[0-9]{1,3}/'}},
          lambda t: re.fullmatch(r"[0-9]{1,3}[+-][0-9]{1,3} = [0-9]{1,3}", t)),
