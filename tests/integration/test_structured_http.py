@@ -255,3 +255,27 @@ def test_tool_history_goes_through_the_template(stack):
     assert usage > bare.json()["usage"]["prompt_tokens"] + 20  # the call and its result count
     metrics = httpx.get(stack.http_url + "/metrics", timeout=30).text
     assert re.search(r'gapserve:tool_choice_requests_total\{[^}]*tool_choice="auto"', metrics)
+
+
+def test_chat_template_flag_and_the_llama3_json_parser(tiny_model_dir, start_stack_factory,
+                                                       tmp_path):
+    template = tmp_path / "tools.jinja"
+    template.write_text("{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}{% endfor %}"
+                        "{% if tools %}[tools]{{ tools | length }}{% endif %}[assistant]")
+    stack = start_stack_factory(tiny_model_dir, flags=[
+        *TINY_FLAGS, "--enable-auto-tool-choice", "--tool-call-parser", "llama3_json",
+        "--chat-template", str(template)])
+    expected = "[user]Weather in Paris, and the time?[tools]2[assistant]"
+    ids = httpx.post(stack.http_url + "/tokenize", timeout=60,
+                     json={"prompt": expected, "add_special_tokens": False}).json()
+    call = r'\{"name": "get_time", "parameters": \{"zone": "(utc|cet)"\}\}'
+    body = {"messages": ASK, "tools": [WEATHER, CLOCK], "max_tokens": 60,
+            "temperature": 0.0, "guided_regex": call}
+    reply = post(stack, "/v1/chat/completions", body).json()
+    assert reply["usage"]["prompt_tokens"] == ids["count"]  # rendered by --chat-template
+    choice = reply["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    [made] = choice["message"]["tool_calls"]
+    assert made["function"]["name"] == "get_time"
+    jsonschema.validate(json.loads(made["function"]["arguments"]),
+                        CLOCK["function"]["parameters"])
