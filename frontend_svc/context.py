@@ -51,6 +51,10 @@ class Frontend:
     utility_pool: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="tokenize-api"))
     tools: ToolConfig = field(default_factory=ToolConfig)  # --enable-auto-tool-choice, ...
+    # compiling structured outputs' grammars (translate.check_constraints): a slow one
+    # (up to the compile timeout) waits here, not on a thread that tokenizes prompts
+    grammar_pool: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(2, thread_name_prefix="grammar"))
     # GAPSERVE_STRUCTURED_OUTPUT_COMPILE_TIMEOUT_S, the same bound rank 0 compiles under
     compile_timeout_s: float = field(default_factory=structured_output_compile_timeout_s)
 
@@ -82,6 +86,11 @@ class Frontend:
         """Run a tokenizing call on the pool; the event loop keeps serving meanwhile."""
         return await asyncio.get_running_loop().run_in_executor(
             self.pool, functools.partial(fn, *args))
+
+    async def offload_grammar(self, fn: Callable[..., T], *args) -> T:
+        """Run a grammar compile (structured-output validation) on its own pool."""
+        return await asyncio.get_running_loop().run_in_executor(
+            self.grammar_pool, functools.partial(fn, *args))
 
     async def offload_utility(self, fn: Callable[..., T], *args) -> T:
         """Run a tokenize/detokenize endpoint's work on its own thread (utility_pool)."""

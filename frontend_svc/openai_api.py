@@ -4,8 +4,9 @@ generation, tokenize/detokenize, and the operator's (health, ready, metrics,
 status, models).
 
 Nothing that costs CPU runs on the event loop that serves every stream: request
-bodies are parsed, tokenized and decoded on the tokenizer pool, and every route
-that does so goes through admission first (HttpGuard, then Admission.admit)."""
+bodies are parsed, tokenized and decoded on the tokenizer pool, structured-output
+grammars compiled on the grammar pool, and every route that does so goes through
+admission first (HttpGuard, then Admission.admit)."""
 
 from __future__ import annotations
 
@@ -28,8 +29,8 @@ from frontend_svc.protocol import (
     ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest)
 from frontend_svc.output_stream import OutputStream
 from frontend_svc.translate import (
-    GenerationInput, ModelLimits, chat_input, check_chat_template_flags, choices_per_prompt,
-    completion_inputs, encode, fan_out)
+    GenerationInput, ModelLimits, chat_input, check_chat_template_flags, check_constraints,
+    choices_per_prompt, completion_inputs, encode, fan_out)
 
 # slack for the other fields' commas when counting /detokenize's ids before parsing
 DETOKENIZE_COMMA_SLACK = 16
@@ -192,6 +193,7 @@ def generation_router(fe: Frontend) -> APIRouter:
     async def completions(request: Request):
         req: CompletionRequest = await admitted(request, CompletionRequest)
         inputs = await fe.offload(completion_inputs, req, fe.tokenizer, fe.limits)
+        inputs = await fe.offload_grammar(check_constraints, inputs, fe.limits)
         resp_id = fe.new_id("cmpl")
         width = choices_per_prompt(req)
         choices = choices_for(inputs, width, resp_id, request, "text_completion")
@@ -214,6 +216,7 @@ def generation_router(fe: Frontend) -> APIRouter:
     async def chat_completions(request: Request):
         req: ChatCompletionRequest = await admitted(request, ChatCompletionRequest)
         inp = await fe.offload(chat_input, req, fe.tokenizer, fe.limits, fe.tools)
+        [inp] = await fe.offload_grammar(check_constraints, [inp], fe.limits)
         resp_id = fe.new_id("chatcmpl")
         width = choices_per_prompt(req)
         choices = choices_for([inp], width, resp_id, request, "chat")

@@ -73,7 +73,7 @@ async def serve(args, tokenizer: TextTokenizer, served_model_name: str,
                 admission.max_num_seqs = (await engine.get_status()).max_num_seqs
             except EngineError as exc:  # keep the last value; the bound stays finite
                 observe.log.warning("no scheduler status for admission", error=exc.message)
-            asyncio.get_running_loop().run_in_executor(fe.pool, fe.warm_grammar_vocab)
+            asyncio.get_running_loop().run_in_executor(fe.grammar_pool, fe.warm_grammar_vocab)
         for service in ("", SERVICE_NAME):
             await health_servicer.set(service, SERVING if serving else NOT_SERVING)
 
@@ -138,6 +138,7 @@ async def serve(args, tokenizer: TextTokenizer, served_model_name: str,
     await engine.close()
     fe.pool.shutdown(wait=False, cancel_futures=True)
     fe.utility_pool.shutdown(wait=False, cancel_futures=True)
+    fe.grammar_pool.shutdown(wait=False, cancel_futures=True)
     observe.log.info("frontend stopped")
 
 

@@ -195,14 +195,26 @@ def completion_inputs(req: CompletionRequest, tokenizer: TextTokenizer,
 
 def constrained(inputs: list[GenerationInput], constraint: Constraint | None,
                 limits: ModelLimits) -> list[GenerationInput]:
-    """Attach the request's structured output to every input, once its grammar
-    compiles (the last check: the cheap ones refuse first)."""
-    if constraint is None:
-        return inputs
-    compile_s = structured.check(constraint, limits.grammar_vocab, limits.compile_timeout_s)
-    for inp in inputs:
-        inp.params = dataclasses.replace(inp.params, structured_output=constraint.spec)
-        inp.constraint, inp.compile_s = constraint, compile_s
+    """Attach the request's structured output to every input; check_constraints
+    compiles it before anything is queued."""
+    if constraint is not None:
+        for inp in inputs:
+            inp.params = dataclasses.replace(inp.params, structured_output=constraint.spec)
+            inp.constraint = constraint
+    return inputs
+
+
+def check_constraints(inputs: list[GenerationInput], limits: ModelLimits
+                      ) -> list[GenerationInput]:
+    """Compile the request's grammar (the same for all its inputs; a cache hit after
+    the first time) or raise the 400 naming its field. The last check before the
+    scheduler: run it on the frontend's grammar pool, so a slow compile holds
+    neither the event loop nor a tokenizer thread."""
+    constraint = inputs[0].constraint if inputs else None
+    if constraint is not None:
+        compile_s = structured.check(constraint, limits.grammar_vocab, limits.compile_timeout_s)
+        for inp in inputs:
+            inp.compile_s = compile_s
     return inputs
 
 

@@ -11,7 +11,8 @@ import pytest
 
 from frontend_svc.errors import FieldError
 from frontend_svc.protocol import ChatCompletionRequest, CompletionRequest
-from frontend_svc.translate import ModelLimits, chat_input, completion_inputs
+from frontend_svc.translate import (
+    ModelLimits, chat_input, check_constraints, completion_inputs)
 from shared.structured_output import StructuredOutputSpec
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
@@ -32,6 +33,7 @@ def spec_of(tokenizer, limits, endpoint="completions", **body):
         [inp] = completion_inputs(CompletionRequest(prompt="x", **body), tokenizer, limits)
     else:
         inp = chat_input(ChatCompletionRequest(messages=MESSAGES, **body), tokenizer, limits)
+    [inp] = check_constraints([inp], limits)  # the route's last step: compile
     return inp.params.structured_output, inp
 
 
@@ -67,6 +69,17 @@ def test_every_choice_of_a_batch_carries_the_spec(tokenizer, limits):
     inputs = completion_inputs(CompletionRequest(prompt=["a", "b"], n=2,
                                                  guided_regex="[ab]"), tokenizer, limits)
     assert [i.params.structured_output.value for i in inputs] == ["[ab]", "[ab]"]
+    assert check_constraints(inputs, limits) == inputs
+
+
+def test_translation_refuses_shapes_at_once_and_compiles_only_in_check(tokenizer, limits):
+    """The cheap checks refuse on the tokenizer pool; the compile (which may take up to
+    the timeout) waits for check_constraints on the grammar pool."""
+    req = CompletionRequest(prompt="x", structured_outputs={"regex": "(unclosed"})
+    [inp] = completion_inputs(req, tokenizer, limits)  # a well-formed shape: no compile yet
+    with pytest.raises(FieldError):
+        check_constraints([inp], limits)
+    assert check_constraints([], limits) == []
 
 
 @pytest.mark.parametrize("body,param,words", [

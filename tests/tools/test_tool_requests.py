@@ -15,7 +15,7 @@ import pytest
 from frontend_svc.errors import FieldError
 from frontend_svc.protocol import ChatCompletionRequest
 from frontend_svc.tools import ToolConfig, ToolPlan, required_schema, tools_template
-from frontend_svc.translate import ModelLimits, chat_input
+from frontend_svc.translate import ModelLimits, chat_input, check_constraints
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather in a city",
@@ -41,7 +41,8 @@ def config(tokenizer):
 
 def chat(tokenizer, limits, config, **body):
     body.setdefault("messages", ASK)
-    return chat_input(ChatCompletionRequest(**body), tokenizer, limits, config)
+    inp = chat_input(ChatCompletionRequest(**body), tokenizer, limits, config)
+    return check_constraints([inp], limits)[0]  # the route's last step: compile
 
 
 def rendered(tokenizer, inp) -> str:
