@@ -5,6 +5,7 @@ an InvalidRequestError naming the field (HTTP 400, gRPC INVALID_ARGUMENT)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -190,11 +191,11 @@ def completion_inputs(req: CompletionRequest, tokenizer: TextTokenizer,
         inputs.append(GenerationInput(ids, params, stops, text,
                                       req.include_stop_str_in_output,
                                       req.skip_special_tokens, req.priority, req.cache_salt))
-    return constrained(inputs, constraint, limits)
+    return constrained(inputs, constraint)
 
 
-def constrained(inputs: list[GenerationInput], constraint: Constraint | None,
-                limits: ModelLimits) -> list[GenerationInput]:
+def constrained(inputs: list[GenerationInput], constraint: Constraint | None
+                ) -> list[GenerationInput]:
     """Attach the request's structured output to every input; check_constraints
     compiles it before anything is queued."""
     if constraint is not None:
@@ -276,7 +277,9 @@ def chat_input(req: ChatCompletionRequest, tokenizer: TextTokenizer,
     limits.caps.check_batch(1, width)
     stops = stop_strings(req.stop, limits.caps, req.stop_token_ids)
     messages = [_message_dict(m) for m in req.messages]
-    limits.caps.check_text("".join(map(_message_text, messages)), "the messages' content")
+    tools_text = json.dumps(plan.tools) if plan else ""  # the template renders them too
+    limits.caps.check_text("".join(map(_message_text, messages)) + tools_text,
+                           "the messages' content")
     template = _template(plan, messages, tool_config or ToolConfig())
     ids = tokenizer.apply_chat_template(messages, req.add_generation_prompt,
                                         req.continue_final_message, req.add_special_tokens,
@@ -288,7 +291,7 @@ def chat_input(req: ChatCompletionRequest, tokenizer: TextTokenizer,
     inp = GenerationInput(ids, params, stops, chat_echo_text(req, messages),
                           req.include_stop_str_in_output, req.skip_special_tokens,
                           req.priority, req.cache_salt, tool_plan=plan)
-    return constrained([inp], constraint, limits)[0]
+    return constrained([inp], constraint)[0]
 
 
 def _template(plan: ToolPlan | None, messages: list[dict], config: ToolConfig):
