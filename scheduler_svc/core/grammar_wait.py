@@ -12,7 +12,10 @@ request is admitted from its own place: WAITING -> deferred -> WAITING.
 
 When nothing else runs, the engine sends empty steps to hear about the compile
 (`needs_poll`); the worker holds such a step until a compile ends or a short bound.
-A worker loss forgets its compiled grammars: every request with a grammar that has
+A spec the workers reported compiled before is not deferred again: rank 0's cache
+holds it (the scheduler remembers as many specs as that cache does, most recent
+first; were one evicted all the same, rank 0 would compile it at admission, correct
+but on the step). A worker loss forgets its compiled grammars: every request with a grammar that has
 not run yet is deferred again and re-announced (`requeue_all`). Correctness does not
 rest on any of this: a worker handed a request whose grammar it has not compiled
 compiles it on the spot; the deferral only keeps the compile off everyone's step.
@@ -20,8 +23,10 @@ compiles it on the spot; the deferral only keeps the compile off everyone's step
 
 from __future__ import annotations
 
+from collections import OrderedDict
+
 from scheduler_svc.core.request import Request, RequestStatus
-from shared.structured_output import StructuredOutputSpec
+from shared.structured_output import CACHE_SIZE, StructuredOutputSpec
 
 
 class GrammarWait:
@@ -30,12 +35,17 @@ class GrammarWait:
         self._to_announce: dict[str, StructuredOutputSpec] = {}
         self.failures: list[tuple[str, str]] = []  # (req_id, message) for the engine
         self.num_deferred_total = 0
+        self._compiled: OrderedDict[tuple, None] = OrderedDict()  # spec keys rank 0 holds
 
     def on_add(self, request: Request) -> None:
         """A new request: deferred if it has a grammar."""
         spec = request.sampling_params.structured_output
-        if spec is not None:
-            self._defer(request, spec)
+        if spec is None:
+            return
+        if spec.key() in self._compiled:
+            self._compiled.move_to_end(spec.key())
+            return  # compiled at the workers already: ready at once
+        self._defer(request, spec)
 
     def _defer(self, request: Request, spec: StructuredOutputSpec) -> None:
         request.deferred = True
@@ -59,6 +69,7 @@ class GrammarWait:
             request = self.compiling.pop(req_id, None)
             if request is not None:
                 request.deferred = False
+                self._remember(request.sampling_params.structured_output.key())
         failed = []
         for req_id, message in errors.items():
             request = self.compiling.pop(req_id, None)
@@ -68,6 +79,12 @@ class GrammarWait:
                 failed.append(request)
         return failed
 
+    def _remember(self, key: tuple) -> None:
+        self._compiled[key] = None
+        self._compiled.move_to_end(key)
+        while len(self._compiled) > CACHE_SIZE:
+            self._compiled.popitem(last=False)
+
     def on_finish(self, request: Request) -> None:
         self.compiling.pop(request.req_id, None)
         self._to_announce.pop(request.req_id, None)
@@ -76,6 +93,7 @@ class GrammarWait:
         """The workers were lost with their compiled grammars: every waiting request
         with a grammar is deferred and announced again (a running one was preempted
         just before and waits too)."""
+        self._compiled.clear()
         for request in requests:
             spec = request.sampling_params.structured_output
             if spec is not None and request.status in (RequestStatus.WAITING,

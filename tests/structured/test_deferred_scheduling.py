@@ -53,6 +53,19 @@ def test_a_compiling_request_keeps_its_place_while_others_are_admitted(policy):
     assert step.scheduled_new_reqs[0].sampling_params.structured_output == SPEC
 
 
+def test_a_spec_the_workers_compiled_before_is_not_deferred_again():
+    s = make_scheduler()
+    s.add_request(grammar_request("g1"))
+    step = s.schedule()
+    s.update_from_output(step, answer(step, ready=["g1"]))
+    s.add_request(grammar_request("g2"))  # the same spec: rank 0's cache holds it
+    step = s.schedule()
+    assert sorted(step.num_scheduled_tokens) == ["g1", "g2"] and not step.grammar_compiles
+    s.update_from_output(step, answer(step))
+    s.requeue_all_for_recompute()  # a fresh worker holds nothing: both wait again
+    assert s.schedule().grammar_compiles == {"g1": SPEC, "g2": SPEC}
+
+
 def test_readiness_on_an_empty_step_is_applied():
     s = make_scheduler()
     s.add_request(grammar_request("g"))
