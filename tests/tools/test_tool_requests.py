@@ -227,3 +227,24 @@ def test_serve_hands_the_tool_flags_to_the_frontend(tmp_path):
     parsed = config.parse_args(config.frontend_parser(), frontend.argv[1:], environ={})
     assert (parsed.enable_auto_tool_choice, parsed.tool_call_parser, parsed.chat_template) == \
         (True, "llama3_json", str(template))
+
+
+def test_the_shipped_template_renders_as_transformers_renders_it(tokenizer):
+    """The same template through transformers' own apply_chat_template (the
+    reference Jinja environment): byte-equal, tools and tool turns included."""
+    from transformers import AutoTokenizer
+
+    from frontend_svc.tools import SHIPPED_TEMPLATE
+    from shared.default_model import ensure_default_model
+    hf = AutoTokenizer.from_pretrained(str(ensure_default_model()))
+    source = SHIPPED_TEMPLATE.read_text()
+    history = [{"role": "system", "content": "Be terse."}, *ASK,
+               {"role": "assistant", "content": "Checking.", "tool_calls": [
+                   {"id": "c1", "type": "function", "function": {
+                       "name": "get_weather", "arguments": {"city": "Paris"}}}]},
+               {"role": "tool", "tool_call_id": "c1", "content": "21 °C"}]
+    ours = tools_template(tokenizer.chat_template)
+    for messages, tools in ((ASK, [WEATHER, TIME]), (history, [WEATHER]), (history, None)):
+        expected = hf.apply_chat_template(messages, tools=tools, chat_template=source,
+                                          tokenize=False, add_generation_prompt=True)
+        assert ours.render(messages, True, tools=tools) == expected
