@@ -279,3 +279,24 @@ def test_chat_template_flag_and_the_llama3_json_parser(tiny_model_dir, start_sta
     assert made["function"]["name"] == "get_time"
     jsonschema.validate(json.loads(made["function"]["arguments"]),
                         CLOCK["function"]["parameters"])
+
+
+def test_each_of_n_streamed_choices_gets_its_own_calls(client):
+    body = {"model": MODEL, "messages": ASK, "tools": [WEATHER, CLOCK], "n": 2,
+            "tool_choice": "required", "parallel_tool_calls": False, "temperature": 1.0,
+            "seed": 4, "max_tokens": 120}
+    replies = client.chat.completions.create(**body).choices
+    calls: dict[int, dict] = {}
+    finishes = {}
+    for chunk in client.chat.completions.create(stream=True, **body):
+        choice = chunk.choices[0]
+        finishes[choice.index] = choice.finish_reason or finishes.get(choice.index)
+        for tc in choice.delta.tool_calls or ():
+            call = calls.setdefault(choice.index, {"name": "", "arguments": ""})
+            call["name"] += tc.function.name or ""
+            call["arguments"] += tc.function.arguments or ""
+    for reply in replies:  # seeded: each stream equals its choice of the reply
+        [made] = reply.message.tool_calls
+        assert calls[reply.index] == {"name": made.function.name,
+                                      "arguments": made.function.arguments}
+        assert finishes[reply.index] == reply.finish_reason == "tool_calls"
