@@ -115,19 +115,19 @@ def plan(req, config: ToolConfig) -> tuple[ToolPlan | None, Constraint | None]:
         if choice not in (None, "none", "auto"):
             raise _refuse("tool_choice needs tools: the request sends none", "tool_choice")
         return None, None
-    if config.template is None:
-        raise _refuse("tools: this model's chat template does not render tools; start the "
-                      "frontend with --chat-template FILE (a tools-aware template)", "tools")
     max_calls = None if req.parallel_tool_calls in (None, True) else 1
     if choice is None:  # OpenAI's default with tools
         choice = "auto"
+    if isinstance(choice, str) and choice not in CHOICES:
+        raise _refuse(f"tool_choice must be one of {', '.join(CHOICES)} or "
+                      '{"type": "function", "function": {"name": ...}}; '
+                      f"got {choice!r}", "tool_choice")
+    if choice == "none":  # the template sees the tools (vLLM's way), nothing is parsed
+        return ToolPlan("none", tools), None
+    if config.template is None:
+        raise _refuse("tools: this model's chat template does not render tools; start the "
+                      "frontend with --chat-template FILE (a tools-aware template)", "tools")
     if isinstance(choice, str):
-        if choice not in CHOICES:
-            raise _refuse(f"tool_choice must be one of {', '.join(CHOICES)} or "
-                          '{"type": "function", "function": {"name": ...}}; '
-                          f"got {choice!r}", "tool_choice")
-        if choice == "none":
-            return ToolPlan("none", tools), None
         if choice == "auto":
             if not (config.enable_auto_tool_choice and config.parser):
                 raise _refuse('"auto" tool choice requires --enable-auto-tool-choice and '

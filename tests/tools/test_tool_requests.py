@@ -172,6 +172,9 @@ def test_auto_needs_the_flag_and_a_template_that_renders_tools(tokenizer, limits
         chat(tokenizer, limits, ToolConfig(True, "hermes", None), tools=[WEATHER],
              tool_choice="required")
     assert info.value.param == "tools"
+    plain = chat(tokenizer, limits, ToolConfig(True, "hermes", None), tools=[WEATHER],
+                 tool_choice="none")  # nothing to parse: the model's template, as vLLM
+    assert plain.tool_plan.mode == "none"
 
 
 def test_a_non_chatml_template_that_ignores_tools_gets_no_substitute(tokenizer):
