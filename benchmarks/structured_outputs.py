@@ -4,6 +4,13 @@ backend's compile and mask times (llguidance, and xgrammar beside it when instal
 
     python benchmarks/structured_outputs.py [--model DIR] [--concurrency 1,16,64]
         [--max-tokens 64] [--compiles 40] [--rounds 2] [--json out.json]
+    python benchmarks/structured_outputs.py --overlap [--overlap-requests 16]
+
+--overlap measures instead what docs/async.md reports: one real worker process driven
+by the scheduler's own Engine (benchmarks/async_overlap.py's harness), async and sync
+scheduling, unconstrained and regex-constrained requests of the same length (a regex
+of exactly 400 characters, so none ends early), with the worker's idle time between
+steps and its mask time per step.
 
 Starts `gapserve serve` (the default model unless --model) on free ports and talks to
 it with gRPC Generate (the frontend's client API: tokenizing, detokenizing and the
@@ -208,6 +215,94 @@ def table(points: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def overlap(args) -> dict:
+    """Async vs sync, free vs constrained: the worker's idle share and mask time."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import async_overlap as ao
+    from scheduler_svc.core.config import SchedulerConfig
+    from scheduler_svc.core.request import Request
+    from scheduler_svc.core.scheduler import Scheduler
+    from scheduler_svc.engine import Engine
+
+    ns = argparse.Namespace(model=args.model, device="cpu", worker_threads=1,
+                            max_model_len=32 + args.max_tokens, prompt_len=32,
+                            max_tokens=args.max_tokens, num_requests=args.overlap_requests,
+                            max_num_batched_tokens=2048, seed=0)
+    port = free_port()
+    worker = ao.start_worker(ns, port)
+    spec = so.StructuredOutputSpec("regex", "[a-z ,.]{400}")
+    results = {}
+    try:
+        prompts = ao.make_prompts(ns, args.overlap_requests)
+        for mode in ("async", "sync", "async", "sync"):
+            for constrained in (False, True):
+                group = ao.TimedGroup([f"127.0.0.1:{port}"])
+                info = ao.handshake(group, worker, 300)
+                cfg = SchedulerConfig(block_size=info.block_size, max_model_len=ns.max_model_len,
+                                      max_num_seqs=ns.num_requests, max_num_batched_tokens=2048,
+                                      async_scheduling=mode == "async")
+                engine = Engine(Scheduler(cfg, info.num_kv_blocks), group, info,
+                                cfg.max_model_len)
+                group.open_streams()
+                engine.start()
+                try:
+                    session = engine.open_session()
+                    params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens,
+                                            structured_output=spec if constrained else None,
+                                            stop_token_ids=[] if constrained else [])
+                    for i, prompt in enumerate(prompts[:2]):  # warm (and compile) off the record
+                        engine.add(session, Request(f"w{mode}{constrained}{i}", prompt,
+                                                    SamplingParams(temperature=0.0, max_tokens=4,
+                                                                   structured_output=params.structured_output),
+                                                    info.eos_token_ids))
+                    _drain(session, 2)
+                    group.timings.clear()
+                    t0 = time.perf_counter()
+                    tag = f"{mode}-{int(constrained)}-{len(results)}"
+                    for i, prompt in enumerate(prompts):
+                        engine.add(session, Request(f"{tag}-{i}", prompt, params,
+                                                    info.eos_token_ids))
+                    arrivals = _drain(session, len(prompts))
+                    timings = list(group.timings)
+                    r = ao.summarize(t0, arrivals, timings).as_dict()
+                    masked = [t.mask_ms for t in timings if t.mask_ms]
+                    r["mask_ms_mean"] = sum(masked) / len(masked) if masked else 0.0
+                    results.setdefault(f"{mode} {'regex' if constrained else 'free'}",
+                                       []).append(r)
+                finally:
+                    engine.stop()
+                    group.close()
+    finally:
+        worker.terminate()
+        worker.wait(30)
+    return results
+
+
+def _drain(session, n: int) -> dict:
+    from scheduler_svc.engine import CLOSED, Failure
+    arrivals, done = {}, 0
+    while done < n:
+        items = session.outbox.get()
+        now = time.perf_counter()
+        assert items is not CLOSED
+        for item in items:
+            assert not isinstance(item, Failure), item
+            if item.new_token_ids:
+                arrivals.setdefault(item.req_id, []).append((now, len(item.new_token_ids)))
+            done += item.finished
+    return arrivals
+
+
+def overlap_table(results: dict) -> str:
+    lines = ["| mode | tokens/s | worker idle share | idle mean ms | mask ms a step |",
+             "|---|---:|---:|---:|---:|"]
+    for name, runs in results.items():
+        for r in runs:
+            lines.append(f"| {name} | {r['tokens_per_s']:.1f} | {100 * r['worker_idle_share']:.2f}% | "
+                         f"{r['worker_idle_ms_mean']:.2f} | {r['mask_ms_mean']:.2f} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default=None, help="checkpoint dir (default: the default model)")
@@ -218,7 +313,16 @@ def main(argv: list[str] | None = None) -> int:
                    help="runs of each point, unconstrained and constrained alternating; "
                         "the best is reported")
     p.add_argument("--json", default=None)
+    p.add_argument("--overlap", action="store_true",
+                   help="measure async overlap with and without grammars instead")
+    p.add_argument("--overlap-requests", type=int, default=16)
     args = p.parse_args(argv)
+    if args.overlap:
+        results = overlap(args)
+        print(overlap_table(results))
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=2))
+        return 0
     from shared.default_model import ensure_default_model
     model_dir = args.model or str(ensure_default_model())
     backend = compile_times(model_dir, args.compiles)
