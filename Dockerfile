@@ -34,6 +34,8 @@ COPY worker_svc worker_svc
 COPY scheduler_svc scheduler_svc
 COPY frontend_svc frontend_svc
 COPY gapserve gapserve
+# Its pinned dependencies come with it, llguidance (structured outputs) among them: a
+# wheel with no dependencies of its own, so the CPU image stays free of triton.
 RUN pip install --index-url "${PIP_INDEX_URL}" ".${EXTRAS:+[$EXTRAS]}"
 
 FROM build AS model

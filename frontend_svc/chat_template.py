@@ -29,9 +29,10 @@ def _strftime_now(fmt: str) -> str:
 
 
 class ChatTemplate:
-    __slots__ = ("template", "special_tokens")
+    __slots__ = ("template", "special_tokens", "source", "origin")
 
-    def __init__(self, source: str, special_tokens: dict[str, str]) -> None:
+    def __init__(self, source: str, special_tokens: dict[str, str],
+                 origin: str = "the model's") -> None:
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                             extensions=["jinja2.ext.loopcontrols"])
         env.filters["tojson"] = _tojson
@@ -39,11 +40,19 @@ class ChatTemplate:
         env.globals["strftime_now"] = _strftime_now
         self.template = env.from_string(source)
         self.special_tokens = special_tokens  # bos_token, eos_token, ...: templates use them
+        self.source = source
+        self.origin = origin  # for logs and errors: the model's, --chat-template's, ...
+
+    @property
+    def renders_tools(self) -> bool:
+        """Whether the template reads `tools` at all (SmolLM2's does not)."""
+        return "tools" in self.source
 
     def render(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-               continue_final_message: bool = False) -> str:
-        try:
-            text = self.template.render(messages=messages,
+               continue_final_message: bool = False,
+               tools: list[dict[str, Any]] | None = None) -> str:
+        try:  # tools=None like transformers, which always passes the variable
+            text = self.template.render(messages=messages, tools=tools,
                                         add_generation_prompt=add_generation_prompt,
                                         **self.special_tokens)
         except (TemplateError, TypeError, ValueError, KeyError) as exc:

@@ -14,6 +14,9 @@ from typing import TypeVar
 
 import grpc
 
+from shared.config import structured_output_compile_timeout_s
+from shared.structured_output import grammar_vocab
+
 from frontend_svc.admission import Admission
 from frontend_svc.auth import ApiKeys
 from frontend_svc.caps import RequestCaps
@@ -21,9 +24,10 @@ from frontend_svc.engine_client import EngineClient
 from frontend_svc.errors import EngineError
 from frontend_svc import generation
 from frontend_svc.generation import Choice
-from frontend_svc.observe import Observer
+from frontend_svc.observe import Observer, log
 from frontend_svc.output_stream import Delta, OutputStream
 from frontend_svc.tokenizer import TextTokenizer
+from frontend_svc.tools import ToolConfig
 from frontend_svc.translate import ModelLimits
 
 T = TypeVar("T")
@@ -46,6 +50,13 @@ class Frontend:
     # queues behind itself and never in front of a generation request's prompt
     utility_pool: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="tokenize-api"))
+    tools: ToolConfig = field(default_factory=ToolConfig)  # --enable-auto-tool-choice, ...
+    # compiling structured outputs' grammars (translate.check_constraints): a slow one
+    # (up to the compile timeout) waits here, not on a thread that tokenizes prompts
+    grammar_pool: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(2, thread_name_prefix="grammar"))
+    # GAPSERVE_STRUCTURED_OUTPUT_COMPILE_TIMEOUT_S, the same bound rank 0 compiles under
+    compile_timeout_s: float = field(default_factory=structured_output_compile_timeout_s)
 
     @property
     def ready(self) -> bool:
@@ -57,12 +68,29 @@ class Frontend:
         if info is None:
             raise EngineError(grpc.StatusCode.UNAVAILABLE, "the scheduler is not connected yet")
         return ModelLimits(info.max_model_len, info.vocab_size,
-                           self.caps.for_model(info.max_model_len, self.tokenizer.max_token_bytes))
+                           self.caps.for_model(info.max_model_len, self.tokenizer.max_token_bytes),
+                           # the vocabulary rank 0 compiles against: the workers' size, EOS
+                           functools.partial(grammar_vocab, self.model_path, info.vocab_size,
+                                             list(info.eos_token_ids) or None),
+                           self.compile_timeout_s)
+
+    def warm_grammar_vocab(self) -> None:
+        """Build the model's grammar vocabulary (about a second, once per process) on
+        the pool when the scheduler connects, not on the first structured request."""
+        try:
+            self.limits.grammar_vocab()
+        except Exception as exc:  # structured requests will say it; serving goes on
+            log.warning("no grammar vocabulary for structured outputs", error=str(exc))
 
     async def offload(self, fn: Callable[..., T], *args) -> T:
         """Run a tokenizing call on the pool; the event loop keeps serving meanwhile."""
         return await asyncio.get_running_loop().run_in_executor(
             self.pool, functools.partial(fn, *args))
+
+    async def offload_grammar(self, fn: Callable[..., T], *args) -> T:
+        """Run a grammar compile (structured-output validation) on its own pool."""
+        return await asyncio.get_running_loop().run_in_executor(
+            self.grammar_pool, functools.partial(fn, *args))
 
     async def offload_utility(self, fn: Callable[..., T], *args) -> T:
         """Run a tokenize/detokenize endpoint's work on its own thread (utility_pool)."""

@@ -9,7 +9,8 @@ import grpc
 
 from shared import proto_convert as convert
 from shared.proto import generate_pb2, generate_pb2_grpc
-from shared.types import FinishReason, InvalidRequestError
+from shared.structured_output import StructuredOutputError, validate_for_model
+from shared.types import FinishReason, InvalidRequestError, SamplingParams
 
 from frontend_svc import generation
 from frontend_svc.auth import Forbidden, Unauthenticated, bearer
@@ -28,6 +29,7 @@ def generate_input(req: generate_pb2.GenerateRequest, fe: Frontend) -> Generatio
     limits = fe.limits
     params = convert.sampling_from_proto(req.sampling_params)
     params.validate(limits.vocab_size)
+    check_structured_output(params, fe)
     stops = stop_strings(list(req.stop), limits.caps, params.stop_token_ids)
     add_special = req.add_special_tokens if req.HasField("add_special_tokens") else True
     which = req.WhichOneof("input")
@@ -44,6 +46,21 @@ def generate_input(req: generate_pb2.GenerateRequest, fe: Frontend) -> Generatio
         req.include_stop_str_in_output if req.HasField("include_stop_str_in_output") else False,
         req.skip_special_tokens if req.HasField("skip_special_tokens") else True,
         req.priority, req.cache_salt if req.HasField("cache_salt") else None)
+
+
+def check_structured_output(params: SamplingParams, fe: Frontend) -> None:
+    """Compile the request's grammar (cached; bounded by the compile timeout) before
+    anything is queued: a bad schema, regex, choice list or grammar is an
+    InvalidRequestError naming the part at fault (INVALID_ARGUMENT / HTTP 400)."""
+    spec = params.structured_output
+    if spec is None:
+        return
+    info = fe.engine.model_info
+    try:
+        validate_for_model(spec, fe.model_path, info.vocab_size if info else None,
+                           list(info.eos_token_ids) if info else None)
+    except StructuredOutputError as exc:
+        raise InvalidRequestError(f"structured_output.{exc.field}: {exc.message}") from exc
 
 
 def tokenize_reply(req: generate_pb2.TokenizeRequest, fe: Frontend

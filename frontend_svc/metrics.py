@@ -73,6 +73,14 @@ REQUEST_SUCCESS = Counter("gapserve:request_success", "Finished requests, by fin
                           _M + ["finished_reason"])
 REQUEST_ERRORS = Counter("gapserve:request_errors",
                          "Requests that ended in an error, by status code.", _M + ["code"])
+# structured outputs and tool calling (docs/tool_calling.md): per HTTP request admitted
+STRUCTURED_OUTPUT_REQUESTS = Counter(
+    "gapserve:structured_output_requests", "Requests with a structured output, by kind (json, "
+    "json_object, regex, choice, grammar) and the field that asked (response_format, "
+    "structured_outputs, guided, tool_choice).", _M + ["kind", "source"])
+TOOL_CHOICE_REQUESTS = Counter(
+    "gapserve:tool_choice_requests", "Chat requests with tools, by tool_choice (none, auto, "
+    "required, named).", _M + ["tool_choice"])
 
 _tracer = get_tracer("gapserve.frontend")
 

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 
 from shared.telemetry import get_logger, setup_telemetry
 
-from frontend_svc.metrics import RequestTracker
+from frontend_svc.metrics import (
+    STRUCTURED_OUTPUT_REQUESTS, TOOL_CHOICE_REQUESTS, RequestTracker)
 from frontend_svc.vllm_metrics import scrape
 
 log = get_logger(component="frontend")
@@ -20,10 +21,29 @@ class Observer:
 
     def start(self, choice, engine=None) -> RequestTracker:
         info = None if engine is None else engine.model_info
-        return RequestTracker.start(choice.req_id, self.model_name, choice.params,
-                                    len(choice.inp.prompt_token_ids), choice.incoming,
-                                    operation=choice.operation,
-                                    max_model_len=info.max_model_len if info else 0)
+        tracker = RequestTracker.start(choice.req_id, self.model_name, choice.params,
+                                       len(choice.inp.prompt_token_ids), choice.incoming,
+                                       operation=choice.operation,
+                                       max_model_len=info.max_model_len if info else 0)
+        tracker.span.set_attributes(constraint_attributes(choice.inp))
+        return tracker
+
+    def constrained(self, resp_id: str, inp) -> None:
+        """One HTTP request's structured output and tool_choice: counted, and said in
+        one log line (with the compile time: a cache hit is ~0)."""
+        attrs = constraint_attributes(inp)
+        if not attrs:
+            return
+        if inp.constraint is not None:
+            STRUCTURED_OUTPUT_REQUESTS.labels(self.model_name, inp.constraint.spec.kind,
+                                              inp.constraint.source).inc()
+        if inp.tool_plan is not None:
+            TOOL_CHOICE_REQUESTS.labels(self.model_name, inp.tool_plan.label).inc()
+        log.info("constrained request", request_id=resp_id,
+                 structured_output=attrs.get("gapserve.request.structured_output"),
+                 source=inp.constraint.source if inp.constraint else None,
+                 tool_choice=attrs.get("gapserve.request.tool_choice"),
+                 compile_ms=round(inp.compile_s * 1e3, 2))
 
     def finish(self, tracker: RequestTracker, state) -> None:
         tracker.finish(state.finish_reason, num_preemptions=state.num_preemptions,
@@ -35,6 +55,19 @@ class Observer:
             with tracker.activate():  # the line carries the request's trace id
                 log.warning("request failed", request_id=tracker.req_id, code=code,
                             message=message)
+
+
+def constraint_attributes(inp) -> dict[str, str]:
+    """Span attributes naming a request's structured-output kind and tool_choice."""
+    out = {}
+    constraint = getattr(inp, "constraint", None)
+    plan = getattr(inp, "tool_plan", None)
+    if constraint is not None:
+        out["gapserve.request.structured_output"] = constraint.spec.kind
+        out["gapserve.request.structured_output.source"] = constraint.source
+    if plan is not None:
+        out["gapserve.request.tool_choice"] = plan.label
+    return out
 
 
 def setup(args) -> None:

@@ -4,8 +4,9 @@ generation, tokenize/detokenize, and the operator's (health, ready, metrics,
 status, models).
 
 Nothing that costs CPU runs on the event loop that serves every stream: request
-bodies are parsed, tokenized and decoded on the tokenizer pool, and every route
-that does so goes through admission first (HttpGuard, then Admission.admit)."""
+bodies are parsed, tokenized and decoded on the tokenizer pool, structured-output
+grammars compiled on the grammar pool, and every route that does so goes through
+admission first (HttpGuard, then Admission.admit)."""
 
 from __future__ import annotations
 
@@ -28,8 +29,8 @@ from frontend_svc.protocol import (
     ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest)
 from frontend_svc.output_stream import OutputStream
 from frontend_svc.translate import (
-    GenerationInput, ModelLimits, chat_input, check_chat_template_flags, choices_per_prompt,
-    completion_inputs, encode, fan_out)
+    GenerationInput, ModelLimits, chat_input, check_chat_template_flags, check_constraints,
+    choices_per_prompt, completion_inputs, encode, fan_out)
 
 # slack for the other fields' commas when counting /detokenize's ids before parsing
 DETOKENIZE_COMMA_SLACK = 16
@@ -175,6 +176,8 @@ def generation_router(fe: Frontend) -> APIRouter:
     def choices_for(inputs: list[GenerationInput], width: int, resp_id: str,
                     request: Request, operation: str) -> list[Choice]:
         """`width` choices per prompt; choice k of the response is request `resp_id-k`."""
+        if inputs:  # its structured output and tool_choice, counted and logged once
+            fe.observer.constrained(resp_id, inputs[0])
         pairs = [(inp, params) for inp in inputs for params in fan_out(inp.params, width)]
         return [Choice(f"{resp_id}-{k}", inp, params, request.headers, operation)
                 for k, (inp, params) in enumerate(pairs)]
@@ -192,6 +195,7 @@ def generation_router(fe: Frontend) -> APIRouter:
     async def completions(request: Request):
         req: CompletionRequest = await admitted(request, CompletionRequest)
         inputs = await fe.offload(completion_inputs, req, fe.tokenizer, fe.limits)
+        inputs = await fe.offload_grammar(check_constraints, inputs, fe.limits)
         resp_id = fe.new_id("cmpl")
         width = choices_per_prompt(req)
         choices = choices_for(inputs, width, resp_id, request, "text_completion")
@@ -213,7 +217,8 @@ def generation_router(fe: Frontend) -> APIRouter:
     @router.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         req: ChatCompletionRequest = await admitted(request, ChatCompletionRequest)
-        inp = await fe.offload(chat_input, req, fe.tokenizer, fe.limits)
+        inp = await fe.offload(chat_input, req, fe.tokenizer, fe.limits, fe.tools)
+        [inp] = await fe.offload_grammar(check_constraints, [inp], fe.limits)
         resp_id = fe.new_id("chatcmpl")
         width = choices_per_prompt(req)
         choices = choices_for([inp], width, resp_id, request, "chat")
@@ -227,7 +232,7 @@ def generation_router(fe: Frontend) -> APIRouter:
                 "choices": [fmt.chat_choice(
                     i, states[k], inp.prompt_text,
                     fmt.chat_logprobs(fe.tokenizer, states[k].logprobs) if req.logprobs
-                    else None)
+                    else None, inp.tool_plan)
                     for i, k in enumerate(keep)],
                 "usage": fmt.usage_of([len(inp.prompt_token_ids)], [states[k] for k in keep])}
 
@@ -279,9 +284,13 @@ async def _chat_events(fe: Frontend, req: ChatCompletionRequest, resp_id: str,
     created, model = fmt.now(), fe.served_model_name
     states: dict[int, OutputStream] = {}
     echo = choices[0].inp.prompt_text
+    plan = choices[0].inp.tool_plan
+    parsers = {i: plan.new_parser() for i in range(len(choices))} \
+        if plan is not None and plan.parses else {}
     for index in range(len(choices)):
-        yield fmt.sse(fmt.chat_chunk(resp_id, created, model, index,
-                                     {"role": "assistant", "content": ""}, None, None))
+        # with tool calls, content may never come: OpenAI's first delta has none then
+        role = {"role": "assistant"} if parsers else {"role": "assistant", "content": ""}
+        yield fmt.sse(fmt.chat_chunk(resp_id, created, model, index, role, None, None))
         if echo:  # vLLM sends the echoed content right after the role
             yield fmt.sse(fmt.chat_chunk(resp_id, created, model, index,
                                          {"content": echo}, None, None))
@@ -291,8 +300,9 @@ async def _chat_events(fe: Frontend, req: ChatCompletionRequest, resp_id: str,
             if not delta.text and not delta.finished and not delta.logprobs:
                 continue
             lps = fmt.chat_logprobs(fe.tokenizer, delta.logprobs) if req.logprobs else None
-            body = {"content": delta.text} if delta.text else {}
-            yield fmt.sse(fmt.chat_chunk(resp_id, created, model, index, body, delta, lps))
+            for chunk in _chat_delta_chunks(resp_id, created, model, index, delta, lps,
+                                            parsers.get(index), plan):
+                yield fmt.sse(chunk)
         if req.stream_options and req.stream_options.include_usage:
             yield fmt.sse({"id": resp_id, "object": "chat.completion.chunk",
                            "created": created, "model": model, "choices": [],
@@ -301,6 +311,29 @@ async def _chat_events(fe: Frontend, req: ChatCompletionRequest, resp_id: str,
     except EngineError as exc:
         yield fmt.sse(error_body(exc.message, exc.http_status))
     yield fmt.sse("[DONE]")
+
+
+def _chat_delta_chunks(resp_id: str, created: int, model: str, index: int, delta,
+                       lps: dict | None, parser, plan) -> list[dict]:
+    """The chunks of one delta: its text as content, or, with a tool parser, the
+    parser's content and tool_calls bodies; logprobs ride on the first chunk and
+    the finish reason (renamed by the tool plan) on the last."""
+    if parser is None:
+        body = {"content": delta.text} if delta.text else {}
+        return [fmt.chat_chunk(resp_id, created, model, index, body, delta, lps)]
+    bodies = parser.feed(delta.text) if delta.text else []
+    if delta.finished:
+        bodies += parser.finish()
+    if not bodies and not delta.finished and not lps:
+        return []
+    bodies = bodies or [{}]
+    finish = plan.finish_reason(delta.finish_name, parser.num_calls) \
+        if delta.finished else None
+    last = len(bodies) - 1
+    return [fmt.chat_chunk(resp_id, created, model, index, body,
+                           delta if i == last else None, lps if i == 0 else None,
+                           finish if i == last else None)
+            for i, body in enumerate(bodies)]
 
 
 async def _chain(first, rest: AsyncIterator) -> AsyncIterator:

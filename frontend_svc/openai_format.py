@@ -9,6 +9,7 @@ from shared.types import TokenLogprobs
 
 from frontend_svc.output_stream import Delta, OutputStream
 from frontend_svc.tokenizer import TextTokenizer
+from frontend_svc.tool_parsers import parse_all
 
 MIN_LOGPROB = -9999.0  # JSON has no -Infinity
 
@@ -95,11 +96,19 @@ def best_of(states: list[OutputStream], width: int, n: int) -> list[int]:
 
 
 def chat_choice(index: int, state: OutputStream, echo_text: str | None,
-                logprobs: dict | None) -> dict:
-    return {"index": index,
-            "message": {"role": "assistant", "content": (echo_text or "") + state.text},
-            "logprobs": logprobs, "finish_reason": _finish(state.finish_reason),
-            "stop_reason": state.stop_reason}
+                logprobs: dict | None, plan=None) -> dict:
+    """One chat choice; with a tool plan that parses (auto, required, named), the
+    reply is split into content (None if empty) and tool_calls by its parser."""
+    message = {"role": "assistant", "content": (echo_text or "") + state.text}
+    finish = _finish(state.finish_reason)
+    if plan is not None and plan.parses:
+        content, calls = parse_all(plan.new_parser(), state.text)
+        message = {"role": "assistant", "content": content}
+        if calls:
+            message["tool_calls"] = calls
+        finish = plan.finish_reason(finish, len(calls))
+    return {"index": index, "message": message, "logprobs": logprobs,
+            "finish_reason": finish, "stop_reason": state.stop_reason}
 
 
 def completion_chunk(resp_id: str, created: int, model: str, index: int, text: str,
@@ -111,11 +120,14 @@ def completion_chunk(resp_id: str, created: int, model: str, index: int, text: s
 
 
 def chat_chunk(resp_id: str, created: int, model: str, index: int, delta_body: dict,
-               delta: Delta | None, logprobs: dict | None) -> dict:
+               delta: Delta | None, logprobs: dict | None,
+               finish_reason: str | None = None) -> dict:
+    """finish_reason: given when tool calling renames it (ToolPlan.finish_reason)."""
+    finish = finish_reason or (delta.finish_name if delta else None)
     return {"id": resp_id, "object": "chat.completion.chunk", "created": created,
             "model": model,
             "choices": [{"index": index, "delta": delta_body, "logprobs": logprobs,
-                         "finish_reason": delta.finish_name if delta else None,
+                         "finish_reason": finish,
                          "stop_reason": delta.stop_reason if delta else None}]}
 
 

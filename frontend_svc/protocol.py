@@ -36,31 +36,23 @@ class Refusal:
     refuses: Callable[[Any], bool] = _given  # the value -> is it refused?
 
 
-_STRUCTURED = Refusal("structured outputs are not supported yet")
-_TOOLS = Refusal("tools (function calling) are not supported by this server", _truthy)
-_TOOL_CHOICE = Refusal("tool choice is not supported by this server (only 'none' or "
-                       "'auto', with no tools)", lambda v: v not in (None, "none", "auto"))
+_FUNCTIONS = Refusal("the deprecated functions / function_call are not supported: use "
+                     "tools and tool_choice", _truthy)
 _VLLM_ONLY = "is not supported by this server"
 
 REFUSED: dict[str, Refusal] = {
     "suffix": Refusal("suffix (fill-in-the-middle) is not supported", _truthy),
     "prompt_logprobs": Refusal("prompt_logprobs is not supported yet"),
-    "response_format": Refusal(
-        "structured outputs are not supported yet; response_format may only be "
-        "{\"type\": \"text\"}",
-        lambda v: v is not None and (v.get("type", "text") if isinstance(v, dict) else v)
-        != "text"),
-    "structured_outputs": _STRUCTURED,
-    "guided_json": _STRUCTURED,
-    "guided_regex": _STRUCTURED,
-    "guided_choice": _STRUCTURED,
-    "guided_grammar": _STRUCTURED,
-    "guided_decoding_backend": _STRUCTURED,
-    "guided_whitespace_pattern": _STRUCTURED,
-    "tools": _TOOLS,
-    "functions": _TOOLS,
-    "tool_choice": _TOOL_CHOICE,
-    "function_call": _TOOL_CHOICE,
+    # vLLM's removed guided_* fields map onto structured_outputs (structured.py); these two
+    # have no counterpart there
+    "guided_decoding_backend": Refusal(
+        "guided_decoding_backend was removed (vLLM): the server picks the backend "
+        "(llguidance); drop the field"),
+    "guided_whitespace_pattern": Refusal(
+        "guided_whitespace_pattern is not supported: use "
+        "structured_outputs.disable_any_whitespace"),
+    "functions": _FUNCTIONS,
+    "function_call": Refusal(_FUNCTIONS.message, lambda v: v not in (None, "none", "auto")),
     "audio": Refusal("audio output is not supported"),
     "modalities": Refusal("only the text modality is supported",
                           lambda v: v is not None and list(v) != ["text"]),
@@ -88,7 +80,7 @@ REFUSED: dict[str, Refusal] = {
     "vllm_xargs": Refusal(f"vllm_xargs {_VLLM_ONLY}"),
     "documents": Refusal(f"documents {_VLLM_ONLY}"),
     "chat_template": Refusal("a per-request chat_template is not supported; the model's "
-                             "own is used"),
+                             "own (or the frontend's --chat-template) is used"),
     "chat_template_kwargs": Refusal(f"chat_template_kwargs {_VLLM_ONLY}"),
     "mm_processor_kwargs": Refusal("multimodal input is not supported"),
 }
@@ -96,7 +88,7 @@ REFUSED: dict[str, Refusal] = {
 # the caller or hints for a hosted service (the prefix cache here is automatic).
 NO_EFFECT = frozenset({"user", "metadata", "safety_identifier", "service_tier",
                        "prompt_cache_key", "prompt_cache_retention", "prompt_cache_options",
-                       "parallel_tool_calls", "request_id"})
+                       "request_id"})
 
 
 def check_refused(req: BaseModel) -> None:
@@ -146,7 +138,13 @@ class SamplingFields(BaseModel):
     user: str | None = None
     cache_salt: str | None = None  # vLLM's: prefix-cache isolation between tenants
     logit_bias: dict[str, float] | None = None
-    response_format: dict[str, Any] | None = None  # only {"type": "text"}: see REFUSED
+    # structured outputs (frontend_svc/structured.py): at most one of these
+    response_format: dict[str, Any] | None = None  # OpenAI's
+    structured_outputs: dict[str, Any] | None = None  # vLLM's
+    guided_json: Union[dict[str, Any], str, None] = None  # vLLM's removed fields
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
 
 class CompletionRequest(SamplingFields):
@@ -173,6 +171,8 @@ class ChatMessage(BaseModel):
     role: ChatRole
     content: Union[str, list[TextPart], None] = None
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # a tool message answers this call
 
     @model_validator(mode="after")
     def _content_required(self) -> "ChatMessage":
@@ -192,8 +192,9 @@ class ChatCompletionRequest(SamplingFields):
     add_generation_prompt: bool = True
     continue_final_message: bool = False  # vLLM's: extend the last (assistant) message
     add_special_tokens: bool = False  # vLLM's: BOS etc. on top of the template's own
-    tools: list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = None  # frontend_svc/tools.py
     tool_choice: Union[str, dict[str, Any], None] = None
+    parallel_tool_calls: bool | None = None  # false: at most one call
 
 
 class TokenizeRequest(BaseModel):

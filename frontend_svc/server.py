@@ -18,7 +18,7 @@ import uvicorn
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from shared.config import frontend_parser, parse_args
+from shared.config import frontend_parser, parse_args, tool_flags_problem
 from shared.default_model import resolve_model
 from shared.grpc_server import CHANNEL_OPTIONS
 from shared.link_security import LinkSecurity
@@ -37,6 +37,7 @@ from frontend_svc.openai_api import build_app
 from frontend_svc.replica_router import RoutingRule
 from frontend_svc.replicas import ReplicaSet, check_endpoints
 from frontend_svc.tokenizer import TextTokenizer
+from frontend_svc.tools import ToolConfig, load_template
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -50,9 +51,14 @@ def main(argv: list[str] | None = None) -> int:
                         args.kv_events_endpoints, args.kv_events_replay_endpoints)
     except ValueError as e:
         parser.error(str(e))
+    if tool_flags_problem(args):
+        parser.error(tool_flags_problem(args))
     observe.setup(args)
     model_dir = resolve_model(args.model)
     tokenizer = TextTokenizer.from_dir(model_dir)
+    if args.chat_template:  # vLLM's --chat-template: replaces the model's for every chat
+        tokenizer.chat_template = load_template(args.chat_template, tokenizer.special_tokens,
+                                                "--chat-template")
     name = args.served_model_name or Path(model_dir).name
     try:
         asyncio.run(serve(args, tokenizer, name, str(model_dir)))
@@ -75,6 +81,7 @@ async def serve(args, tokenizer: TextTokenizer, served_model_name: str,
                 admission.max_num_seqs = (await engine.get_status()).max_num_seqs
             except EngineError as exc:  # keep the last value; the bound stays finite
                 observe.log.warning("no scheduler status for admission", error=exc.message)
+            asyncio.get_running_loop().run_in_executor(fe.grammar_pool, fe.warm_grammar_vocab)
         for service in ("", SERVICE_NAME):
             await health_servicer.set(service, SERVING if serving else NOT_SERVING)
 
@@ -82,7 +89,8 @@ async def serve(args, tokenizer: TextTokenizer, served_model_name: str,
     fe = Frontend(engine, tokenizer, served_model_name, model_path,
                   observe.Observer(served_model_name), ApiKeys.from_args(args),
                   RequestCaps.from_args(args), admission,
-                  ThreadPoolExecutor(args.tokenizer_threads, thread_name_prefix="tokenize"))
+                  ThreadPoolExecutor(args.tokenizer_threads, thread_name_prefix="tokenize"),
+                  tools=ToolConfig.from_args(args, tokenizer.chat_template))
 
     # a client's message is bounded like an HTTP body (--payload-limit); with
     # --api-server-count > 1, N frontends share the same ports
@@ -121,7 +129,10 @@ async def serve(args, tokenizer: TextTokenizer, served_model_name: str,
                      priority_keys=len(fe.keys.priority_keys), grpc_tls=security.tls,
                      prefix_cache_scope=fe.keys.cache_scope if fe.keys.enabled else "global",
                      mtls=security.tls and security.ca is not None,
-                     https=bool(args.ssl_certfile), max_queued_requests=args.max_queued_requests)
+                     https=bool(args.ssl_certfile), max_queued_requests=args.max_queued_requests,
+                     tool_call_parser=args.tool_call_parser,
+                     enable_auto_tool_choice=args.enable_auto_tool_choice,
+                     tools_template=fe.tools.template.origin if fe.tools.template else None)
     stop_task = asyncio.create_task(stop.wait())
     await asyncio.wait({http_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
     if stop_task.done():  # SIGTERM: the ports stay open while running requests finish
@@ -136,6 +147,7 @@ async def serve(args, tokenizer: TextTokenizer, served_model_name: str,
     await engine.close()
     fe.pool.shutdown(wait=False, cancel_futures=True)
     fe.utility_pool.shutdown(wait=False, cancel_futures=True)
+    fe.grammar_pool.shutdown(wait=False, cancel_futures=True)
     observe.log.info("frontend stopped")
 
 

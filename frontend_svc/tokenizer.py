@@ -6,7 +6,7 @@ frontend stays free of transformers and torch (it starts in about a second)."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ class TextTokenizer:
     chat_template: ChatTemplate | None = None
     eos_token_id: int | None = None
     max_token_bytes: int = 0  # the longest token's text in UTF-8 bytes (bounds a prompt)
+    special_tokens: dict[str, str] = field(default_factory=dict)  # for templates
 
     @classmethod
     def from_dir(cls, path: str | Path) -> "TextTokenizer":
@@ -44,7 +45,7 @@ class TextTokenizer:
             source = next((t["template"] for t in source if t.get("name") == "default"), None)
         eos = special.get("eos_token")
         return cls(fast, ChatTemplate(source, special) if source else None,
-                   fast.token_to_id(eos) if eos else None, _max_token_bytes(fast))
+                   fast.token_to_id(eos) if eos else None, _max_token_bytes(fast), special)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         # encode_batch releases the GIL (encode does not): on the frontend's
@@ -65,13 +66,16 @@ class TextTokenizer:
     def apply_chat_template(self, messages: list[dict[str, Any]],
                             add_generation_prompt: bool = True,
                             continue_final_message: bool = False,
-                            add_special_tokens: bool = False) -> list[int]:
+                            add_special_tokens: bool = False,
+                            tools: list[dict[str, Any]] | None = None,
+                            template: ChatTemplate | None = None) -> list[int]:
         """Prompt token ids for a chat; the template adds the special tokens itself
-        (add_special_tokens adds the tokenizer's too, as vLLM's flag does)."""
-        if self.chat_template is None:
+        (add_special_tokens adds the tokenizer's too, as vLLM's flag does).
+        `template` overrides the model's (a tools-aware one, frontend_svc/tools.py)."""
+        template = template or self.chat_template
+        if template is None:
             raise InvalidRequestError("this model has no chat template; use /v1/completions")
-        text = self.chat_template.render(messages, add_generation_prompt,
-                                         continue_final_message)
+        text = template.render(messages, add_generation_prompt, continue_final_message, tools)
         try:
             return self.encode(text, add_special_tokens=add_special_tokens)
         except Exception as exc:  # the tokenizer refuses text (a lone surrogate, ...)

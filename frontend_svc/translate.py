@@ -5,15 +5,21 @@ an InvalidRequestError naming the field (HTTP 400, gRPC INVALID_ARGUMENT)."""
 from __future__ import annotations
 
 import dataclasses
+import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from shared.structured_output import DEFAULT_COMPILE_TIMEOUT_S
 from shared.types import InvalidRequestError, SamplingParams
 
+from frontend_svc import structured, tools
 from frontend_svc.caps import RequestCaps
 from frontend_svc.errors import FieldError
 from frontend_svc.protocol import (
     ChatCompletionRequest, CompletionRequest, SamplingFields, check_refused)
+from frontend_svc.structured import Constraint
 from frontend_svc.tokenizer import TextTokenizer
+from frontend_svc.tools import ToolConfig, ToolPlan
 
 INT32 = 2**31
 INT64 = 2**63  # the wire's seed type
@@ -24,6 +30,10 @@ class ModelLimits:
     max_model_len: int
     vocab_size: int
     caps: RequestCaps = field(default_factory=RequestCaps)
+    # the model's grammar vocabulary (shared.structured_output.grammar_vocab), built on
+    # first use; None: structured outputs are refused
+    grammar_vocab: Callable[[], object] | None = None
+    compile_timeout_s: float = DEFAULT_COMPILE_TIMEOUT_S
 
 
 @dataclass(slots=True)
@@ -38,6 +48,9 @@ class GenerationInput:
     skip_special_tokens: bool = True
     priority: int = 0
     cache_salt: str | None = None
+    constraint: Constraint | None = None  # its structured output (params carry the spec)
+    tool_plan: ToolPlan | None = None  # chat with tools: how the reply is parsed
+    compile_s: float = 0.0  # validating the constraint took this long (a cache hit: ~0)
 
 
 def fan_out(params: SamplingParams, n: int) -> list[SamplingParams]:
@@ -144,6 +157,7 @@ def completion_inputs(req: CompletionRequest, tokenizer: TextTokenizer,
                       limits: ModelLimits) -> list[GenerationInput]:
     """One GenerationInput per prompt of a (possibly batched) completion request."""
     check_refused(req)
+    constraint = structured.request_constraint(req)
     width = choices_per_prompt(req)
     if req.echo and req.logprobs is not None:
         raise FieldError("echo with logprobs is not supported "
@@ -177,6 +191,31 @@ def completion_inputs(req: CompletionRequest, tokenizer: TextTokenizer,
         inputs.append(GenerationInput(ids, params, stops, text,
                                       req.include_stop_str_in_output,
                                       req.skip_special_tokens, req.priority, req.cache_salt))
+    return constrained(inputs, constraint)
+
+
+def constrained(inputs: list[GenerationInput], constraint: Constraint | None
+                ) -> list[GenerationInput]:
+    """Attach the request's structured output to every input; check_constraints
+    compiles it before anything is queued."""
+    if constraint is not None:
+        for inp in inputs:
+            inp.params = dataclasses.replace(inp.params, structured_output=constraint.spec)
+            inp.constraint = constraint
+    return inputs
+
+
+def check_constraints(inputs: list[GenerationInput], limits: ModelLimits
+                      ) -> list[GenerationInput]:
+    """Compile the request's grammar (the same for all its inputs; a cache hit after
+    the first time) or raise the 400 naming its field. The last check before the
+    scheduler: run it on the frontend's grammar pool, so a slow compile holds
+    neither the event loop nor a tokenizer thread."""
+    constraint = inputs[0].constraint if inputs else None
+    if constraint is not None:
+        compile_s = structured.check(constraint, limits.grammar_vocab, limits.compile_timeout_s)
+        for inp in inputs:
+            inp.compile_s = compile_s
     return inputs
 
 
@@ -185,9 +224,16 @@ def _message_dict(message) -> dict:
     if isinstance(content, list):
         content = "".join(part.text for part in content)
     out = {"role": message.role, "content": content or ""}
-    if message.name is not None:
-        out["name"] = message.name
+    for key in ("name", "tool_calls", "tool_call_id"):
+        if getattr(message, key) is not None:
+            out[key] = getattr(message, key)
     return out
+
+
+def _message_text(message: dict) -> str:
+    """What a message adds to the prompt, for the prompt-size cap."""
+    calls = message.get("tool_calls") or ()
+    return message["content"] + "".join(str(c) for c in calls)
 
 
 def check_chat_template_flags(add_generation_prompt: bool,
@@ -209,8 +255,16 @@ def chat_echo_text(req: ChatCompletionRequest, messages: list[dict]) -> str | No
 
 
 def chat_input(req: ChatCompletionRequest, tokenizer: TextTokenizer,
-               limits: ModelLimits) -> GenerationInput:
+               limits: ModelLimits, tool_config: ToolConfig | None = None) -> GenerationInput:
     check_refused(req)
+    plan, tool_constraint = tools.plan(req, tool_config or ToolConfig())
+    constraint = structured.request_constraint(req)
+    if tool_constraint is not None and constraint is not None:
+        raise FieldError(f"tool_choice {plan.label} enforces the tool call's own grammar; "
+                         f"drop {constraint.param}", "tool_choice")
+    constraint = tool_constraint or constraint
+    if plan is not None and plan.parses and req.echo:
+        raise FieldError("echo cannot be combined with tool calling", "echo")
     if req.top_logprobs is not None and not req.logprobs:
         raise FieldError("top_logprobs requires logprobs to be true", "top_logprobs")
     if req.top_logprobs is not None and \
@@ -223,13 +277,33 @@ def chat_input(req: ChatCompletionRequest, tokenizer: TextTokenizer,
     limits.caps.check_batch(1, width)
     stops = stop_strings(req.stop, limits.caps, req.stop_token_ids)
     messages = [_message_dict(m) for m in req.messages]
-    limits.caps.check_text("".join(m["content"] for m in messages), "the messages' content")
+    tools_text = json.dumps(plan.tools) if plan else ""  # the template renders them too
+    limits.caps.check_text("".join(map(_message_text, messages)) + tools_text,
+                           "the messages' content")
+    template = _template(plan, messages, tool_config or ToolConfig())
     ids = tokenizer.apply_chat_template(messages, req.add_generation_prompt,
-                                        req.continue_final_message, req.add_special_tokens)
+                                        req.continue_final_message, req.add_special_tokens,
+                                        plan.tools if plan else None, template)
     requested = req.max_completion_tokens if req.max_completion_tokens is not None \
         else req.max_tokens
     params = sampling_params(req, _max_tokens(requested, len(ids), limits), logprobs, limits)
     check_prompt(ids, params, limits)
-    return GenerationInput(ids, params, stops, chat_echo_text(req, messages),
-                           req.include_stop_str_in_output, req.skip_special_tokens,
-                           req.priority, req.cache_salt)
+    inp = GenerationInput(ids, params, stops, chat_echo_text(req, messages),
+                          req.include_stop_str_in_output, req.skip_special_tokens,
+                          req.priority, req.cache_salt, tool_plan=plan)
+    return constrained([inp], constraint)[0]
+
+
+def _template(plan: ToolPlan | None, messages: list[dict], config: ToolConfig):
+    """The tools-aware template when the request has tools or tool turns in its
+    history (frontend_svc/tools.py), else None (the model's)."""
+    turn = next((i for i, m in enumerate(messages)
+                 if m.get("tool_calls") or m["role"] == "tool"), None)
+    if plan is None and turn is None:
+        return None
+    if config.template is None and turn is not None and \
+            messages[turn]["role"] == "assistant":
+        raise FieldError(f"messages.{turn}.tool_calls: this model's chat template does not "
+                         "render tool calls; start the frontend with --chat-template FILE",
+                         f"messages.{turn}.tool_calls")
+    return config.template

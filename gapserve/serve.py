@@ -108,9 +108,10 @@ SCHEDULER = ("long_prefill_token_threshold", "long_prefill_exempt_lone_request",
              "async_scheduling", "enable_chunked_prefill", "num_scheduler_steps",
              "step_timeout_s", "kv_events_config",
              "max_queued_requests")  # the last: one bound over all frontends
-FRONTEND = ("http_port", "grpc_port", "model", "served_model_name", "api_server_count")
 ROUTING = ("data_parallel_routing", "routing_cache_threshold", "routing_balance_abs_threshold",
            "routing_balance_rel_threshold")  # with --data-parallel-size > 1
+FRONTEND = ("http_port", "grpc_port", "model", "served_model_name", "api_server_count",
+            "enable_auto_tool_choice", "tool_call_parser", "chat_template")
 
 
 def _loopback(host: str) -> str:
@@ -363,6 +364,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(f"--data-parallel-port-stride {args.data_parallel_port_stride} must exceed "
                      f"--tensor-parallel-size {args.tensor_parallel_size}: a replica's "
                      f"scheduler would take the port of the previous one's last rank")
+    if flags.tool_flags_problem(args):
+        parser.error(flags.tool_flags_problem(args))
     from shared.default_model import resolve_model
 
     try:  # converted once here, not raced by two children

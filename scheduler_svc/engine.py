@@ -369,7 +369,8 @@ class Engine:
         compute and nothing to tell them (then nothing is sent)."""
         step = self._scheduler.schedule()
         if (not step.total_num_scheduled_tokens and not step.finished_req_ids
-                and not step.preempted_req_ids):
+                and not step.preempted_req_ids and not step.grammar_compiles
+                and not self._grammar_poll()):
             return False
         tel = self._tel
         if tel is not None:
@@ -379,6 +380,22 @@ class Engine:
         self._executor.submit(step)
         self._in_flight.append(step)
         return True
+
+    def _grammar_poll(self) -> bool:
+        """Send an empty step anyway: only deferred requests are left and only a
+        worker's answer can say their grammars compiled (the worker holds an empty
+        step until a compile ends or briefly; core/grammar_wait.py)."""
+        grammar = getattr(self._scheduler, "grammar", None)
+        return grammar is not None and not self._in_flight and grammar.needs_poll()
+
+    def _grammar_failures(self) -> list[Failure]:
+        """Requests ended because their grammar did not compile at the worker."""
+        grammar = getattr(self._scheduler, "grammar", None)
+        failed = grammar.take_failures() if grammar is not None else []
+        if self._tel is not None:
+            for req_id, _ in failed:
+                self._tel.request_finished(req_id, FinishReason.ABORT)
+        return [Failure(r, ErrorCode.INVALID_ARGUMENT, m) for r, m in failed]
 
     def _collect_oldest(self) -> None:
         """Apply the oldest in-flight step's result. Workers answer in submission
@@ -407,7 +424,7 @@ class Engine:
             tel.step_finished(step.step_id, result)
             tel.request_outputs(outputs)
             tel.refresh(self._scheduler.stats())  # gauges read idle once all ended
-        self._route(outputs, [])
+        self._route(outputs, self._grammar_failures())
 
     def _publish_kv_events(self) -> None:
         # the prefix cache's changes since the last step; publish() never blocks

@@ -70,6 +70,11 @@ STEP_DURATION = Histogram("gapserve:step_duration_seconds",
                           "From scheduling a step to processing its result.", _M,
                           buckets=[0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
                                    2.5, 5.0, 10.0])
+STRUCTURED_OUTPUT_MASK_TIME = Histogram(
+    "gapserve:structured_output_mask_seconds",
+    "Per step with structured-output requests: rank 0's time filling and applying "
+    "their grammar masks (StepTimings.mask_ms).", _M,
+    buckets=[0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1])
 REQUEST_QUEUE_TIME = Histogram("gapserve:request_queue_time_seconds",
                                "Time in WAITING before first scheduled.", _M,
                                buckets=REQUEST_TIME_BUCKETS)
@@ -371,6 +376,9 @@ class SchedulerTelemetry:
         if step is None:
             return
         self._series.step_duration.observe(self.clock() - step.started_s)
+        if result is not None and result.timings.mask_ms:
+            STRUCTURED_OUTPUT_MASK_TIME.labels(self.model_name).observe(
+                result.timings.mask_ms / 1e3)
         if step.span is None:
             return
         if result is not None:
@@ -380,6 +388,7 @@ class SchedulerTelemetry:
                 "gapserve.worker.forward_ms": t.forward_ms,
                 "gapserve.worker.sample_ms": t.sample_ms,
                 "gapserve.worker.idle_ms": t.idle_ms,
+                "gapserve.worker.mask_ms": t.mask_ms,
             })
         else:
             step.span.set_status(Status(StatusCode.ERROR, "step dropped"))

@@ -12,6 +12,8 @@ if [ ! -x .venv/bin/python ]; then
 fi
 say "installing torch 2.13.0 (about a minute on a first run; quick when present)"
 .venv/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0
+# the pinned dependencies include llguidance (structured outputs), a wheel without
+# dependencies; xgrammar is deliberately not one (its metadata pulls triton)
 say "installing gapserve (editable) and its test dependencies"
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
 # helm-sdkpy (the test extra's Helm library) says Python >= 3.12 but runs on 3.11

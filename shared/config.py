@@ -237,6 +237,23 @@ def fault_stop_after_steps(environ: Mapping[str, str] | None = None) -> int | No
     return int(value) if value.strip() else None
 
 
+# --- structured outputs (issue 30, docs/structured_outputs.md)
+def structured_output_compile_timeout_s(environ: Mapping[str, str] | None = None) -> float:
+    """GAPSERVE_STRUCTURED_OUTPUT_COMPILE_TIMEOUT_S: seconds a grammar may take to
+    compile (the frontend's validation and rank 0's compile) before the request is
+    refused; default shared.structured_output.DEFAULT_COMPILE_TIMEOUT_S."""
+    from shared.structured_output import DEFAULT_COMPILE_TIMEOUT_S
+    value = (os.environ if environ is None else environ).get(
+        ENV_PREFIX + "STRUCTURED_OUTPUT_COMPILE_TIMEOUT_S", "")
+    if not value.strip():
+        return DEFAULT_COMPILE_TIMEOUT_S
+    timeout = float(value)
+    if not timeout > 0:
+        raise ValueError(f"{ENV_PREFIX}STRUCTURED_OUTPUT_COMPILE_TIMEOUT_S must be positive, "
+                         f"got {value!r}")
+    return timeout
+
+
 # --- tensor parallelism (issue 17): how the ranks of one worker find each other
 def add_tensor_parallel_flags(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("tensor parallelism (with --tensor-parallel-size > 1)")
@@ -314,6 +331,41 @@ def add_frontend_flags(parser: argparse.ArgumentParser, *, with_model: bool = Tr
     g.add_argument("--api-server-count", type=positive_int, default=1,
                    help="frontend processes sharing the HTTP and gRPC ports (SO_REUSEPORT), "
                         "as vLLM's: more CPU for detokenizing and streaming")
+    add_tool_calling_flags(g)
+
+
+# --- tool calling (issue 30, docs/tool_calling.md): vLLM's flags, read by the frontend
+TOOL_CALL_PARSERS = ("hermes", "llama3_json")
+
+
+def readable_file(text: str) -> str:
+    try:
+        with open(text, encoding="utf-8") as f:
+            f.read(1)
+    except (OSError, UnicodeDecodeError) as e:
+        raise argparse.ArgumentTypeError(f"cannot read {text}: {e}") from None
+    return os.path.abspath(text)  # children of `gapserve serve` read it too
+
+
+def add_tool_calling_flags(g) -> None:
+    g.add_argument("--enable-auto-tool-choice", action=argparse.BooleanOptionalAction,
+                   default=False,
+                   help='let requests with tools use tool_choice "auto" (the default when '
+                        "tools are sent): the reply is parsed with --tool-call-parser")
+    g.add_argument("--tool-call-parser", choices=TOOL_CALL_PARSERS, default=None,
+                   help="how tool calls are read out of a reply for tool_choice auto: "
+                        "hermes (<tool_call>{...}</tool_call>), llama3_json")
+    g.add_argument("--chat-template", type=readable_file, default=None, metavar="FILE",
+                   help="a Jinja chat template replacing the model's; without it, "
+                        "requests with tools use gapserve's tools-aware template for "
+                        "ChatML models whose template ignores tools (SmolLM2)")
+
+
+def tool_flags_problem(args: argparse.Namespace) -> str | None:
+    """vLLM's rule, said before anything starts."""
+    if getattr(args, "enable_auto_tool_choice", False) and not args.tool_call_parser:
+        return "--enable-auto-tool-choice needs --tool-call-parser"
+    return None
 
 
 # ---------------------------------------------------------------------------

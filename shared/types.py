@@ -15,6 +15,8 @@ import enum
 import math
 from dataclasses import dataclass, field
 
+from shared.structured_output import KINDS, StructuredOutputSpec
+
 
 class FinishReason(enum.IntEnum):
     """Why a request stopped. STOP covers EOS, a stop token id and a stop string."""
@@ -56,6 +58,9 @@ class SamplingParams:
     # after a scheduler loss): penalties count them as output, and seeded draws go on
     # from output position n, so the continuation samples what the original would.
     num_output_prefix_tokens: int = 0
+    # The output must match this grammar (shared/structured_output.py): the worker's
+    # rank 0 masks each step's logits with the request's matcher (docs/structured_outputs.md).
+    structured_output: StructuredOutputSpec | None = None
 
     MAX_LOGPROBS = 20
     MAX_LOGIT_BIAS = 100.0  # OpenAI's range is [-100, 100]
@@ -103,6 +108,12 @@ class SamplingParams:
                 f"got {self.num_output_prefix_tokens}")
         if self.seed is not None and not -(2**63) <= self.seed < 2**63:
             bad("seed must fit in a signed 64-bit integer")  # int64 on the wire
+        spec = self.structured_output
+        if spec is not None and spec.kind not in KINDS:
+            bad(f"structured_output kind must be one of {', '.join(KINDS)}, got {spec.kind!r}")
+        if spec is not None and (self.ignore_eos or self.min_tokens):
+            # the grammar ends a request with EOS; these would forbid it where it must end
+            bad("structured_output cannot be combined with ignore_eos or min_tokens")
         for tid in self.stop_token_ids:
             if tid < 0 or (vocab_size is not None and tid >= vocab_size):
                 bad(f"stop_token_ids contains {tid}, outside the vocabulary")
@@ -183,6 +194,9 @@ class SchedulerOutput:
     # num_steps forward passes in a row, feeding each sampled token into the next pass,
     # so it samples num_steps tokens per request (docs/scheduling.md).
     num_steps: int = 1
+    # req_id -> grammar to compile in the background for a deferred request (rank 0
+    # answers in ModelRunnerOutput.grammars_ready; docs/structured_outputs.md)
+    grammar_compiles: dict[str, StructuredOutputSpec] = field(default_factory=dict)
 
 
 # The most forward passes one multi-step decode may run: it holds new arrivals back for
@@ -216,6 +230,7 @@ class StepTimings:
     end_unix_s: float = 0.0
     num_forward_passes: int = 0  # what ran: a multi-step may end early, skipping stopped requests
     num_tokens: int = 0  # tokens computed over all passes
+    mask_ms: float = 0.0  # structured outputs: grammar masks filled and applied
 
 
 @dataclass(slots=True)
@@ -228,6 +243,9 @@ class ModelRunnerOutput:
     sampled_token_ids: list[list[int]] = field(default_factory=list)
     logprobs: list[list[TokenLogprobs] | None] = field(default_factory=list)
     timings: StepTimings = field(default_factory=StepTimings)
+    # announced grammars compiled since the last answer, and those that failed (id -> why)
+    grammars_ready: list[str] = field(default_factory=list)
+    grammar_errors: dict[str, str] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------

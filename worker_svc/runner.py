@@ -37,6 +37,7 @@ from worker_svc.model.llama import DecoderModel
 from worker_svc.model.weights import load_weights, weight_bytes
 from worker_svc.parallel.shard import shard_plan
 from worker_svc.worker_request import WorkerRequest
+from worker_svc.grammar import GrammarRuntime, apply_masks
 from worker_svc.sampler import sample
 from worker_svc.step_check import check_step
 from worker_svc.zero_cost import zero_cost_step
@@ -99,6 +100,11 @@ class ModelRunner:
         self.requests: dict[str, WorkerRequest] = {}
         self.free_rows = list(range(config.max_num_seqs - 1, -1, -1))
         self.generator = torch.Generator(self.device).manual_seed(config.seed)
+        # structured outputs: rank 0 samples, so it alone compiles and holds matchers
+        self.grammars = GrammarRuntime(
+            str(self.model_dir), cfg.vocab_size, list(cfg.eos_token_ids),
+            flags.structured_output_compile_timeout_s()) if self.plan.first else None
+        self._mask_s = 0.0  # this step's, for StepTimings.mask_ms
         log.info("compute_plan", rank=self.plan.rank, **plan.log_fields(),
                  weight_mib=round(self.weight_bytes / 2**20, 1),
                  cpu_bf16=native_bf16() or "none")
@@ -128,6 +134,9 @@ class ModelRunner:
         self._apply_increments(step)
         order = list(step.num_scheduled_tokens)
         out = ModelRunnerOutput(step_id=step.step_id, req_ids=order)
+        self._mask_s = 0.0
+        if self.grammars is not None:  # before the step: compiles overlap its passes
+            self.grammars.announce(step.grammar_compiles)
         states = [self.requests[r] for r in order]
         out.sampled_token_ids = [[] for _ in order]
         out.logprobs = [None if s.params.logprobs is None else [] for s in states]
@@ -136,10 +145,20 @@ class ModelRunner:
         # scheduled behind it skips the request: no tokens, nothing computed.
         live = [i for i, state in enumerate(states) if not state.stopped]
         if not live:
+            self._report_grammars(out, hold=not order)
             out.timings = StepTimings(prepare_ms=_ms(t0), start_unix_s=start_unix,
                                       end_unix_s=time.time())
             return out
-        return self._passes(step, order, states, live, out, t0, start_unix, on_prepared)
+        out = self._passes(step, order, states, live, out, t0, start_unix, on_prepared)
+        self._report_grammars(out)
+        out.timings.mask_ms = self._mask_s * 1e3
+        return out
+
+    def _report_grammars(self, out: ModelRunnerOutput, hold: bool = False) -> None:
+        """Name the announced grammars that compiled (or failed) since the last step;
+        an empty step is the scheduler's poll and is held briefly (grammar.py)."""
+        if self.grammars is not None:
+            out.grammars_ready, out.grammar_errors = self.grammars.take_done(hold)
 
     def _zero_cost_passes(self, step, order, states, live, out, t0, start_unix,
                           on_prepared) -> ModelRunnerOutput:
@@ -212,6 +231,8 @@ class ModelRunner:
         """Rank 0 samples from the gathered logits and sends the tokens to the other
         ranks, which need them as the next step's inputs (and to re-prefill a
         preempted request); only rank 0 reports logprobs."""
+        if samplers and self.grammars is not None:  # rank 0: before everything, as vLLM
+            self._mask_s += apply_masks(logits, samplers, self.model_config.eos_token_ids)
         if self.tp is None or not samplers:
             return sample(logits, samplers, self.model_config.eos_token_ids, self.generator)
         if self.plan.first:
@@ -255,6 +276,10 @@ class ModelRunner:
                              row=self.free_rows.pop())
         if output:  # inputs read a request's last sampled token from this row
             self.last_sampled[state.row] = output[-1]
+        if params.structured_output is not None and self.grammars is not None:
+            # its output so far: a continuation's prompt tail, then what a resend brings
+            replay = state.token_ids[state.num_prompt_tokens - params.num_output_prefix_tokens:]
+            state.grammar = self.grammars.start(params, replay)
         if state.has_penalties:
             vocab = self.model_config.vocab_size
             state.prompt_mask = torch.zeros(vocab, dtype=torch.bool, device=self.device)
@@ -378,6 +403,7 @@ def _argmax_only(samplers: list[WorkerRequest], max_rows: int) -> bool:
     return 0 < len(samplers) <= max_rows and all(
         s.params.greedy and s.params.logprobs is None and not s.params.logit_bias
         and not s.has_penalties and s.num_output_tokens >= s.params.min_tokens
+        and s.grammar is None
         for s in samplers)
 
 

@@ -10,6 +10,7 @@ import torch
 
 from shared import stop_rule
 from shared.types import SamplingParams
+from worker_svc.grammar import GrammarState
 
 
 @dataclass(slots=True)
@@ -27,6 +28,9 @@ class WorkerRequest:
     # had already scheduled behind (async scheduling) skips the request here.
     stopped: bool = False
     stop_ids: frozenset[int] | None = None  # of the stop rule, built on the first token
+    # Structured outputs, on the rank that samples: the matcher after the tokens so far
+    # (worker_svc/grammar.py); it masks every sampled position, every pass.
+    grammar: GrammarState | None = None
 
     @property
     def num_output_tokens(self) -> int:
@@ -43,6 +47,8 @@ class WorkerRequest:
         the scheduler's rule (shared/stop_rule.py, so the two cannot disagree). Length
         limits need no check here: the scheduler schedules no token past them."""
         self.token_ids.append(token_id)
+        if self.grammar is not None:
+            self.grammar.advance(token_id)
         if self.output_counts is not None:
             self.output_counts[token_id] += 1
         if self.stop_ids is None:

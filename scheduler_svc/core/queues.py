@@ -2,6 +2,10 @@
 
 Removal of an aborted request is lazy: it is marked finished and dropped when it
 reaches the head, so abort and finish are O(1) and schedule() never scans the queue.
+
+A `deferred` request (its grammar is compiling: core/grammar_wait.py) keeps its place
+but is skipped: peek() and pop() give the first request that is ready, so the ones
+behind it are admitted meanwhile. Only deferred requests ahead of it are looked at.
 """
 
 from __future__ import annotations
@@ -37,13 +41,24 @@ class FCFSQueue:
         items = self._items
         while items and items[0].status >= RequestStatus.FINISHED_STOPPED:
             items.popleft()
+        if items and items[0].deferred:
+            return self._first_ready()
         return items[0] if items else None
+
+    def _first_ready(self) -> Request | None:
+        for request in self._items:
+            if not request.deferred and request.status < RequestStatus.FINISHED_STOPPED:
+                return request
+        return None
 
     def pop(self) -> Request:
         request = self.peek()
         if request is None:
             raise IndexError("pop from an empty waiting queue")
-        self._items.popleft()
+        if self._items[0] is request:
+            self._items.popleft()
+        else:  # behind deferred ones, which keep their places
+            self._items.remove(request)
         self._live -= 1
         return request
 
@@ -79,18 +94,36 @@ class PriorityQueue:
             self.add(request)
 
     def peek(self) -> Request | None:
+        entry = self._head()
+        return None if entry is None else entry[3]
+
+    def _head(self) -> tuple | None:
+        """The first ready entry; deferred ones are set aside and pushed back with
+        their keys, so they keep their places."""
         heap = self._heap
-        while heap and heap[0][3].status >= RequestStatus.FINISHED_STOPPED:
-            heapq.heappop(heap)
-        return heap[0][3] if heap else None
+        aside = []
+        while heap and (heap[0][3].status >= RequestStatus.FINISHED_STOPPED
+                        or heap[0][3].deferred):
+            entry = heapq.heappop(heap)
+            if entry[3].status < RequestStatus.FINISHED_STOPPED:
+                aside.append(entry)
+        head = heap[0] if heap else None
+        for entry in aside:
+            heapq.heappush(heap, entry)
+        return head
 
     def pop(self) -> Request:
-        request = self.peek()
-        if request is None:
+        entry = self._head()
+        if entry is None:
             raise IndexError("pop from an empty waiting queue")
-        heapq.heappop(self._heap)
+        heap = self._heap
+        if heap[0] is entry:
+            heapq.heappop(heap)
+        else:
+            heap.remove(entry)
+            heapq.heapify(heap)
         self._live -= 1
-        return request
+        return entry[3]
 
     def discard(self, request: Request) -> None:
         self._live -= 1

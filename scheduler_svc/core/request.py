@@ -38,6 +38,7 @@ class Request:
         "max_tokens", "min_tokens", "next_hash_at",
         "num_lost_tokens", "stop_check_ids", "max_num_tokens", "worker_forgot",
         "num_rejected_tokens",
+        "deferred",
     )
 
     def __init__(self, req_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
@@ -65,6 +66,9 @@ class Request:
         self.num_cached_tokens = 0  # prompt tokens served from the prefix cache at admission
         # The workers lost their state (one was replaced): resend it whole, as new.
         self.worker_forgot = False
+        # Not ready: its grammar is compiling (core/grammar_wait.py); WAITING skips it
+        # and it keeps its place there.
+        self.deferred = False
         self.block_hashes: list[bytes] = []  # hashes of the full blocks of committed tokens
         self.block_hasher: Callable[[Request], None] | None = None
         self.next_hash_at = 1 << 62  # token count at which the next block fills (set by the hasher)

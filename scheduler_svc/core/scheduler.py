@@ -10,6 +10,7 @@ from typing import NamedTuple
 from scheduler_svc.core.block_hash import BlockHasher
 from scheduler_svc.core.block_pool import KVBlock
 from scheduler_svc.core.config import ConfigError, SchedulerConfig
+from scheduler_svc.core.grammar_wait import GrammarWait
 from scheduler_svc.core.kv_cache_manager import KVCacheManager
 from scheduler_svc.core.queues import make_queue
 from scheduler_svc.core.request import Request, RequestStatus
@@ -93,6 +94,7 @@ class Scheduler:
         self._stats = SchedulerStats(num_total_blocks=num_blocks)
         spec = config.speculative_config  # accepted drafts by position, vLLM's per_pos
         self._accepted_per_pos = [0] * (spec.num_speculative_tokens if spec else 0)
+        self.grammar = GrammarWait()  # requests deferred while their grammar compiles
 
     # ------------------------------------------------------------------ requests
 
@@ -113,6 +115,7 @@ class Scheduler:
             self.hasher(request)
         self.requests[request.req_id] = request
         self.waiting.add(request)
+        self.grammar.on_add(request)
 
     def abort_requests(self, req_ids) -> list[RequestOutput]:
         """Finish the given requests now and free their blocks at once. Returns one
@@ -364,6 +367,7 @@ class Scheduler:
         out.finished_req_ids = self.finished_req_ids
         self.finished_req_ids = set()
         out.preempted_req_ids = {r.req_id for r in preempted}
+        out.grammar_compiles = self.grammar.announcements()
 
         stats = self._stats
         stats.step_num_scheduled_tokens = total
@@ -418,6 +422,7 @@ class Scheduler:
         self.in_flight.clear()  # their results will never come
         self.finished_req_ids = set()  # a fresh worker holds none of them
         self.kv.pool.forget_cached()
+        self.grammar.requeue_all(self.requests.values())  # their compiled grammars are gone
         return [r.req_id for r in running]
 
     def _resend(self, request: Request) -> NewRequestData:
@@ -441,6 +446,7 @@ class Scheduler:
         if scheduler_output.step_id != step_id:
             raise WorkerOutputError(f"worker output is for step {step_id}, "
                                     f"but it was passed with step {scheduler_output.step_id}")
+        self._apply_grammar_output(model_runner_output)
         req_ids = model_runner_output.req_ids
         if step is None:
             if not scheduler_output.num_scheduled_tokens and not req_ids \
@@ -515,6 +521,15 @@ class Scheduler:
             self.running = [r for r in self.running if not r.is_finished]
         return outputs
 
+    def _apply_grammar_output(self, model_runner_output: ModelRunnerOutput) -> None:
+        """Compiled grammars end their requests' deferral (core/grammar_wait.py); a
+        grammar the worker could not compile ends its request (the engine reports
+        why, from grammar.take_failures())."""
+        if model_runner_output.grammars_ready or model_runner_output.grammar_errors:
+            for request in self.grammar.on_output(model_runner_output.grammars_ready,
+                                                  model_runner_output.grammar_errors):
+                self._finish(request, RequestStatus.FINISHED_ABORTED)
+
     def _commit_kv(self, step: dict[str, InFlight]) -> None:
         """The step's KV is written: register its newly full blocks in the prefix
         cache, up to the end its committed tokens reach (committed_kv_end: never a
@@ -563,6 +578,7 @@ class Scheduler:
         request.status = status
         request.num_output_placeholders = 0
         self.kv.free(request)
+        self.grammar.on_finish(request)
         del self.requests[request.req_id]
         self.finished_req_ids.add(request.req_id)
 
@@ -604,4 +620,5 @@ class Scheduler:
         s.prefix_cache_hits = self.kv.prefix_hits
         s.num_steps_in_flight = len(self.in_flight)
         s.spec_num_accepted_tokens_per_pos = tuple(self._accepted_per_pos)
+        s.num_waiting_not_ready = self.grammar.num_deferred
         return SchedulerStats(**{f: getattr(s, f) for f in SchedulerStats.__slots__})

@@ -13,8 +13,7 @@ class SchedulerStats:
     num_running: int = 0
     num_waiting: int = 0
     num_waiting_preempted: int = 0  # of num_waiting: preempted, to be recomputed
-    # of num_waiting: deferred (not ready). 0 until grammars bring the deferred state
-    # back (docs/scheduling.md, pass 2); kept so the wire field and metric stay stable.
+    # of num_waiting: deferred (not ready): a grammar compiling (core/grammar_wait.py)
     num_waiting_not_ready: int = 0
     admission_blocked_by: str | None = None  # one of BLOCKED_BY
     kv_usage: float = 0.0  # 1 - free / (total - 1)

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18gapserve/v1/common.proto\x12\x0bgapserve.v1\"\xbc\x05\n\x0eSamplingParams\x12\x17\n\nmax_tokens\x18\x01 \x01(\x03H\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x01H\x02\x88\x01\x01\x12\x12\n\x05top_k\x18\x04 \x01(\x03H\x03\x88\x01\x01\x12\x12\n\x05min_p\x18\x05 \x01(\x01H\x04\x88\x01\x01\x12\x11\n\x04seed\x18\x06 \x01(\x03H\x05\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\x07 \x01(\x01H\x06\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\x08 \x01(\x01H\x07\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\t \x01(\x01H\x08\x88\x01\x01\x12\x17\n\nmin_tokens\x18\n \x01(\x03H\t\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\x0b \x03(\x03\x12\x17\n\nignore_eos\x18\x0c \x01(\x08H\n\x88\x01\x01\x12\x15\n\x08logprobs\x18\r \x01(\x03H\x0b\x88\x01\x01\x12>\n\nlogit_bias\x18\x0e \x03(\x0b\x32*.gapserve.v1.SamplingParams.LogitBiasEntry\x12%\n\x18num_output_prefix_tokens\x18\x0f \x01(\x03H\x0c\x88\x01\x01\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\x03\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x08\n\x06_min_pB\x07\n\x05_seedB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penaltyB\x15\n\x13_repetition_penaltyB\r\n\x0b_min_tokensB\r\n\x0b_ignore_eosB\x0b\n\t_logprobsB\x1b\n\x19_num_output_prefix_tokens\"/\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"f\n\rTokenLogprobs\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\x0c\n\x04rank\x18\x03 \x01(\x05\x12$\n\x03top\x18\x04 \x03(\x0b\x32\x17.gapserve.v1.TopLogprob\"\x8d\x02\n\tModelInfo\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\x05\x12\x15\n\rmax_model_len\x18\x03 \x01(\x05\x12\x15\n\reos_token_ids\x18\x04 \x03(\x05\x12\x12\n\nnum_layers\x18\x05 \x01(\x05\x12\x14\n\x0cnum_kv_heads\x18\x06 \x01(\x05\x12\x10\n\x08head_dim\x18\x07 \x01(\x05\x12\r\n\x05\x64type\x18\x08 \x01(\t\x12\x15\n\rnum_kv_blocks\x18\t \x01(\x05\x12\x12\n\nblock_size\x18\n \x01(\x05\x12\x1e\n\x16max_num_batched_tokens\x18\x0b \x01(\x05\x12\x14\n\x0c\x63ompute_plan\x18\x0c \x01(\t\"\'\n\x06Status\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\"\x15\n\x13GetModelInfoRequest*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x18gapserve/v1/common.proto\x12\x0bgapserve.v1\"\x95\x06\n\x0eSamplingParams\x12\x17\n\nmax_tokens\x18\x01 \x01(\x03H\x00\x88\x01\x01\x12\x18\n\x0btemperature\x18\x02 \x01(\x01H\x01\x88\x01\x01\x12\x12\n\x05top_p\x18\x03 \x01(\x01H\x02\x88\x01\x01\x12\x12\n\x05top_k\x18\x04 \x01(\x03H\x03\x88\x01\x01\x12\x12\n\x05min_p\x18\x05 \x01(\x01H\x04\x88\x01\x01\x12\x11\n\x04seed\x18\x06 \x01(\x03H\x05\x88\x01\x01\x12\x1d\n\x10presence_penalty\x18\x07 \x01(\x01H\x06\x88\x01\x01\x12\x1e\n\x11\x66requency_penalty\x18\x08 \x01(\x01H\x07\x88\x01\x01\x12\x1f\n\x12repetition_penalty\x18\t \x01(\x01H\x08\x88\x01\x01\x12\x17\n\nmin_tokens\x18\n \x01(\x03H\t\x88\x01\x01\x12\x16\n\x0estop_token_ids\x18\x0b \x03(\x03\x12\x17\n\nignore_eos\x18\x0c \x01(\x08H\n\x88\x01\x01\x12\x15\n\x08logprobs\x18\r \x01(\x03H\x0b\x88\x01\x01\x12>\n\nlogit_bias\x18\x0e \x03(\x0b\x32*.gapserve.v1.SamplingParams.LogitBiasEntry\x12%\n\x18num_output_prefix_tokens\x18\x0f \x01(\x03H\x0c\x88\x01\x01\x12\x41\n\x11structured_output\x18\x10 \x01(\x0b\x32!.gapserve.v1.StructuredOutputSpecH\r\x88\x01\x01\x1a\x30\n\x0eLogitBiasEntry\x12\x0b\n\x03key\x18\x01 \x01(\x03\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\r\n\x0b_max_tokensB\x0e\n\x0c_temperatureB\x08\n\x06_top_pB\x08\n\x06_top_kB\x08\n\x06_min_pB\x07\n\x05_seedB\x13\n\x11_presence_penaltyB\x14\n\x12_frequency_penaltyB\x15\n\x13_repetition_penaltyB\r\n\x0b_min_tokensB\r\n\x0b_ignore_eosB\x0b\n\t_logprobsB\x1b\n\x19_num_output_prefix_tokensB\x14\n\x12_structured_output\"S\n\x14StructuredOutputSpec\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t\x12\x1e\n\x16\x64isable_any_whitespace\x18\x03 \x01(\x08\"/\n\nTopLogprob\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\"f\n\rTokenLogprobs\x12\x10\n\x08token_id\x18\x01 \x01(\x05\x12\x0f\n\x07logprob\x18\x02 \x01(\x02\x12\x0c\n\x04rank\x18\x03 \x01(\x05\x12$\n\x03top\x18\x04 \x03(\x0b\x32\x17.gapserve.v1.TopLogprob\"\x8d\x02\n\tModelInfo\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x12\n\nvocab_size\x18\x02 \x01(\x05\x12\x15\n\rmax_model_len\x18\x03 \x01(\x05\x12\x15\n\reos_token_ids\x18\x04 \x03(\x05\x12\x12\n\nnum_layers\x18\x05 \x01(\x05\x12\x14\n\x0cnum_kv_heads\x18\x06 \x01(\x05\x12\x10\n\x08head_dim\x18\x07 \x01(\x05\x12\r\n\x05\x64type\x18\x08 \x01(\t\x12\x15\n\rnum_kv_blocks\x18\t \x01(\x05\x12\x12\n\nblock_size\x18\n \x01(\x05\x12\x1e\n\x16max_num_batched_tokens\x18\x0b \x01(\x05\x12\x14\n\x0c\x63ompute_plan\x18\x0c \x01(\t\"\'\n\x06Status\x12\x0c\n\x04\x63ode\x18\x01 \x01(\x05\x12\x0f\n\x07message\x18\x02 \x01(\t\"\x15\n\x13GetModelInfoRequest*x\n\x0c\x46inishReason\x12\x1d\n\x19\x46INISH_REASON_UNSPECIFIED\x10\x00\x12\x16\n\x12\x46INISH_REASON_STOP\x10\x01\x12\x18\n\x14\x46INISH_REASON_LENGTH\x10\x02\x12\x17\n\x13\x46INISH_REASON_ABORT\x10\x03\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,20 +33,22 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._loaded_options = None
   _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_options = b'8\001'
-  _globals['_FINISHREASON']._serialized_start=1233
-  _globals['_FINISHREASON']._serialized_end=1353
+  _globals['_FINISHREASON']._serialized_start=1407
+  _globals['_FINISHREASON']._serialized_end=1527
   _globals['_SAMPLINGPARAMS']._serialized_start=42
-  _globals['_SAMPLINGPARAMS']._serialized_end=742
-  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=486
-  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=534
-  _globals['_TOPLOGPROB']._serialized_start=744
-  _globals['_TOPLOGPROB']._serialized_end=791
-  _globals['_TOKENLOGPROBS']._serialized_start=793
-  _globals['_TOKENLOGPROBS']._serialized_end=895
-  _globals['_MODELINFO']._serialized_start=898
-  _globals['_MODELINFO']._serialized_end=1167
-  _globals['_STATUS']._serialized_start=1169
-  _globals['_STATUS']._serialized_end=1208
-  _globals['_GETMODELINFOREQUEST']._serialized_start=1210
-  _globals['_GETMODELINFOREQUEST']._serialized_end=1231
+  _globals['_SAMPLINGPARAMS']._serialized_end=831
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_start=553
+  _globals['_SAMPLINGPARAMS_LOGITBIASENTRY']._serialized_end=601
+  _globals['_STRUCTUREDOUTPUTSPEC']._serialized_start=833
+  _globals['_STRUCTUREDOUTPUTSPEC']._serialized_end=916
+  _globals['_TOPLOGPROB']._serialized_start=918
+  _globals['_TOPLOGPROB']._serialized_end=965
+  _globals['_TOKENLOGPROBS']._serialized_start=967
+  _globals['_TOKENLOGPROBS']._serialized_end=1069
+  _globals['_MODELINFO']._serialized_start=1072
+  _globals['_MODELINFO']._serialized_end=1341
+  _globals['_STATUS']._serialized_start=1343
+  _globals['_STATUS']._serialized_end=1382
+  _globals['_GETMODELINFOREQUEST']._serialized_start=1384
+  _globals['_GETMODELINFOREQUEST']._serialized_end=1405
 # @@protoc_insertion_point(module_scope)

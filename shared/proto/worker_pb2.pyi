@@ -86,7 +86,7 @@ class TokenCheck(_message.Message):
     def __init__(self, num_tokens: _Optional[int] = ..., checksum: _Optional[int] = ...) -> None: ...
 
 class SchedulerOutput(_message.Message):
-    __slots__ = ("step_id", "scheduled_new_reqs", "scheduled_cached_reqs", "scheduled_req_ids", "num_scheduled_tokens", "total_num_scheduled_tokens", "finished_req_ids", "preempted_req_ids", "trace_context", "num_steps")
+    __slots__ = ("step_id", "scheduled_new_reqs", "scheduled_cached_reqs", "scheduled_req_ids", "num_scheduled_tokens", "total_num_scheduled_tokens", "finished_req_ids", "preempted_req_ids", "trace_context", "num_steps", "grammar_compiles")
     class TraceContextEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -94,6 +94,13 @@ class SchedulerOutput(_message.Message):
         key: str
         value: str
         def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    class GrammarCompilesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: _common_pb2.StructuredOutputSpec
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[_common_pb2.StructuredOutputSpec, _Mapping]] = ...) -> None: ...
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     SCHEDULED_NEW_REQS_FIELD_NUMBER: _ClassVar[int]
     SCHEDULED_CACHED_REQS_FIELD_NUMBER: _ClassVar[int]
@@ -104,6 +111,7 @@ class SchedulerOutput(_message.Message):
     PREEMPTED_REQ_IDS_FIELD_NUMBER: _ClassVar[int]
     TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     NUM_STEPS_FIELD_NUMBER: _ClassVar[int]
+    GRAMMAR_COMPILES_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     scheduled_new_reqs: _containers.RepeatedCompositeFieldContainer[NewRequestData]
     scheduled_cached_reqs: CachedRequestData
@@ -114,10 +122,11 @@ class SchedulerOutput(_message.Message):
     preempted_req_ids: _containers.RepeatedScalarFieldContainer[str]
     trace_context: _containers.ScalarMap[str, str]
     num_steps: int
-    def __init__(self, step_id: _Optional[int] = ..., scheduled_new_reqs: _Optional[_Iterable[_Union[NewRequestData, _Mapping]]] = ..., scheduled_cached_reqs: _Optional[_Union[CachedRequestData, _Mapping]] = ..., scheduled_req_ids: _Optional[_Iterable[str]] = ..., num_scheduled_tokens: _Optional[_Iterable[int]] = ..., total_num_scheduled_tokens: _Optional[int] = ..., finished_req_ids: _Optional[_Iterable[str]] = ..., preempted_req_ids: _Optional[_Iterable[str]] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., num_steps: _Optional[int] = ...) -> None: ...
+    grammar_compiles: _containers.MessageMap[str, _common_pb2.StructuredOutputSpec]
+    def __init__(self, step_id: _Optional[int] = ..., scheduled_new_reqs: _Optional[_Iterable[_Union[NewRequestData, _Mapping]]] = ..., scheduled_cached_reqs: _Optional[_Union[CachedRequestData, _Mapping]] = ..., scheduled_req_ids: _Optional[_Iterable[str]] = ..., num_scheduled_tokens: _Optional[_Iterable[int]] = ..., total_num_scheduled_tokens: _Optional[int] = ..., finished_req_ids: _Optional[_Iterable[str]] = ..., preempted_req_ids: _Optional[_Iterable[str]] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., num_steps: _Optional[int] = ..., grammar_compiles: _Optional[_Mapping[str, _common_pb2.StructuredOutputSpec]] = ...) -> None: ...
 
 class StepTimings(_message.Message):
-    __slots__ = ("prepare_ms", "forward_ms", "sample_ms", "idle_ms", "start_unix_s", "end_unix_s", "num_forward_passes", "num_tokens")
+    __slots__ = ("prepare_ms", "forward_ms", "sample_ms", "idle_ms", "start_unix_s", "end_unix_s", "num_forward_passes", "num_tokens", "mask_ms")
     PREPARE_MS_FIELD_NUMBER: _ClassVar[int]
     FORWARD_MS_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_MS_FIELD_NUMBER: _ClassVar[int]
@@ -126,6 +135,7 @@ class StepTimings(_message.Message):
     END_UNIX_S_FIELD_NUMBER: _ClassVar[int]
     NUM_FORWARD_PASSES_FIELD_NUMBER: _ClassVar[int]
     NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    MASK_MS_FIELD_NUMBER: _ClassVar[int]
     prepare_ms: float
     forward_ms: float
     sample_ms: float
@@ -134,7 +144,8 @@ class StepTimings(_message.Message):
     end_unix_s: float
     num_forward_passes: int
     num_tokens: int
-    def __init__(self, prepare_ms: _Optional[float] = ..., forward_ms: _Optional[float] = ..., sample_ms: _Optional[float] = ..., idle_ms: _Optional[float] = ..., start_unix_s: _Optional[float] = ..., end_unix_s: _Optional[float] = ..., num_forward_passes: _Optional[int] = ..., num_tokens: _Optional[int] = ...) -> None: ...
+    mask_ms: float
+    def __init__(self, prepare_ms: _Optional[float] = ..., forward_ms: _Optional[float] = ..., sample_ms: _Optional[float] = ..., idle_ms: _Optional[float] = ..., start_unix_s: _Optional[float] = ..., end_unix_s: _Optional[float] = ..., num_forward_passes: _Optional[int] = ..., num_tokens: _Optional[int] = ..., mask_ms: _Optional[float] = ...) -> None: ...
 
 class SampledTokens(_message.Message):
     __slots__ = ("token_ids", "has_logprobs", "logprobs")
@@ -147,13 +158,24 @@ class SampledTokens(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., has_logprobs: _Optional[bool] = ..., logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprobs, _Mapping]]] = ...) -> None: ...
 
 class ModelRunnerOutput(_message.Message):
-    __slots__ = ("step_id", "req_ids", "sampled", "timings")
+    __slots__ = ("step_id", "req_ids", "sampled", "timings", "grammars_ready", "grammar_errors")
+    class GrammarErrorsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     STEP_ID_FIELD_NUMBER: _ClassVar[int]
     REQ_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLED_FIELD_NUMBER: _ClassVar[int]
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
+    GRAMMARS_READY_FIELD_NUMBER: _ClassVar[int]
+    GRAMMAR_ERRORS_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     req_ids: _containers.RepeatedScalarFieldContainer[str]
     sampled: _containers.RepeatedCompositeFieldContainer[SampledTokens]
     timings: StepTimings
-    def __init__(self, step_id: _Optional[int] = ..., req_ids: _Optional[_Iterable[str]] = ..., sampled: _Optional[_Iterable[_Union[SampledTokens, _Mapping]]] = ..., timings: _Optional[_Union[StepTimings, _Mapping]] = ...) -> None: ...
+    grammars_ready: _containers.RepeatedScalarFieldContainer[str]
+    grammar_errors: _containers.ScalarMap[str, str]
+    def __init__(self, step_id: _Optional[int] = ..., req_ids: _Optional[_Iterable[str]] = ..., sampled: _Optional[_Iterable[_Union[SampledTokens, _Mapping]]] = ..., timings: _Optional[_Union[StepTimings, _Mapping]] = ..., grammars_ready: _Optional[_Iterable[str]] = ..., grammar_errors: _Optional[_Mapping[str, str]] = ...) -> None: ...

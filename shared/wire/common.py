@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from shared import types as t
 from shared.proto import common_pb2
+from shared.structured_output import StructuredOutputSpec
 from shared.wire.mapper import pair, register_enum, tuple_shape
 
 register_enum(common_pb2.FinishReason, t.FinishReason)
 tuple_shape(common_pb2.TopLogprob)  # (token_id, logprob): the core's list of tuples
 
+STRUCTURED_OUTPUT = pair(StructuredOutputSpec, common_pb2.StructuredOutputSpec)
 SAMPLING = pair(t.SamplingParams, common_pb2.SamplingParams)
 LOGPROBS = pair(t.TokenLogprobs, common_pb2.TokenLogprobs)
 MODEL_INFO = pair(t.ModelInfo, common_pb2.ModelInfo)

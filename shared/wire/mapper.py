@@ -9,7 +9,8 @@ and the dataclass's type hints:
     repeated                  list (a `set[...]` hint: a set, sorted on the wire)
     map                       dict
     enum                      IntEnum; value 0 (UNSPECIFIED) <-> None where the default is None
-    message                   its registered counterpart, recursively (repeated, map values too)
+    message                   its registered counterpart, recursively (repeated, map values too);
+                              a dataclass default of None: unset <-> None
 
 A pair lists the fields whose shape really differs with hand functions (`hand_to`:
 proto field -> fn(obj); `hand_from`: attribute -> fn(msg)). Building a pair raises
@@ -230,7 +231,11 @@ def _to_expr(f, attr: dataclasses.Field, hint, ns: dict, v: str) -> str:
         return f"{{k: {inner} for k, x in {v}.items()}}"
     if f.type == FieldDescriptor.TYPE_MESSAGE:
         inner = _nested(f.message_type, ns).to_expr
-        return f"[{inner.format('x')} for x in {v}]" if f.is_repeated else inner.format(v)
+        if f.is_repeated:
+            return f"[{inner.format('x')} for x in {v}]"
+        if attr.default is None:  # an optional message: None stays unset
+            return f"(None if {v} is None else {inner.format(v)})"
+        return inner.format(v)
     if f.type == FieldDescriptor.TYPE_ENUM:
         _enum(f, ns)
         return f"int({v} or 0)" if attr.default is None else f"int({v})"
@@ -249,7 +254,11 @@ def _from_expr(f, attr: dataclasses.Field, hint, ns: dict) -> str:
         return f"{{k: {inner} for k, x in {v}.items()}}"
     if f.type == FieldDescriptor.TYPE_MESSAGE:
         inner = _nested(f.message_type, ns).from_expr
-        return f"[{inner.format('x')} for x in {v}]" if f.is_repeated else inner.format(v)
+        if f.is_repeated:
+            return f"[{inner.format('x')} for x in {v}]"
+        if attr.default is None:  # an optional message: unset reads as None
+            return f"({inner.format(v)} if m.HasField({f.name!r}) else None)"
+        return inner.format(v)
     if f.is_repeated:
         return f"set({v})" if _origin(hint) is set else f"list({v})"
     if f.type == FieldDescriptor.TYPE_ENUM:

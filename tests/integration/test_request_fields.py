@@ -1,7 +1,7 @@
 """Every request field a client can send is honoured (and a test here or elsewhere
 proves it) or refused with a 400 naming it, never silently ignored: the walk is
 driven by the installed `openai` package's request types and by vLLM's extra
-fields. Then the honoured newcomers: best_of, continue_final_message, chat echo;
+fields (structured outputs and tools: tests/integration/test_structured_http.py). Then the honoured newcomers: best_of, continue_final_message, chat echo;
 and the error details: a lone surrogate, invalid JSON,
 top_logprobs, a wrong method."""
 
@@ -45,6 +45,7 @@ CHAT_FIELDS = set(chat_create_params.CompletionCreateParamsBase.__annotations__)
 
 TRANSLATE = "tests.frontend.test_translate"
 OPENAI_API = "tests.integration.test_openai_api"
+STRUCTURED = "tests.integration.test_structured_http"
 PASSED_THROUGH = f"{TRANSLATE}:test_sampling_fields_reach_sampling_params"
 # honoured field -> the test that proves it does what it says
 HONOURED = {
@@ -74,18 +75,22 @@ HONOURED = {
     "add_generation_prompt":
         "tests.frontend.test_chat_template:test_chat_template_renders_exactly_like_transformers",
     "continue_final_message": "test_continue_final_message_extends_the_assistant_message",
+    "response_format": f"{STRUCTURED}:test_response_format_json_schema_validates_streamed_and_not",
+    **{name: f"{STRUCTURED}:test_vllm_s_fields_and_the_removed_ones_are_honoured" for name in (
+        "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar")},
+    "tools": f"{STRUCTURED}:test_tool_choice_required_calls_validate_and_finish_with_tool_calls",
+    "tool_choice": f"{STRUCTURED}:test_a_named_tool_choice_calls_that_function_and_finishes_with_stop",
+    "parallel_tool_calls": f"{STRUCTURED}:test_parallel_tool_calls_false_gives_at_most_one_call",
     **{name: PASSED_THROUGH for name in (
         "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
         "repetition_penalty", "stop_token_ids", "ignore_eos", "min_tokens")},
 }
 # a value each refused field is refused with (default True)
-REFUSED_VALUES = {"response_format": {"type": "json_object"}, "modalities": ["audio"],
-                  "tools": [{"type": "function", "function": {"name": "f"}}],
-                  "tool_choice": "required", "function_call": {"name": "f"},
+REFUSED_VALUES = {"modalities": ["audio"], "functions": [{"name": "f"}],
+                  "function_call": {"name": "f"},
                   "length_penalty": 2.0, "spaces_between_special_tokens": False,
                   "suffix": "tail", "prompt_logprobs": 1}
-NO_EFFECT_VALUES = {"metadata": {"a": "b"}, "parallel_tool_calls": True,
-                    "prompt_cache_options": {}}
+NO_EFFECT_VALUES = {"metadata": {"a": "b"}, "prompt_cache_options": {}}
 
 
 def post(stack, path: str, body) -> httpx.Response:
@@ -129,11 +134,7 @@ def test_inert_fields_are_accepted(tiny_stack):
         assert post(tiny_stack, "/v1/chat/completions", body).status_code == 200, name
 
 
-def test_structured_outputs_are_refused_as_not_supported_yet(tiny_stack):
-    for name in ("guided_json", "guided_regex", "guided_choice", "guided_grammar",
-                 "structured_outputs"):
-        reply = post(tiny_stack, "/v1/completions", {**COMPLETION, name: {"a": 1}})
-        assert "structured outputs are not supported yet" in reply.json()["error"]["message"]
+def test_prompt_logprobs_is_refused_as_not_supported_yet(tiny_stack):
     reply = post(tiny_stack, "/v1/completions", {**COMPLETION, "prompt_logprobs": 2})
     assert "prompt_logprobs is not supported yet" in reply.json()["error"]["message"]
 

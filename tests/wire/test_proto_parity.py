@@ -57,7 +57,7 @@ def test_the_nine_core_messages_are_paired_with_shared_types():
         "ModelInfo": t.ModelInfo, "NewRequestData": t.NewRequestData,
         "CachedRequestData": t.CachedRequestData, "SchedulerOutput": t.SchedulerOutput,
         "StepTimings": t.StepTimings, "ModelRunnerOutput": t.ModelRunnerOutput,
-        "RequestOutput": t.RequestOutput}
+        "RequestOutput": t.RequestOutput, "StructuredOutputSpec": t.StructuredOutputSpec}
 
 
 @pytest.mark.parametrize("p", dataclass_pairs(), ids=lambda p: p.name)
@@ -174,8 +174,12 @@ def sampling_with(field_name: str) -> type:
     return message_factory.GetMessageClass(pool.FindMessageTypeByName("parity.v1.SamplingParams"))
 
 
-def test_a_new_sampling_field_needs_only_the_proto_line_and_the_dataclass_field():
+def test_a_new_sampling_field_needs_only_the_proto_line_and_the_dataclass_field(monkeypatch):
     wire = sampling_with("top_a")
+    # the copy's nested StructuredOutputSpec lives in the parity package: pair it too
+    spec = wire.DESCRIPTOR.fields_by_name["structured_output"].message_type
+    monkeypatch.setitem(mapper._PAIRS, spec.full_name, mapper.pair(
+        t.StructuredOutputSpec, message_factory.GetMessageClass(spec), register=False))
     with pytest.raises(WireMismatch, match="'top_a' has no counterpart"):
         mapper.pair(t.SamplingParams, wire, register=False)
     hints = typing.get_type_hints(t.SamplingParams)
