@@ -5,7 +5,8 @@ outputs back), routed to one asyncio queue per request.
 Losing the session (the scheduler died or restarted) loses nothing here: each open
 request keeps its prompt and the tokens streamed so far (frontend_svc/continuation.py)
 and is re-submitted as a continuation once a new session opens, so the client's
-stream just pauses. Requests still waiting after RESUME_TIMEOUT_S end with
+stream just pauses. Under data parallelism (frontend_svc/replicas.py) the
+`on_lost` hook hands them to another replica instead (`take_open`, `adopt`). Requests still waiting after RESUME_TIMEOUT_S end with
 UNAVAILABLE. docs/resilience.md has the fault model.
 """
 
@@ -41,9 +42,11 @@ class EngineClient:
     def __init__(self, address: str,
                  on_connection: Callable[[bool], Awaitable[None]] | None = None,
                  model_name: str = "",
-                 security: LinkSecurity | None = None) -> None:
+                 security: LinkSecurity | None = None,
+                 on_lost: Callable[[EngineClient], None] | None = None) -> None:
         self.address = address
         self._on_connection = on_connection  # e.g. flips the health status
+        self._on_lost = on_lost  # the session broke: may move open requests elsewhere
         security = security or LinkSecurity()  # TLS and the scheduler's internal token
         self._metadata = security.metadata
         self._channel = security.channel(address, CHANNEL_OPTIONS, aio=True)
@@ -197,6 +200,10 @@ class EngineClient:
             del self._wire[open_.wire_id]
         return open_
 
+    def holds(self, req_id: str) -> bool:
+        """Whether the request is open here (its outputs come through this client)."""
+        return req_id in self._queues
+
     @property
     def num_active(self) -> int:
         return len(self._queues)
@@ -252,6 +259,8 @@ class EngineClient:
         give up on them if none opens in time."""
         self._wire.clear()
         self._lost.inc()
+        if self._on_lost is not None:
+            self._on_lost(self)
         if self._open:
             log.warning("scheduler lost; open requests wait for it", count=len(self._open),
                         resume_timeout_s=RESUME_TIMEOUT_S)
@@ -264,6 +273,29 @@ class EngineClient:
                     grpc.StatusCode.UNAVAILABLE,
                     f"the scheduler was lost and did not come back within "
                     f"{RESUME_TIMEOUT_S:g} s"))
+
+    def take_open(self) -> list[OpenRequest]:
+        """Hand every open request over (data-parallel failover): this client forgets
+        them. Only while no session is open, so none is on the wire here."""
+        assert self._outbox is None, "take_open with a session open"
+        taken = list(self._open.values())
+        self._open.clear()
+        self._queues.clear()
+        if self._resume_deadline is not None:
+            self._resume_deadline.cancel()
+            self._resume_deadline = None
+        return taken
+
+    def adopt(self, open_: OpenRequest) -> None:
+        """Take over an open request of another replica: its continuation goes out on
+        this session now (or with the next one), its queue stays the client's."""
+        self._queues[open_.req_id] = open_.queue
+        self._open[open_.req_id] = open_
+        if self._outbox is None:
+            self._arm_resume_deadline()
+            return
+        self._wire[open_.next_wire_id()] = open_
+        self._outbox.put_nowait(engine_pb2.EngineRequest(add=open_.add_message()))
 
     def _resume_all(self, outbox: asyncio.Queue) -> None:
         """A new session: re-submit every open request as a continuation, in order."""

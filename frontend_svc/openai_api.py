@@ -105,6 +105,8 @@ def operator_router(fe: Frontend) -> APIRouter:
             out["preemption_rate_per_s"] = out["num_preemptions_in_window"] / out["window_s"]
         # how the worker computes steps (kernels, row limits, threads): worker_svc/compute_plan.py
         out["compute_plan"] = fe.engine.model_info.compute_plan if fe.engine.model_info else None
+        if hasattr(fe.engine, "describe"):  # data parallelism: a row per replica (replicas.py)
+            out["replicas"] = fe.engine.describe()
         return out
 
     return router

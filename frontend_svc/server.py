@@ -1,6 +1,7 @@
 """`gapserve frontend`: the OpenAI-compatible HTTP API (FastAPI + uvicorn) and the
 client gRPC service, in one asyncio loop sharing one engine client (one session
-stream to the scheduler)."""
+stream to the scheduler), or with --scheduler-addresses one per data-parallel
+replica behind the frontend's routing (frontend_svc/replicas.py)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,8 @@ from frontend_svc.engine_client import EngineClient
 from frontend_svc.errors import EngineError
 from frontend_svc.grpc_api import SERVICE_NAME, GenerationServicer
 from frontend_svc.openai_api import build_app
+from frontend_svc.replica_router import RoutingRule
+from frontend_svc.replicas import ReplicaSet
 from frontend_svc.tokenizer import TextTokenizer
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -40,7 +43,14 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(frontend_parser(), argv)
+    parser = frontend_parser()
+    args = parse_args(parser, argv)
+    count = len(args.scheduler_addresses or [args.scheduler_address])
+    for flag, given in (("--kv-events-endpoints", args.kv_events_endpoints),
+                        ("--kv-events-replay-endpoints", args.kv_events_replay_endpoints)):
+        if given and len(given) != count:
+            parser.error(f"{flag}: {len(given)} given for {count} scheduler address(es); "
+                         f"one each, in the order of --scheduler-addresses")
     observe.setup(args)
     model_dir = resolve_model(args.model)
     tokenizer = TextTokenizer.from_dir(model_dir)
@@ -69,8 +79,7 @@ async def serve(args, tokenizer: TextTokenizer, served_model_name: str,
         for service in ("", SERVICE_NAME):
             await health_servicer.set(service, SERVING if serving else NOT_SERVING)
 
-    engine = EngineClient(args.scheduler_address, on_connection=on_connection,
-                          model_name=served_model_name, security=security)
+    engine = engine_for(args, on_connection, served_model_name, security)
     fe = Frontend(engine, tokenizer, served_model_name, model_path,
                   observe.Observer(served_model_name), ApiKeys.from_args(args),
                   RequestCaps.from_args(args), admission,
@@ -106,7 +115,9 @@ async def serve(args, tokenizer: TextTokenizer, served_model_name: str,
     http_task = asyncio.create_task(http.serve(sockets=sockets))
     engine_task = asyncio.create_task(engine.start())  # waits for the scheduler
     observe.log.info("frontend listening", http_port=args.http_port,
-                     grpc_port=args.grpc_port, scheduler=args.scheduler_address,
+                     grpc_port=args.grpc_port, scheduler=engine.address,
+                     data_parallel_routing=(args.data_parallel_routing
+                                            if isinstance(engine, ReplicaSet) else None),
                      model=served_model_name, api_keys=len(fe.keys.keys),
                      priority_keys=len(fe.keys.priority_keys), grpc_tls=security.tls,
                      prefix_cache_scope=fe.keys.cache_scope if fe.keys.enabled else "global",
@@ -127,6 +138,19 @@ async def serve(args, tokenizer: TextTokenizer, served_model_name: str,
     fe.pool.shutdown(wait=False, cancel_futures=True)
     fe.utility_pool.shutdown(wait=False, cancel_futures=True)
     observe.log.info("frontend stopped")
+
+
+def engine_for(args, on_connection, model_name: str,
+               security: LinkSecurity) -> EngineClient | ReplicaSet:
+    """One scheduler's client, or with --scheduler-addresses (several) the replicas'."""
+    addresses = args.scheduler_addresses or [args.scheduler_address]
+    if len(addresses) == 1 and not args.kv_events_endpoints:
+        return EngineClient(addresses[0], on_connection=on_connection,
+                            model_name=model_name, security=security)
+    return ReplicaSet(addresses, kv_endpoints=args.kv_events_endpoints,
+                      replay_endpoints=args.kv_events_replay_endpoints,
+                      rule=RoutingRule.from_args(args), on_connection=on_connection,
+                      model_name=model_name, security=security)
 
 
 class HttpServer(uvicorn.Server):

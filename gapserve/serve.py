@@ -1,5 +1,10 @@
 """`gapserve serve`: worker(s), scheduler and frontend as processes on one machine.
 
+With --data-parallel-size N it runs N replicas, each its own scheduler and worker
+ranks on its own ports (replica i: every inner port + i x --data-parallel-port-stride)
+and, for kv-aware routing, its own KV event publisher; the frontend(s) hold a
+session to every replica and route between them (frontend_svc/replicas.py).
+
 Starts them together (the frontend loads its tokenizer while the worker loads the
 model), waits until every one answers grpc.health.v1 SERVING, prints where to
 connect, restarts any that dies (the others carry on: docs/resilience.md), and
@@ -10,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import copy
+import json
 import os
 import shutil
 import signal
@@ -45,6 +52,8 @@ def serve_parser() -> argparse.ArgumentParser:
     flags.add_frontend_flags(p, with_model=False, with_scheduler_address=False)
     flags.add_link_security_flags(p)
     flags.add_admission_flags(p)
+    flags.add_data_parallel_serve_flags(p)
+    flags.add_data_parallel_routing_flags(p, with_addresses=False)
     g = p.add_argument_group("ports of the inner services (0 turns a metrics port off)")
     g.add_argument("--inner-host", default="127.0.0.1",
                    help="bind address of the scheduler and workers (--host binds only "
@@ -100,6 +109,8 @@ SCHEDULER = ("long_prefill_token_threshold", "long_prefill_exempt_lone_request",
              "step_timeout_s", "kv_events_config",
              "max_queued_requests")  # the last: one bound over all frontends
 FRONTEND = ("http_port", "grpc_port", "model", "served_model_name", "api_server_count")
+ROUTING = ("data_parallel_routing", "routing_cache_threshold", "routing_balance_abs_threshold",
+           "routing_balance_rel_threshold")  # with --data-parallel-size > 1
 
 
 def _loopback(host: str) -> str:
@@ -156,31 +167,22 @@ def _metrics_dir() -> str:
     return path
 
 
+@dataclass(slots=True)
+class Replica:
+    """One data-parallel replica's processes and where the frontend finds them."""
+
+    children: list[Child]
+    scheduler_address: str
+    kv_endpoint: str | None = None  # its KV event publisher, as the frontend dials it
+    replay_endpoint: str | None = None
+
+
 def children(args: argparse.Namespace) -> list[Child]:
     host = _loopback(args.inner_host)
     security = LinkSecurity.from_args(args)
     inner_env = _secret_env(args, INNER_SECRETS)
-    if args.tensor_parallel_size > 1:  # the ranks rendezvous on this machine
-        args.master_addr = args.master_addr or host
-        if args.master_port is None and not os.environ.get("MASTER_PORT"):
-            args.master_port = _free_port(args.master_addr)
-    workers = []
-    for rank in range(args.tensor_parallel_size):
-        port = args.worker_port + rank
-        metrics = args.worker_metrics_port + rank if args.worker_metrics_port else 0
-        workers.append(Child(
-            f"worker-{rank}",
-            ["worker", "--rank", str(rank), "--port", str(port), "--metrics-port", str(metrics),
-             "--host", args.inner_host, *_argv(args, COMMON + WORKER + LIMITS + TLS + INNER)],
-            f"{host}:{port}", env=inner_env, security=security))
-    addresses = ",".join(w.health_address for w in workers)
-    scheduler = Child(
-        "scheduler",
-        ["scheduler", "--port", str(args.scheduler_port),
-         "--metrics-port", str(args.scheduler_metrics_port), "--worker-addresses", addresses,
-         "--host", args.inner_host,
-         *_argv(args, COMMON + SCHEDULER + LIMITS + TLS + INNER)],
-        f"{host}:{args.scheduler_port}", env=inner_env, security=security)
+    size = getattr(args, "data_parallel_size", 1)
+    replicas = [_replica(args, i, size, host, security, inner_env) for i in range(size)]
     front = _loopback(args.host)
     scheme = "https" if args.ssl_certfile else "http"
     # --api-server-count N: N frontends on the same ports; the kernel spreads connections
@@ -188,14 +190,101 @@ def children(args: argparse.Namespace) -> list[Child]:
     front_env = _secret_env(args, FRONTEND_SECRETS)
     if count > 1:  # a scrape reaches one of them: it must sum all (frontend_svc/vllm_metrics.py)
         front_env["PROMETHEUS_MULTIPROC_DIR"] = _metrics_dir()
+    if size == 1:
+        upstream = ["--scheduler-address", replicas[0].scheduler_address]
+    else:
+        upstream = ["--scheduler-addresses", ",".join(r.scheduler_address for r in replicas),
+                    *_argv(args, ROUTING)]
+        if all(r.kv_endpoint for r in replicas):
+            upstream += ["--kv-events-endpoints", ",".join(r.kv_endpoint for r in replicas),
+                         "--kv-events-replay-endpoints",
+                         ",".join(r.replay_endpoint for r in replicas)]
     frontends = [Child(
         "frontend" if count == 1 else f"frontend-{i}",
-        ["frontend", "--scheduler-address", scheduler.health_address, "--host", args.host,
+        ["frontend", *upstream, "--host", args.host,
          *_argv(args, COMMON + FRONTEND + TLS + ADMISSION + TENANCY)],
         f"{front}:{args.grpc_port}", f"{scheme}://{front}:{args.http_port}/health",
         env=dict(front_env), security=security)
         for i in range(count)]
-    return [*workers, scheduler, *frontends]
+    return [*(c for r in replicas for c in r.children), *frontends]
+
+
+def _replica(args: argparse.Namespace, i: int, size: int, host: str,
+             security: LinkSecurity, inner_env: dict[str, str]) -> Replica:
+    """Replica i's workers and scheduler; with one replica, exactly the single stack."""
+    offset = i * args.data_parallel_port_stride if size > 1 else 0
+    args = copy.copy(args)  # this replica's rendezvous and KV events
+    if args.tensor_parallel_size > 1:  # the ranks rendezvous on this machine
+        args.master_addr = args.master_addr or host
+        if args.master_port is not None:
+            args.master_port += offset
+        elif size > 1 or not os.environ.get("MASTER_PORT"):
+            args.master_port = _free_port(args.master_addr)
+    args.kv_events_config, kv_endpoint, replay = _kv_events(args, i, size, offset, host)
+    tag = "" if size == 1 else f"{i}-"
+    workers = []
+    for rank in range(args.tensor_parallel_size):
+        port_ = args.worker_port + offset + rank
+        metrics = args.worker_metrics_port + offset + rank if args.worker_metrics_port else 0
+        workers.append(Child(
+            f"worker-{tag}{rank}",
+            ["worker", "--rank", str(rank), "--port", str(port_), "--metrics-port", str(metrics),
+             "--host", args.inner_host, *_argv(args, COMMON + WORKER + LIMITS + TLS + INNER)],
+            f"{host}:{port_}", env=inner_env, security=security))
+    sched_port = args.scheduler_port + offset
+    metrics_port = args.scheduler_metrics_port + offset if args.scheduler_metrics_port else 0
+    scheduler = Child(
+        "scheduler" if size == 1 else f"scheduler-{i}",
+        ["scheduler", "--port", str(sched_port), "--metrics-port", str(metrics_port),
+         "--worker-addresses", ",".join(w.health_address for w in workers),
+         "--host", args.inner_host,
+         *_argv(args, COMMON + SCHEDULER + LIMITS + TLS + INNER)],
+        f"{host}:{sched_port}", env=inner_env, security=security)
+    return Replica([*workers, scheduler], scheduler.health_address, kv_endpoint, replay)
+
+
+def _kv_events(args: argparse.Namespace, i: int, size: int, offset: int,
+               host: str) -> tuple[str | None, str | None, str | None]:
+    """Replica i's --kv-events-config, and its publisher and replay endpoints as the
+    frontend dials them. One replica: the flag as given. Several: a given config's
+    tcp ports move by the replica's offset; without one, kv-aware routing gets
+    private ipc:// sockets (a directory only this user can enter, removed at exit)."""
+    given = args.kv_events_config
+    if size == 1:
+        return given, None, None
+    if given:
+        cfg = json.loads(given)
+        cfg["endpoint"] = _shift(cfg.get("endpoint", "tcp://*:5557"), offset)
+        if cfg.get("replay_endpoint"):
+            cfg["replay_endpoint"] = _shift(cfg["replay_endpoint"], offset)
+        dial = lambda e: e.replace("*", host).replace("0.0.0.0", host)  # noqa: E731
+        return (json.dumps(cfg), dial(cfg["endpoint"]),
+                dial(cfg["replay_endpoint"]) if cfg.get("replay_endpoint") else None)
+    if args.data_parallel_routing != "kv-aware":
+        return None, None, None
+    directory = _kv_events_dir()
+    endpoint, replay = f"ipc://{directory}/kv-{i}", f"ipc://{directory}/kv-replay-{i}"
+    cfg = {"enable_kv_cache_events": True, "endpoint": endpoint, "replay_endpoint": replay}
+    return json.dumps(cfg), endpoint, replay
+
+
+def _shift(endpoint: str, offset: int) -> str:
+    """tcp://host:5557 -> tcp://host:(5557 + offset); other transports unchanged."""
+    head, sep, tail = endpoint.rpartition(":")
+    if not endpoint.startswith("tcp://") or not tail.isdigit():
+        return endpoint
+    return f"{head}{sep}{int(tail) + offset}"
+
+
+_KV_DIR: list[str] = []
+
+
+def _kv_events_dir() -> str:
+    if not _KV_DIR:
+        path = tempfile.mkdtemp(prefix="gapserve-kv-")  # mode 0700
+        atexit.register(shutil.rmtree, path, ignore_errors=True)
+        _KV_DIR.append(path)
+    return _KV_DIR[0]
 
 
 @dataclass(slots=True)
@@ -291,7 +380,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0 if problem == "interrupted" else 1
         host = _loopback(args.host)
         scheme = "https" if args.ssl_certfile else "http"
-        print(f"gapserve: serving {args.served_model_name or os.path.basename(args.model)}\n"
+        replicas = f" on {args.data_parallel_size} replicas ({args.data_parallel_routing} " \
+            f"routing)" if args.data_parallel_size > 1 else ""
+        print(f"gapserve: serving {args.served_model_name or os.path.basename(args.model)}"
+              f"{replicas}\n"
               f"  OpenAI API  {scheme}://{host}:{args.http_port}/v1\n"
               f"  gRPC        {host}:{args.grpc_port}  (gapserve.v1.Generation)\n"
               f"  Ctrl-C stops all services", flush=True)

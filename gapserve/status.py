@@ -1,5 +1,6 @@
 """`gapserve status`: the live capacity diagnosis of a running stack, read from
-the frontend's GET /v1/status (or straight from the scheduler with --scheduler-address)."""
+the frontend's GET /v1/status (or straight from the scheduler with --scheduler-address);
+under data parallelism the sums over all replicas, then a line per replica."""
 
 from __future__ import annotations
 
@@ -57,9 +58,26 @@ def render(status: dict) -> str:
         if status.get(key):
             lines.append(f"  {key}: {status[key]}")
     for key, value in status.items():
-        if key not in ("diagnosis", "summary", "lever"):
+        if key not in ("diagnosis", "summary", "lever", "replicas"):
             lines.append(f"{key}: {json.dumps(value) if isinstance(value, dict) else value}")
+    lines += _replica_lines(status.get("replicas"))
     return "\n".join(lines)
+
+
+def _replica_lines(rows: list[dict] | None) -> list[str]:
+    """Data parallelism (frontend_svc/replicas.py): one line per replica."""
+    if not rows:
+        return []
+    out = [f"replicas: {sum(1 for r in rows if r.get('in_routing'))} of {len(rows)} in routing"]
+    for r in rows:
+        state = "in routing" if r.get("in_routing") else \
+            "connected, not serving" if r.get("connected") else "lost"
+        extra = "".join(f" {k}={r[k]}" for k in ("in_flight", "routed", "failovers",
+                                                 "cached_blocks", "num_running",
+                                                 "num_waiting", "kv_cache_usage", "diagnosis")
+                        if r.get(k) is not None)
+        out.append(f"  replica {r.get('replica')} {r.get('address')}: {state}{extra}")
+    return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:

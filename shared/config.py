@@ -419,4 +419,81 @@ def frontend_parser() -> argparse.ArgumentParser:
     add_frontend_flags(p)
     add_link_security_flags(p)
     add_admission_flags(p)
+    add_data_parallel_routing_flags(p)
     return p
+
+
+# ---------------------------------------------------------------------------
+# data parallelism (issue 32; docs/deploy.md, "Data parallelism and routing"): N
+# replicas, each a scheduler with its own workers, behind the frontend's routing
+
+
+def endpoint_list(text: str) -> list[str]:
+    """Comma-separated ZMQ endpoints (tcp://host:port, ipc://path)."""
+    endpoints = [e.strip() for e in text.split(",") if e.strip()]
+    for e in endpoints:
+        if "://" not in e:
+            raise argparse.ArgumentTypeError(f"{e!r} is not a ZMQ endpoint such as "
+                                             f"tcp://host:5557")
+    return endpoints
+
+
+def routing_threshold(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {value}")
+    return value
+
+
+def relative_threshold(text: str) -> float:
+    value = float(text)
+    if not value >= 1.0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number >= 1, got {text}")
+    return value
+
+
+def add_data_parallel_routing_flags(parser: argparse.ArgumentParser, *,
+                                    with_addresses: bool = True) -> None:
+    """The frontend's side: which replicas, where their KV events are, the rule."""
+    g = parser.add_argument_group(
+        "data-parallel routing (frontend; docs/deploy.md, \"Data parallelism and routing\")")
+    if with_addresses:
+        g.add_argument("--scheduler-addresses", type=address_list, default=None,
+                       help="comma list of host:port, one scheduler per data-parallel "
+                            "replica (replaces --scheduler-address); the frontend holds a "
+                            "session to each and routes every request to one")
+        g.add_argument("--kv-events-endpoints", type=endpoint_list, default=[],
+                       help="comma list of ZMQ endpoints, each replica's KV event "
+                            "publisher (its --kv-events-config endpoint, as reachable from "
+                            "here), in the order of --scheduler-addresses")
+        g.add_argument("--kv-events-replay-endpoints", type=endpoint_list, default=[],
+                       help="the replay endpoints of the same publishers (fill sequence "
+                            "gaps); optional, in the same order")
+    g.add_argument("--data-parallel-routing", choices=("kv-aware", "round-robin"),
+                   default="kv-aware",
+                   help="kv-aware: the replica holding the longest cached prefix unless "
+                        "the load is imbalanced (SGLang's cache-aware rule); round-robin: "
+                        "in turn")
+    g.add_argument("--routing-cache-threshold", type=routing_threshold, default=0.5,
+                   help="kv-aware: the share of the prompt a replica's cached prefix must "
+                        "exceed to win; below it the least-loaded replica takes the request")
+    g.add_argument("--routing-balance-abs-threshold", type=non_negative_int, default=32,
+                   help="kv-aware: in-flight requests by which the busiest replica must "
+                        "exceed the idlest (and ...)")
+    g.add_argument("--routing-balance-rel-threshold", type=relative_threshold, default=1.0001,
+                   help="... this many times the idlest's) for the idlest to take the "
+                        "request whatever the caches hold")
+
+
+def add_data_parallel_serve_flags(parser: argparse.ArgumentParser) -> None:
+    """`gapserve serve`: how many replicas, and where each one's ports are."""
+    g = parser.add_argument_group("data parallelism (gapserve serve)")
+    g.add_argument("--data-parallel-size", type=positive_int, default=1,
+                   help="independent scheduler + worker groups (replicas), each its own "
+                        "scheduler and --tensor-parallel-size worker ranks; replica i "
+                        "listens on every inner port + i x --data-parallel-port-stride "
+                        "(scheduler, workers, their metrics, KV events); the frontend(s) "
+                        "route between them")
+    g.add_argument("--data-parallel-port-stride", type=positive_int, default=100,
+                   help="port offset between consecutive replicas; more than "
+                        "--tensor-parallel-size")

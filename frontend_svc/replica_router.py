@@ -1,0 +1,104 @@
+"""Which replica (scheduler + workers) a request goes to: the routing rule of the
+frontend's data parallelism (docs/deploy.md, "Data parallelism and routing").
+Pure logic over what the caller measured; no network, tested on its own.
+
+`kv-aware` is SGLang's cache-aware rule (sglang-router's `cache_aware` policy, the
+same defaults), with the prefix match read from each replica's KV cache events
+(frontend_svc/kv_index.py) instead of a tree of the texts routed so far:
+
+1. Imbalance first: when the busiest and the idlest replica differ by more than
+   `balance_abs_threshold` requests AND the busiest holds more than
+   `balance_rel_threshold` times the idlest's, the idlest takes it (a hot prefix must
+   not pile every request onto one replica while the others idle).
+2. Otherwise the replica holding the longest cached prefix of the prompt takes it,
+   if that prefix covers more than `cache_threshold` of the prompt's tokens (among
+   equal prefixes, the less loaded; then the lower index).
+3. Otherwise the least loaded; among equally loaded the one with the fewest cached
+   blocks (SGLang's "smallest tree": the most room for a new prefix); then the
+   lower index.
+
+Load is the requests this frontend has in flight on the replica. `round-robin`
+takes the replicas in turn. Only replicas in routing (session open, SERVING) are
+candidates; the caller filters.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+POLICIES = ("kv-aware", "round-robin")
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingRule:
+    policy: str = "kv-aware"
+    cache_threshold: float = 0.5  # sglang-router's defaults
+    balance_abs_threshold: int = 32
+    balance_rel_threshold: float = 1.0001
+
+    def __post_init__(self) -> None:
+        if self.policy not in POLICIES:
+            raise ValueError(f"routing policy must be one of {', '.join(POLICIES)}, "
+                             f"got {self.policy!r}")
+        if not 0.0 <= self.cache_threshold <= 1.0:
+            raise ValueError(f"cache threshold must be within [0, 1], got {self.cache_threshold}")
+        if self.balance_abs_threshold < 0 or self.balance_rel_threshold < 1.0:
+            raise ValueError("balance thresholds: absolute >= 0, relative >= 1")
+
+    @classmethod
+    def from_args(cls, args) -> RoutingRule:
+        return cls(args.data_parallel_routing, args.routing_cache_threshold,
+                   args.routing_balance_abs_threshold, args.routing_balance_rel_threshold)
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """One replica in routing, as measured at this request's arrival."""
+
+    index: int
+    load: int  # requests in flight there from this frontend
+    matched_blocks: int = 0  # leading prompt blocks its prefix cache holds
+    cached_blocks: int = 0  # blocks in its prefix cache
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    index: int
+    matched_tokens: int  # of the prompt, cached at the chosen replica (0 for round-robin)
+    reason: str  # "prefix" | "balance" | "least-loaded" | "round-robin"
+
+
+class ReplicaRouter:
+    def __init__(self, rule: RoutingRule = RoutingRule()) -> None:
+        self.rule = rule
+        self._turn = 0  # round-robin: the index to try next
+
+    def choose(self, candidates: list[Candidate], num_prompt_tokens: int,
+               block_size: int) -> Decision | None:
+        """The replica for one request; None when no replica is in routing."""
+        if not candidates:
+            return None
+        if self.rule.policy == "round-robin":
+            return self._round_robin(candidates)
+        rule = self.rule
+        idlest = min(candidates, key=lambda c: (c.load, c.cached_blocks, c.index))
+        busiest = max(c.load for c in candidates)
+        if busiest - idlest.load > rule.balance_abs_threshold \
+                and busiest > idlest.load * rule.balance_rel_threshold:
+            return _decision(idlest, block_size, "balance")
+        best = max(c.matched_blocks for c in candidates)
+        if best and best * block_size > rule.cache_threshold * max(num_prompt_tokens, 1):
+            holder = min((c for c in candidates if c.matched_blocks == best),
+                         key=lambda c: (c.load, c.index))
+            return _decision(holder, block_size, "prefix")
+        return _decision(idlest, block_size, "least-loaded")
+
+    def _round_robin(self, candidates: list[Candidate]) -> Decision:
+        ordered = sorted(candidates, key=lambda c: c.index)
+        chosen = next((c for c in ordered if c.index >= self._turn), ordered[0])
+        self._turn = chosen.index + 1
+        return Decision(chosen.index, 0, "round-robin")
+
+
+def _decision(c: Candidate, block_size: int, reason: str) -> Decision:
+    return Decision(c.index, c.matched_blocks * block_size, reason)

@@ -1,0 +1,122 @@
+"""Data-parallel failover seen from the frontend, sessions simulated (no network):
+a replica whose session breaks leaves routing, its open requests continue on
+another replica as continuations on the same client queues, and a replica that
+had nowhere to send them hands them over once another joins."""
+
+import asyncio
+
+from frontend_svc.replica_router import RoutingRule
+from frontend_svc.replicas import ReplicaSet, merge_status
+from shared.proto import common_pb2, engine_pb2
+from shared.types import ModelInfo, SamplingParams
+
+INFO = ModelInfo("tiny", 100, 64, [2], 1, 1, 4, "float32", 32, 4)
+
+
+def output(wire_id, tokens, finish=None):
+    msg = engine_pb2.RequestOutput(request_id=wire_id, new_token_ids=tokens)
+    if finish is not None:
+        msg.finish_reason = finish
+    return engine_pb2.EngineResponse(outputs=[msg])
+
+
+def up(replicas: ReplicaSet, i: int) -> asyncio.Queue:
+    """Replica i's session is open and its scheduler SERVING."""
+    client = replicas.replicas[i].client
+    client.model_info = INFO
+    client.health.serving = True
+    client._outbox = asyncio.Queue()
+    client.connected.set()
+    return client._outbox
+
+
+def lose(replicas: ReplicaSet, i: int) -> None:
+    """What EngineClient._run_sessions does when a session breaks."""
+    client = replicas.replicas[i].client
+    client.connected.clear()
+    client._outbox = None
+    client._suspend_all()
+
+
+def two_replicas(policy="round-robin") -> ReplicaSet:
+    return ReplicaSet(["127.0.0.1:1", "127.0.0.1:2"], rule=RoutingRule(policy=policy))
+
+
+def test_open_requests_of_a_lost_replica_continue_on_the_other():
+    async def body():
+        replicas = two_replicas()
+        out0, out1 = up(replicas, 0), up(replicas, 1)
+        qa = replicas.add("a", [1, 2, 3], SamplingParams(max_tokens=10, seed=5))
+        qb = replicas.add("b", [4, 5], SamplingParams(max_tokens=10))
+        assert out0.get_nowait().add.request_id == "a"
+        assert out1.get_nowait().add.request_id == "b"
+        replicas.replicas[0].client._route(output("a", [7, 8]))
+        lose(replicas, 0)
+        assert [r.index for r in replicas.in_routing()] == [1]
+        add = out1.get_nowait().add  # a's continuation, on replica 1
+        assert list(add.prompt_token_ids) == [1, 2, 3, 7, 8]
+        assert add.sampling_params.max_tokens == 8
+        assert add.sampling_params.num_output_prefix_tokens == 2
+        assert add.sampling_params.seed == 5
+        assert replicas.replicas[0].client.num_active == 0
+        assert replicas.replicas[0].failovers == 1
+        replicas.replicas[1].client._route(output(add.request_id, [9],
+                                                  common_pb2.FINISH_REASON_LENGTH))
+        outs = [qa.get_nowait(), qa.get_nowait()]
+        assert [o.new_token_ids for o in outs] == [[7, 8], [9]]
+        assert all(o.req_id == "a" for o in outs) and outs[1].finished
+        assert qb.empty() and replicas.num_active == 1  # b was never touched
+        # new requests only go to the replica in routing
+        replicas.add("c", [6], SamplingParams(max_tokens=2))
+        assert out1.get_nowait().add.request_id == "c"
+        # an abort finds the replica that holds the request
+        assert replicas.abort(["b"]) == 1
+        assert list(out1.get_nowait().abort.request_ids) == ["b"]
+        await replicas.close()
+    asyncio.run(body())
+
+
+def test_with_no_other_replica_requests_wait_and_move_when_one_joins():
+    async def body():
+        replicas = two_replicas()
+        out0 = up(replicas, 0)
+        replicas.add("a", [1, 2], SamplingParams(max_tokens=4))
+        out0.get_nowait()
+        lose(replicas, 0)  # replica 1 never came up: nowhere to go
+        assert replicas.replicas[0].client.num_active == 1
+        out1 = up(replicas, 1)
+        await replicas._changed(1, True)  # what EngineClient._notify calls
+        add = out1.get_nowait().add
+        assert list(add.prompt_token_ids) == [1, 2] and add.request_id != "a"
+        assert replicas.replicas[0].client.num_active == 0
+        assert replicas.replicas[0].client._resume_deadline is None
+        await replicas.close()
+    asyncio.run(body())
+
+
+def test_a_replica_that_comes_back_rejoins_routing():
+    async def body():
+        replicas = two_replicas()
+        up(replicas, 0), up(replicas, 1)
+        lose(replicas, 1)
+        assert [r.index for r in replicas.in_routing()] == [0]
+        out1 = up(replicas, 1)
+        await replicas._changed(1, True)
+        for name in ("x", "y"):
+            replicas.add(name, [1], SamplingParams(max_tokens=1))
+        assert out1.qsize() == 1  # round robin reaches it again
+        await replicas.close()
+    asyncio.run(body())
+
+
+def test_status_of_replicas_is_summed_with_usage_over_all_blocks():
+    a = engine_pb2.EngineStatus(num_running=2, num_waiting=0, max_num_seqs=8, num_kv_blocks=100,
+                                kv_cache_usage=0.5, diagnosis="healthy", window_s=10,
+                                worker_addresses="w0:1")
+    b = engine_pb2.EngineStatus(num_running=3, num_waiting=4, max_num_seqs=8, num_kv_blocks=300,
+                                kv_cache_usage=0.1, diagnosis="concurrency_capped", window_s=10,
+                                worker_addresses="w1:1")
+    s = merge_status([a, b])
+    assert (s.num_running, s.num_waiting, s.max_num_seqs, s.num_kv_blocks) == (5, 4, 16, 400)
+    assert abs(s.kv_cache_usage - 0.2) < 1e-9 and s.window_s == 10
+    assert s.diagnosis == "concurrency_capped" and s.worker_addresses == "w0:1;w1:1"

@@ -1,0 +1,175 @@
+"""The data-parallel routing rule and the per-replica prefix index, without a
+network (frontend_svc/replica_router.py, kv_index.py, kv_subscriber.feed):
+longest prefix wins above the cache threshold, an imbalance sends to the idlest,
+round robin takes turns; events that arrive with gaps, twice, from a restarted
+publisher or as AllBlocksCleared leave the index as the replica's cache is."""
+
+import msgspec
+import pytest
+
+from frontend_svc.kv_index import KvIndex, block_keys
+from frontend_svc.kv_subscriber import (AllBlocksCleared, BlockRemoved, BlockStored,
+                                        KVEventBatch, feed)
+from frontend_svc.replica_router import Candidate, ReplicaRouter, RoutingRule
+
+BS = 4
+ENCODE = msgspec.msgpack.Encoder().encode
+
+
+def batch(*events) -> bytes:
+    return ENCODE(KVEventBatch(ts=0.0, events=list(events), data_parallel_rank=0))
+
+
+def stored(hashes, parent, tokens):
+    return BlockStored(block_hashes=hashes, parent_block_hash=parent, token_ids=tokens,
+                       block_size=BS, lora_id=None, medium="GPU", lora_name=None)
+
+
+# ---- the rule
+
+def test_the_longest_cached_prefix_wins_above_the_cache_threshold():
+    router = ReplicaRouter(RoutingRule())
+    d = router.choose([Candidate(0, load=0, matched_blocks=1), Candidate(1, load=3,
+                                                                         matched_blocks=3)],
+                      num_prompt_tokens=16, block_size=BS)
+    assert (d.index, d.matched_tokens, d.reason) == (1, 12, "prefix")
+
+
+def test_a_prefix_at_or_below_the_threshold_goes_to_the_least_loaded():
+    router = ReplicaRouter(RoutingRule(cache_threshold=0.5))
+    d = router.choose([Candidate(0, load=1, matched_blocks=2), Candidate(1, load=0)],
+                      num_prompt_tokens=16, block_size=BS)  # 8 of 16 tokens: not > half
+    assert (d.index, d.reason) == (1, "least-loaded")
+
+
+def test_equal_load_without_a_prefix_prefers_the_replica_with_fewer_cached_blocks():
+    router = ReplicaRouter()
+    d = router.choose([Candidate(0, 0, 0, cached_blocks=50), Candidate(1, 0, 0, cached_blocks=3)],
+                      16, BS)
+    assert d.index == 1
+
+
+def test_an_imbalance_beyond_both_thresholds_overrides_the_prefix():
+    router = ReplicaRouter(RoutingRule(balance_abs_threshold=4, balance_rel_threshold=1.5))
+    hot = [Candidate(0, load=10, matched_blocks=4), Candidate(1, load=5)]
+    d = router.choose(hot, 16, BS)
+    assert (d.index, d.reason) == (1, "balance")
+    # a difference within the absolute threshold keeps the prefix
+    d = router.choose([Candidate(0, load=8, matched_blocks=4), Candidate(1, load=5)], 16, BS)
+    assert (d.index, d.reason) == (0, "prefix")
+    # beyond the absolute one but within the relative one: still the prefix
+    router = ReplicaRouter(RoutingRule(balance_abs_threshold=4, balance_rel_threshold=3.0))
+    assert router.choose(hot, 16, BS).index == 0
+
+
+def test_equal_prefixes_go_to_the_less_loaded_holder():
+    d = ReplicaRouter().choose([Candidate(0, 2, 4), Candidate(1, 1, 4), Candidate(2, 0, 1)],
+                               16, BS)
+    assert (d.index, d.reason) == (1, "prefix")
+
+
+def test_round_robin_takes_the_replicas_in_routing_in_turn():
+    router = ReplicaRouter(RoutingRule(policy="round-robin"))
+    every = [Candidate(0, 5, 4), Candidate(1, 0), Candidate(2, 0)]
+    assert [router.choose(every, 16, BS).index for _ in range(4)] == [0, 1, 2, 0]
+    # replica 1 left routing: the turn skips it
+    assert [router.choose([every[0], every[2]], 16, BS).index for _ in range(3)] == [2, 0, 2]
+
+
+def test_no_replica_in_routing_is_no_decision_and_bad_rules_are_refused():
+    assert ReplicaRouter().choose([], 16, BS) is None
+    with pytest.raises(ValueError, match="policy"):
+        RoutingRule(policy="random")
+    with pytest.raises(ValueError, match="threshold"):
+        RoutingRule(cache_threshold=1.5)
+
+
+# ---- the index from events
+
+def test_stored_chains_match_a_prompts_leading_blocks_and_removal_shortens_it():
+    index = KvIndex(BS)
+    prompt = list(range(100, 114))  # 3 full blocks and 2 tokens
+    feed(index, 0, batch(stored([11, 12], None, prompt[:8])))
+    feed(index, 1, batch(stored([13], 12, prompt[8:12])))
+    keys = block_keys(prompt, BS)
+    assert len(keys) == 3 and index.match(keys, now=0.0) == 3
+    other = block_keys([1, 2, 3, 4] + prompt[4:12], BS)  # same later tokens, other start
+    assert index.match(other, now=0.0) == 0
+    feed(index, 2, batch(BlockRemoved(block_hashes=[12], medium="GPU")))
+    assert index.match(keys, now=0.0) == 1
+    assert index.num_blocks == 2
+
+
+def test_one_token_chain_under_two_salts_is_held_until_both_are_removed():
+    index = KvIndex(BS)
+    feed(index, 0, batch(stored([1], None, [5, 6, 7, 8]), stored([2], None, [5, 6, 7, 8])))
+    keys = block_keys([5, 6, 7, 8], BS)
+    feed(index, 1, batch(BlockRemoved(block_hashes=[1], medium="GPU")))
+    assert index.match(keys, 0.0) == 1
+    feed(index, 2, batch(BlockRemoved(block_hashes=[2], medium="GPU")))
+    assert index.match(keys, 0.0) == 0
+
+
+def test_all_blocks_cleared_empties_the_index():
+    index = KvIndex(BS)
+    feed(index, 0, batch(stored([1, 2], None, list(range(8)))))
+    feed(index, 1, batch(AllBlocksCleared()))
+    assert index.num_blocks == 0 and index.match(block_keys(list(range(8)), BS), 0.0) == 0
+
+
+def test_a_gap_filled_by_replay_is_applied_in_order():
+    index = KvIndex(BS)
+    feed(index, 0, batch(stored([1], None, [1, 2, 3, 4])))
+    missing = (1, batch(stored([2], 1, [5, 6, 7, 8])))
+    state = feed(index, 2, batch(stored([3], 2, [9, 10, 11, 12])), replayed=[missing])
+    assert state == "applied" and index.last_seq == 2
+    assert index.match(block_keys(list(range(1, 13)), BS), 0.0) == 3
+
+
+def test_a_gap_nothing_fills_resets_the_index_and_keeps_what_follows():
+    index = KvIndex(BS)
+    feed(index, 0, batch(stored([1], None, [1, 2, 3, 4])))
+    state = feed(index, 5, batch(stored([9], None, [7, 7, 7, 7])), replayed=None)
+    assert state == "reset" and index.last_seq == 5
+    assert index.match(block_keys([1, 2, 3, 4], BS), 0.0) == 0  # may be gone: forgotten
+    assert index.match(block_keys([7, 7, 7, 7], BS), 0.0) == 1
+    # a block whose parent was in the lost batches cannot be placed
+    feed(index, 6, batch(stored([10], 4242, [8, 8, 8, 8])))
+    assert index.num_unplaced == 1
+
+
+def test_a_repeated_batch_is_skipped_and_a_restarted_publisher_clears_the_index():
+    index = KvIndex(BS)
+    feed(index, 0, batch(stored([1], None, [1, 2, 3, 4])))
+    feed(index, 1, batch(BlockRemoved(block_hashes=[1], medium="GPU")))
+    assert feed(index, 1, batch(stored([1], None, [1, 2, 3, 4]))) == "repeat"
+    assert index.num_blocks == 0
+    feed(index, 2, batch(stored([5], None, [4, 4, 4, 4])))
+    assert feed(index, 0, batch(stored([6], None, [3, 3, 3, 3]))) == "restart"
+    assert index.match(block_keys([4, 4, 4, 4], BS), 0.0) == 0
+    assert index.match(block_keys([3, 3, 3, 3], BS), 0.0) == 1
+
+
+def test_a_late_joiner_without_replay_starts_from_what_it_receives():
+    index = KvIndex(BS)
+    assert feed(index, 7, batch(stored([1], None, [1, 2, 3, 4]))) == "reset"
+    assert index.match(block_keys([1, 2, 3, 4], BS), 0.0) == 1
+
+
+def test_events_of_another_block_size_are_not_indexed():
+    index = KvIndex(BS)
+    feed(index, 0, batch(BlockStored(block_hashes=[1], parent_block_hash=None,
+                                     token_ids=list(range(8)), block_size=8, lora_id=None,
+                                     medium="GPU", lora_name=None)))
+    assert index.num_blocks == 0 and index.num_unplaced == 1
+
+
+def test_a_routed_prefix_counts_as_held_until_it_expires_or_events_confirm_it():
+    index = KvIndex(BS)
+    keys = block_keys(list(range(12)), BS)
+    index.expect(keys, now=100.0)
+    assert index.match(keys, now=101.0) == 3
+    assert index.match(keys, now=200.0) == 0  # never confirmed: expired
+    index.expect(keys, now=300.0)
+    feed(index, 0, batch(stored([1, 2, 3], None, list(range(12)))))
+    assert not index.pending and index.match(keys, now=1e9) == 3
