@@ -25,6 +25,7 @@ from a replica's /metrics whether a router registered it and is polling it."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from importlib import metadata
 from pathlib import Path
@@ -53,14 +54,13 @@ def router_compat_router(fe: Frontend) -> APIRouter:
         _count(fe, "server_info")
         if fe.engine.model_info is None:
             return JSONResponse(error_body(NOT_CONNECTED, 503), 503)
-        try:
-            status = await fe.engine.get_status()
-        except EngineError as exc:
-            return JSONResponse(error_body(exc.message, exc.http_status), exc.http_status)
-        body = server_info_body(fe, status)
+        statuses = await _statuses(fe)
+        if not statuses:
+            return JSONResponse(error_body(NOT_CONNECTED, 503), 503)
+        body = server_info_body(fe, statuses)
         # registration is rare and worth a line: which router-facing identity we gave
         log.info("router probe: server_info", served_model_name=body["served_model_name"],
-                 max_running_requests=body["max_running_requests"],
+                 dp_size=body["dp_size"], max_running_requests=body["max_running_requests"],
                  max_total_tokens=body["max_total_tokens"])
         return body
 
@@ -77,11 +77,9 @@ def router_compat_router(fe: Frontend) -> APIRouter:
         _count(fe, "get_load")
         if fe.engine.model_info is None:
             return JSONResponse(error_body(NOT_CONNECTED, 503), 503)
-        try:
-            status = await fe.engine.get_status()
-        except EngineError as exc:
-            return JSONResponse(error_body(exc.message, exc.http_status), exc.http_status)
-        return [load_entry(status, fe.engine.model_info.block_size, dp_rank=0)]
+        block_size = fe.engine.model_info.block_size
+        return [load_entry(status, block_size, rank)
+                for rank, status in sorted((await _statuses(fe)).items())]
 
     @router.post("/flush_cache")
     async def flush_cache() -> JSONResponse:
@@ -114,23 +112,49 @@ def model_info_body(fe: Frontend) -> dict:
     }
 
 
-def server_info_body(fe: Frontend, status) -> dict:
+def server_info_body(fe: Frontend, statuses: dict[int, object]) -> dict:
     """SGLang's /server_info keys (its server arguments) that have a gapserve value:
     context_length is --max-model-len, max_running_requests --max-num-seqs,
     max_prefill_tokens the step token budget, max_total_tokens the KV pool in tokens,
-    page_size the KV block size."""
+    page_size the KV block size; dp_size the schedulers behind this frontend, the
+    capacities summed over those that answered."""
     info = fe.engine.model_info
     return {
         **model_info_body(fe),
         "context_length": info.max_model_len,
-        "dp_size": 1,  # one scheduler behind this frontend: one rank in /get_load
-        "max_running_requests": status.max_num_seqs,
+        "dp_size": len(_engines(fe)),
+        "max_running_requests": sum(s.max_num_seqs for s in statuses.values()),
         "max_prefill_tokens": info.max_num_batched_tokens,
-        "max_total_tokens": max(status.num_kv_blocks - 1, 0) * info.block_size,
+        "max_total_tokens": sum(max(s.num_kv_blocks - 1, 0)
+                                for s in statuses.values()) * info.block_size,
         "page_size": info.block_size,
         "version": _version(),
         "engine": "gapserve",
     }
+
+
+def _engines(fe: Frontend) -> list:
+    """The scheduler clients behind this frontend: one, or with --scheduler-addresses
+    one per data-parallel replica (frontend_svc/replicas.py), in rank order."""
+    replicas = getattr(fe.engine, "replicas", None)
+    return [r.client for r in replicas] if replicas else [fe.engine]
+
+
+async def _statuses(fe: Frontend) -> dict[int, object]:
+    """Each connected scheduler's live EngineStatus by rank; one that does not
+    answer is left out (a router sums what is there)."""
+    engines = _engines(fe)
+    replies = await asyncio.gather(*(e.get_status() for e in engines), return_exceptions=True)
+    out = {}
+    for rank, reply in enumerate(replies):
+        if isinstance(reply, EngineError):
+            log.warning("router probe: a scheduler did not answer", rank=rank,
+                        error=reply.message)
+        elif isinstance(reply, BaseException):
+            raise reply
+        else:
+            out[rank] = reply
+    return out
 
 
 def load_entry(status, block_size: int, dp_rank: int) -> dict:
