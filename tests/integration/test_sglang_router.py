@@ -209,6 +209,24 @@ def test_a_shared_prefix_stays_on_one_replica_and_new_prompts_spread(router, rep
     assert sum(delta) == 8 and min(delta) >= 1, delta
 
 
+def test_a_data_parallel_frontend_reports_a_load_row_per_replica(start_stack_factory,
+                                                                  tiny_model_dir, replicas):
+    """One frontend over two schedulers (--data-parallel-size 2) is one router worker
+    with dp_size 2: /get_load has a row per replica, capacities are summed."""
+    stack = start_stack_factory(tiny_model_dir, flags=[
+        *TINY_FLAGS, "--data-parallel-size", "2", "--data-parallel-routing", "round-robin"])
+
+    def get(stack_: Stack, path: str):
+        return json.loads(urllib.request.urlopen(stack_.http_url + path, timeout=10).read())
+    single, double = get(replicas[0], "/server_info"), get(stack, "/server_info")
+    assert (single["dp_size"], double["dp_size"]) == (1, 2)
+    assert double["max_total_tokens"] == 2 * single["max_total_tokens"] > 0
+    assert double["max_running_requests"] == 2 * single["max_running_requests"]
+    rows = get(stack, "/get_load")
+    assert [r["dp_rank"] for r in rows] == [0, 1]
+    assert all(r["num_reqs"] == r["num_waiting_reqs"] == 0 for r in rows)
+
+
 def test_a_killed_replica_is_taken_out_by_the_routers_health_checks(router, replicas):
     """Runs last: it kills one of the module's replicas."""
     client, model = router.openai(), replicas[0].served_model_name
