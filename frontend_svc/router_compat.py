@@ -77,9 +77,11 @@ def router_compat_router(fe: Frontend) -> APIRouter:
         _count(fe, "get_load")
         if fe.engine.model_info is None:
             return JSONResponse(error_body(NOT_CONNECTED, 503), 503)
+        statuses = await _statuses(fe)
+        if not statuses:  # an empty list would read as "no load"
+            return JSONResponse(error_body(NOT_CONNECTED, 503), 503)
         block_size = fe.engine.model_info.block_size
-        return [load_entry(status, block_size, rank)
-                for rank, status in sorted((await _statuses(fe)).items())]
+        return [load_entry(status, block_size, rank) for rank, status in sorted(statuses.items())]
 
     @router.post("/flush_cache")
     async def flush_cache() -> JSONResponse:
