@@ -1,7 +1,8 @@
 """What the frontend keeps of each open request so it survives the loss of the
 scheduler (docs/resilience.md): the prompt, the parameters and every token
-streamed so far. When a session to a (restarted) scheduler opens, each open
-request is re-submitted as a continuation: prompt + generated tokens as the
+streamed so far. When a session to a (restarted) scheduler opens, or under data
+parallelism when another replica takes over a lost one's requests
+(frontend_svc/replicas.py), each open request is re-submitted as a continuation: prompt + generated tokens as the
 prompt, the remaining max_tokens, under a fresh wire id (the old scheduler may
 still hold the old one for a moment), and num_output_prefix_tokens saying how much
 of that prompt is output, so penalties and seeded draws go on where they were.

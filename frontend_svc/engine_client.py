@@ -6,8 +6,9 @@ Losing the session (the scheduler died or restarted) loses nothing here: each op
 request keeps its prompt and the tokens streamed so far (frontend_svc/continuation.py)
 and is re-submitted as a continuation once a new session opens, so the client's
 stream just pauses. Under data parallelism (frontend_svc/replicas.py) the
-`on_lost` hook hands them to another replica instead (`take_open`, `adopt`). Requests still waiting after RESUME_TIMEOUT_S end with
-UNAVAILABLE. docs/resilience.md has the fault model.
+`on_lost` hook hands them to another replica instead (`take_open`, `adopt`).
+Requests still waiting after RESUME_TIMEOUT_S end with UNAVAILABLE.
+docs/resilience.md has the fault model.
 """
 
 from __future__ import annotations
@@ -276,9 +277,13 @@ class EngineClient:
 
     def take_open(self) -> list[OpenRequest]:
         """Hand every open request over (data-parallel failover): this client forgets
-        them. Only while no session is open, so none is on the wire here."""
-        assert self._outbox is None, "take_open with a session open"
+        them. With the session still open (its scheduler lost its workers) they are
+        aborted there first; what it still sends for them is dropped unrouted."""
         taken = list(self._open.values())
+        if self._outbox is not None and taken:
+            self._outbox.put_nowait(engine_pb2.EngineRequest(
+                abort=engine_pb2.AbortRequests(request_ids=[o.wire_id for o in taken])))
+        self._wire.clear()
         self._open.clear()
         self._queues.clear()
         if self._resume_deadline is not None:

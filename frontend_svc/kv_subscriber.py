@@ -28,6 +28,7 @@ from frontend_svc.kv_index import KvIndex
 log = get_logger(component="kv_subscriber")
 REPLAY_TIMEOUT_MS = 2000  # per reply of a replay; a silent replay socket is given up
 END_SEQ = -1
+RESUBSCRIBE_S = 1.0  # after a subscriber socket failed
 
 
 class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
@@ -124,6 +125,19 @@ class KvSubscriber:
         self.index.last_seq = None
 
     async def run(self) -> None:
+        """Subscribe until cancelled; a socket that fails is opened again (the index
+        starts over: what happened meanwhile is unknown)."""
+        while True:
+            try:
+                await self._subscribe()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - routing goes on by load meanwhile
+                log.error("kv_events_subscriber_failed", replica=self.name, error=repr(e))
+                self.forget()
+                await asyncio.sleep(RESUBSCRIBE_S)
+
+    async def _subscribe(self) -> None:
         sub = self._ctx.socket(zmq.SUB)
         sub.setsockopt(zmq.SUBSCRIBE, self.topic)
         sub.connect(self.endpoint)  # ZMQ reconnects by itself to a restarted publisher

@@ -14,10 +14,12 @@ same defaults), with the prefix match read from each replica's KV cache events
    if that prefix covers more than `cache_threshold` of the prompt's tokens (among
    equal prefixes, the less loaded; then the lower index).
 3. Otherwise the least loaded; among equally loaded the one with the fewest cached
-   blocks (SGLang's "smallest tree": the most room for a new prefix); then the
-   lower index.
+   blocks (SGLang's "smallest tree": the most room for a new prefix); then in turn
+   (so short prompts one at a time do not all land on replica 0).
 
-Load is the requests this frontend has in flight on the replica. `round-robin`
+Load is the requests this frontend has in flight on the replica plus what the
+other frontends had there at the last poll of its scheduler (frontend_svc/replicas.py,
+`Replica.load`). `round-robin`
 takes the replicas in turn. Only replicas in routing (session open, SERVING) are
 candidates; the caller filters.
 """
@@ -27,6 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 POLICIES = ("kv-aware", "round-robin")
+_TURNS = 1 << 30  # more than any number of replicas: ties go round from the last winner
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +59,7 @@ class Candidate:
     """One replica in routing, as measured at this request's arrival."""
 
     index: int
-    load: int  # requests in flight there from this frontend
+    load: int  # requests in flight there (ours, plus the other frontends' as last polled)
     matched_blocks: int = 0  # leading prompt blocks its prefix cache holds
     cached_blocks: int = 0  # blocks in its prefix cache
 
@@ -81,7 +84,9 @@ class ReplicaRouter:
         if self.rule.policy == "round-robin":
             return self._round_robin(candidates)
         rule = self.rule
-        idlest = min(candidates, key=lambda c: (c.load, c.cached_blocks, c.index))
+        idlest = min(candidates, key=lambda c: (c.load, c.cached_blocks,
+                                                (c.index - self._turn) % _TURNS))
+        self._turn = idlest.index + 1  # the next tie starts after it
         busiest = max(c.load for c in candidates)
         if busiest - idlest.load > rule.balance_abs_threshold \
                 and busiest > idlest.load * rule.balance_rel_threshold:

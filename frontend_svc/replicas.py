@@ -6,8 +6,9 @@ the APIs, the drain and /metrics do not know there are several.
 - Routing: each request goes where the rule of frontend_svc/replica_router.py says,
   from each replica's in-flight count here and the prefix its KV cache events say
   it holds (frontend_svc/kv_subscriber.py feeding frontend_svc/kv_index.py).
-- Failover: a replica whose session breaks leaves routing at once, and its open
-  requests continue on the others as continuations (frontend_svc/continuation.py:
+- Failover: a replica whose session breaks, or whose scheduler reports NOT_SERVING
+  (it lost its workers), leaves routing at once, and its open requests continue on
+  the others as continuations (aborted first at a scheduler still connected) (frontend_svc/continuation.py:
   prompt + output so far, num_output_prefix_tokens for seeded sampling): the
   client's stream pauses, nothing is lost. When no other replica is in routing
   they wait for their own as before, and move as soon as any replica joins. A
@@ -44,6 +45,7 @@ from frontend_svc.metrics import TOKEN_BUCKETS
 from frontend_svc.replica_router import Candidate, Decision, ReplicaRouter, RoutingRule
 
 log = get_logger(component="replicas")
+LOAD_POLL_S = 1.0  # how often each replica's own count of its requests is read
 _tracer = get_tracer("gapserve.frontend")
 
 ROUTED = Counter("gapserve:requests_routed", "Requests (choices) sent to each data-parallel "
@@ -70,10 +72,34 @@ class Replica:
     routed: int = 0
     failovers: int = 0  # requests moved away from it
     status: engine_pb2.EngineStatus | None = None  # the last one read
+    others: int = 0  # requests other frontends had there at the last load poll
 
     @property
     def cached_blocks(self) -> int:
         return self.kv.index.num_blocks if self.kv is not None else 0
+
+    @property
+    def load(self) -> int:
+        """Requests on this replica: ours, counted exactly, plus the other frontends'
+        (--api-server-count, other Deployments) as its scheduler last reported."""
+        return self.client.num_active + self.others
+
+    def polled(self, status: engine_pb2.EngineStatus, ours: int) -> None:
+        """A status read while `ours` of this frontend's requests were open there."""
+        self.status = status
+        self.others = max(0, status.num_running + status.num_waiting - ours)
+
+
+def check_endpoints(addresses: list[str], kv_endpoints: list[str],
+                    replay_endpoints: list[str]) -> None:
+    """One KV events (and replay) endpoint per scheduler, in the same order, or none."""
+    if not addresses:
+        raise ValueError("data parallelism needs at least one scheduler address")
+    for what, given in (("--kv-events-endpoints", kv_endpoints),
+                        ("--kv-events-replay-endpoints", replay_endpoints)):
+        if given and len(given) != len(addresses):
+            raise ValueError(f"{what}: {len(given)} given for {len(addresses)} scheduler "
+                             f"address(es); one each, in the order of --scheduler-addresses")
 
 
 class ReplicaSet:
@@ -82,13 +108,7 @@ class ReplicaSet:
                  on_connection: Callable[[bool], Awaitable[None]] | None = None,
                  model_name: str = "", security: LinkSecurity | None = None,
                  kv_topic: str = "") -> None:
-        if not addresses:
-            raise ValueError("data parallelism needs at least one scheduler address")
-        for what, given in (("--kv-events-endpoints", kv_endpoints),
-                            ("--kv-events-replay-endpoints", replay_endpoints)):
-            if given and len(given) != len(addresses):
-                raise ValueError(f"{what}: {len(given)} given for {len(addresses)} "
-                                 f"scheduler addresses (one each, in the same order)")
+        check_endpoints(addresses, kv_endpoints, replay_endpoints)
         self.router = ReplicaRouter(rule)
         self.model_name = model_name
         self._on_connection = on_connection
@@ -135,7 +155,15 @@ class ReplicaSet:
     async def start(self) -> None:
         """Open every replica's session; returns once one is open (the others follow)."""
         self._start_tasks = [asyncio.ensure_future(r.client.start()) for r in self.replicas]
-        await asyncio.wait(self._start_tasks, return_when=asyncio.FIRST_COMPLETED)
+        self._start_tasks.append(asyncio.ensure_future(self._poll_load()))
+        await asyncio.wait(self._start_tasks[:-1], return_when=asyncio.FIRST_COMPLETED)
+
+    async def _poll_load(self) -> None:
+        """Every LOAD_POLL_S, each replica's running + waiting: what other frontends
+        put there enters the load (a round trip per request would cost more)."""
+        while True:
+            await asyncio.sleep(LOAD_POLL_S)
+            await self._read_statuses(LOAD_POLL_S)
 
     async def close(self) -> None:
         for task in self._start_tasks:
@@ -184,7 +212,7 @@ class ReplicaSet:
         keys = block_keys(prompt, block_size) if self.router.rule.policy == "kv-aware" else []
         now = time.monotonic()
         decision = self.router.choose([
-            Candidate(r.index, r.client.num_active,
+            Candidate(r.index, r.load,
                       r.kv.index.match(keys, now) if r.kv is not None else 0, r.cached_blocks)
             for r in candidates], len(prompt), block_size)
         replica = self.replicas[decision.index]
@@ -213,6 +241,8 @@ class ReplicaSet:
         if ready:
             self._start_kv(replica)
             self._rehome_stranded()
+        elif replica.client.connected.is_set():  # session open, workers lost: health failed
+            self._move_open(replica)
         self._in_routing.set(len(self.in_routing()))
         if self._on_connection is not None:
             await self._on_connection(self.ready)
@@ -236,7 +266,7 @@ class ReplicaSet:
     def _rehome_stranded(self) -> None:
         """A replica joined: requests waiting on a replica that is still away move."""
         for replica in self.replicas:
-            if not replica.client.connected.is_set() and replica.client.num_active:
+            if not replica.client.ready and replica.client.num_active:
                 self._move_open(replica)
 
     def _move_open(self, source: Replica) -> None:
@@ -263,7 +293,7 @@ class ReplicaSet:
         keys = block_keys(prompt, block_size) if self.router.rule.policy == "kv-aware" else []
         now = time.monotonic()
         decision = self.router.choose([
-            Candidate(r.index, r.client.num_active,
+            Candidate(r.index, r.load,
                       r.kv.index.match(keys, now) if r.kv is not None else 0, r.cached_blocks)
             for r in targets], len(prompt), block_size)
         return self.replicas[decision.index]
@@ -273,20 +303,29 @@ class ReplicaSet:
     async def get_status(self, timeout_s: float = 5.0) -> engine_pb2.EngineStatus:
         """Every reachable replica's status, summed (kv_cache_usage over all blocks; the
         diagnosis of the busiest replica); the rows stay for describe()."""
-        reachable = [r for r in self.replicas if r.client.connected.is_set()]
-        replies = await asyncio.gather(*(r.client.get_status(timeout_s) for r in reachable),
-                                       return_exceptions=True)
-        for r in self.replicas:
-            r.status = None
-        good = []
-        for r, reply in zip(reachable, replies):
-            if isinstance(reply, engine_pb2.EngineStatus):
-                r.status = reply
-                good.append(reply)
+        good, replies = await self._read_statuses(timeout_s)
         if not good:
             error = next((e for e in replies if isinstance(e, EngineError)), None)
             raise error or EngineError(grpc.StatusCode.UNAVAILABLE, "no replica is connected")
         return merge_status(good)
+
+    async def _read_statuses(self, timeout_s: float) -> tuple[list, list]:
+        """GetStatus of every connected replica at once; each replica keeps its own."""
+        reachable = [r for r in self.replicas if r.client.connected.is_set()]
+        ours = [r.client.num_active for r in reachable]
+        replies = await asyncio.gather(*(r.client.get_status(timeout_s) for r in reachable),
+                                       return_exceptions=True)
+        for r in self.replicas:
+            if r not in reachable:
+                r.status, r.others = None, 0
+        good = []
+        for r, mine, reply in zip(reachable, ours, replies):
+            if isinstance(reply, engine_pb2.EngineStatus):
+                r.polled(reply, mine)
+                good.append(reply)
+            else:
+                r.status, r.others = None, 0
+        return good, replies
 
     def describe(self) -> list[dict]:
         """One row per replica for /v1/status (as of the last get_status)."""
@@ -294,7 +333,8 @@ class ReplicaSet:
         for r in self.replicas:
             row = {"replica": r.index, "address": r.client.address,
                    "in_routing": r.client.ready, "connected": r.client.connected.is_set(),
-                   "in_flight": r.client.num_active, "routed": r.routed,
+                   "in_flight": r.client.num_active, "others_in_flight": r.others,
+                   "routed": r.routed,
                    "failovers": r.failovers, "kv_events": r.kv_endpoint,
                    "cached_blocks": r.cached_blocks if r.kv is not None else None,
                    "kv_events_resets": r.kv.num_resets if r.kv is not None else None}

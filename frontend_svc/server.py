@@ -35,7 +35,7 @@ from frontend_svc.errors import EngineError
 from frontend_svc.grpc_api import SERVICE_NAME, GenerationServicer
 from frontend_svc.openai_api import build_app
 from frontend_svc.replica_router import RoutingRule
-from frontend_svc.replicas import ReplicaSet
+from frontend_svc.replicas import ReplicaSet, check_endpoints
 from frontend_svc.tokenizer import TextTokenizer
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
@@ -45,12 +45,11 @@ NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 def main(argv: list[str] | None = None) -> int:
     parser = frontend_parser()
     args = parse_args(parser, argv)
-    count = len(args.scheduler_addresses or [args.scheduler_address])
-    for flag, given in (("--kv-events-endpoints", args.kv_events_endpoints),
-                        ("--kv-events-replay-endpoints", args.kv_events_replay_endpoints)):
-        if given and len(given) != count:
-            parser.error(f"{flag}: {len(given)} given for {count} scheduler address(es); "
-                         f"one each, in the order of --scheduler-addresses")
+    try:  # said before anything starts
+        check_endpoints(args.scheduler_addresses or [args.scheduler_address],
+                        args.kv_events_endpoints, args.kv_events_replay_endpoints)
+    except ValueError as e:
+        parser.error(str(e))
     observe.setup(args)
     model_dir = resolve_model(args.model)
     tokenizer = TextTokenizer.from_dir(model_dir)

@@ -359,6 +359,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(e))
     if problem is not None:
         parser.error(f"--inner-host: {problem}")
+    if args.data_parallel_size > 1 and args.data_parallel_port_stride <= args.tensor_parallel_size:
+        parser.error(f"--data-parallel-port-stride {args.data_parallel_port_stride} must exceed "
+                     f"--tensor-parallel-size {args.tensor_parallel_size}: a replica's "
+                     f"scheduler would take the port of the previous one's last rank")
     from shared.default_model import resolve_model
 
     try:  # converted once here, not raced by two children

@@ -120,3 +120,77 @@ def test_status_of_replicas_is_summed_with_usage_over_all_blocks():
     assert (s.num_running, s.num_waiting, s.max_num_seqs, s.num_kv_blocks) == (5, 4, 16, 400)
     assert abs(s.kv_cache_usage - 0.2) < 1e-9 and s.window_s == 10
     assert s.diagnosis == "concurrency_capped" and s.worker_addresses == "w0:1;w1:1"
+
+
+def test_a_replica_that_lost_its_workers_hands_its_requests_over_after_aborting_them():
+    async def body():
+        replicas = two_replicas()
+        out0, out1 = up(replicas, 0), up(replicas, 1)
+        queue = replicas.add("a", [1, 2], SamplingParams(max_tokens=6))
+        out0.get_nowait()
+        replicas.replicas[0].client._route(output("a", [3]))
+        replicas.replicas[0].client.health.serving = False  # its scheduler: NOT_SERVING
+        await replicas._changed(0, False)
+        assert list(out0.get_nowait().abort.request_ids) == ["a"]  # freed over there
+        add = out1.get_nowait().add
+        assert list(add.prompt_token_ids) == [1, 2, 3] and add.sampling_params.max_tokens == 5
+        replicas.replicas[0].client._route(output("a", [99]))  # late: dropped
+        replicas.replicas[1].client._route(output(add.request_id, [4],
+                                                  common_pb2.FINISH_REASON_LENGTH))
+        assert [queue.get_nowait().new_token_ids for _ in range(2)] == [[3], [4]]
+        await replicas.close()
+    asyncio.run(body())
+
+
+def test_the_route_span_names_the_replica_and_the_matched_prefix_in_the_requests_trace():
+    import io
+
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from shared.telemetry import get_tracer, setup_telemetry, shutdown_tracing
+    from shared.telemetry.logs import reset_logging
+    from shared.telemetry.tracing import context_carrier
+    from opentelemetry import trace
+
+    exporter = InMemorySpanExporter()
+    setup_telemetry("frontend-test", span_exporter=exporter, log_format="json",
+                    log_stream=io.StringIO())
+    try:
+        async def body():
+            replicas = two_replicas(policy="kv-aware")
+            up(replicas, 0), up(replicas, 1)
+            root = get_tracer("test").start_span("request")
+            carrier = context_carrier(trace.set_span_in_context(root))
+            replicas.add("a", list(range(10)), SamplingParams(max_tokens=1),
+                         trace_context=carrier)
+            root.end()
+            await replicas.close()
+            return root
+        root = asyncio.run(body())
+        route = next(s for s in exporter.get_finished_spans() if s.name == "route")
+        assert route.attributes["gapserve.replica"] == 0
+        assert route.attributes["gapserve.routing.matched_prefix_tokens"] == 0
+        assert route.attributes["gapserve.routing.reason"] == "least-loaded"
+        assert route.context.trace_id == root.context.trace_id
+        assert route.parent.span_id == root.context.span_id
+    finally:
+        shutdown_tracing()
+        reset_logging()
+
+
+def test_other_frontends_requests_at_a_replica_count_in_its_load():
+    async def body():
+        replicas = two_replicas(policy="kv-aware")
+        out0, out1 = up(replicas, 0), up(replicas, 1)
+        replicas.add("mine", [1], SamplingParams(max_tokens=1))  # -> replica 0
+        out0.get_nowait()
+        r0, r1 = replicas.replicas
+        # replica 1's scheduler runs 40 requests of other frontends; replica 0 just ours
+        r0.polled(engine_pb2.EngineStatus(num_running=1), ours=1)
+        r1.polled(engine_pb2.EngineStatus(num_running=30, num_waiting=10), ours=0)
+        assert (r0.load, r1.load) == (1, 40)
+        replicas.add("next", [2], SamplingParams(max_tokens=1))
+        assert out0.qsize() == 1 and out1.empty()  # the idler one by the whole count
+        assert replicas.describe()[1]["others_in_flight"] == 40
+        await replicas.close()
+    asyncio.run(body())

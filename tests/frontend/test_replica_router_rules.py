@@ -173,3 +173,60 @@ def test_a_routed_prefix_counts_as_held_until_it_expires_or_events_confirm_it():
     index.expect(keys, now=300.0)
     feed(index, 0, batch(stored([1, 2, 3], None, list(range(12)))))
     assert not index.pending and index.match(keys, now=1e9) == 3
+
+
+def test_the_frontend_refuses_kv_endpoints_that_do_not_pair_with_the_schedulers(capsys):
+    from frontend_svc import server
+    with pytest.raises(SystemExit) as exc:
+        server.main(["--scheduler-addresses", "127.0.0.1:1,127.0.0.1:2",
+                     "--kv-events-endpoints", "tcp://127.0.0.1:5557"])
+    assert exc.value.code == 2
+    assert "--kv-events-endpoints: 1 given for 2 scheduler address(es)" in capsys.readouterr().err
+
+
+def test_a_late_subscriber_replays_from_the_real_publisher_what_it_missed(tmp_path):
+    """The scheduler's own publisher (scheduler_svc/kv_events.py) on ipc sockets: the
+    subscriber joins after three batches, sees a gap at its first one, and fills it
+    from the replay socket."""
+    import asyncio
+
+    from frontend_svc.kv_subscriber import KvSubscriber
+    from scheduler_svc.core.block_pool import BlocksStored
+    from scheduler_svc.kv_events import KVEventsConfig, ZmqEventPublisher
+
+    cfg = KVEventsConfig(enable_kv_cache_events=True, endpoint=f"ipc://{tmp_path}/pub",
+                         replay_endpoint=f"ipc://{tmp_path}/replay")
+    publisher = ZmqEventPublisher(cfg, block_size=BS).start()
+    digest = [bytes([i]) * 32 for i in range(1, 4)]
+    chain = list(range(200, 212))
+    for i in range(3):  # one block of the chain per batch, before anyone listens
+        publisher.publish([BlocksStored([digest[i]], digest[i - 1] if i else None,
+                                        chain[i * BS:(i + 1) * BS])])
+
+    async def body():
+        subscriber = KvSubscriber(f"ipc://{tmp_path}/pub", f"ipc://{tmp_path}/replay",
+                                  KvIndex(BS), name="0")
+        task = asyncio.ensure_future(subscriber.run())
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 10
+        n = 0
+        while subscriber.index.last_seq is None:  # the SUB may miss the first sends
+            assert loop.time() < deadline, "no batch ever arrived"
+            n += 1
+            publisher.publish([BlocksStored([bytes([100 + n]) * 32], None, [n] * BS)])
+            await asyncio.sleep(0.05)  # a poll period, not a synchronization
+        task.cancel()
+        return subscriber
+
+    try:
+        subscriber = asyncio.run(body())
+    finally:
+        publisher.close()
+    assert subscriber.index.match(block_keys(chain, BS), 0.0) == 3  # replayed
+    assert subscriber.num_resets == 0
+
+
+def test_full_ties_go_round_so_one_request_at_a_time_spreads():
+    router = ReplicaRouter()
+    idle = [Candidate(0, 0), Candidate(1, 0), Candidate(2, 0)]
+    assert [router.choose(idle, 4, BS).index for _ in range(4)] == [0, 1, 2, 0]

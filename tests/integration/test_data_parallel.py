@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -31,7 +33,7 @@ from tests.integration.hf_reference import hf_greedy
 from tests.wire.session_client import wait_for
 
 NUM_STREAMS = 8
-STREAM_TOKENS = 200  # long enough that the kill lands mid-stream on any machine
+STREAM_TOKENS = 128  # long enough that the kill lands mid-stream on any machine
 
 
 @pytest.fixture(scope="module")
@@ -46,12 +48,21 @@ class DataParallel:
         self.replicas: list[Stack] = []
         self.kv = [f"ipc://{self.sockets}/kv-{i}" for i in range(2)]
         self.replay = [f"ipc://{self.sockets}/replay-{i}" for i in range(2)]
-        for i in range(2):
+        def replica(i: int) -> Stack:
             cfg = {"enable_kv_cache_events": True, "endpoint": self.kv[i],
                    "replay_endpoint": self.replay[i]}
-            self.replicas.append(start_stack(
-                model_dir, root / f"replica-{i}", services=("worker", "scheduler"),
-                flags=[*TINY_FLAGS, "--kv-events-config", json.dumps(cfg)]))
+            return start_stack(model_dir, root / f"replica-{i}", services=("worker", "scheduler"),
+                               flags=[*TINY_FLAGS, "--kv-events-config", json.dumps(cfg)])
+
+        with ThreadPoolExecutor(2) as pool:  # both start at once, as two pods would
+            futures = [pool.submit(replica, i) for i in range(2)]
+        failed = [f.exception() for f in futures if f.exception() is not None]
+        if failed:
+            for f in futures:
+                if f.exception() is None:
+                    f.result().stop()
+            raise failed[0]
+        self.replicas = [f.result() for f in futures]
         http, grpc_port = free_ports(2)
         front = Child("frontend", [
             "frontend", "--model", str(model_dir), "--http-port", str(http),
@@ -96,6 +107,7 @@ class DataParallel:
         self.front.stop()
         for r in self.replicas:
             r.stop()
+        shutil.rmtree(self.sockets, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -201,9 +213,15 @@ class Streams:
         assert self.finish == ["length"] * NUM_STREAMS
 
 
-def test_killing_one_replicas_scheduler_mid_stream_loses_no_stream(dp):
-    reference = Streams(dp.front)
-    reference.join()
+@pytest.fixture(scope="module")
+def reference(dp) -> list[str]:
+    """The streams' text without a fault (greedy: whichever replica runs them)."""
+    run = Streams(dp.front)
+    run.join()
+    return run.text
+
+
+def test_killing_one_replicas_scheduler_mid_stream_loses_no_stream(dp, reference):
     failovers = dp.metric("gapserve:replica_failovers_total")
     run = Streams(dp.front)
     wait_for(lambda: min(run.chunks) >= 2, timeout_s=60, what="every stream under way")
@@ -213,7 +231,7 @@ def test_killing_one_replicas_scheduler_mid_stream_loses_no_stream(dp):
     scheduler.process.wait()
     assert run.finish.count("length") < NUM_STREAMS  # the kill landed mid-stream
     run.join()
-    assert run.text == reference.text  # greedy: the no-fault text, whichever replica
+    assert run.text == reference  # greedy: the no-fault text, whichever replica
     assert dp.metric("gapserve:replica_failovers_total") > failovers
     log = (dp.front.log_dir / "frontend.log").read_text()
     assert '"replica_failover"' in log
@@ -222,3 +240,25 @@ def test_killing_one_replicas_scheduler_mid_stream_loses_no_stream(dp):
     wait_for(lambda: all(r["in_routing"] for r in dp.status()["replicas"]),
              timeout_s=60, what="the restarted replica back in routing")
     assert dp.metric("gapserve:replicas_in_routing") == 2
+
+
+def test_killing_one_replicas_worker_mid_stream_loses_no_stream(dp, reference):
+    """The scheduler stays up but reports NOT_SERVING: its requests are aborted there
+    and continue on the other replica, rather than waiting for a new worker."""
+    failovers = dp.metric("gapserve:replica_failovers_total")
+    run = Streams(dp.front)
+    wait_for(lambda: min(run.chunks) >= 2, timeout_s=60, what="every stream under way")
+    victim = dp.replicas[1].supervisor
+    worker = next(c for c in victim.children if c.name.startswith("worker"))
+    worker.process.kill()
+    worker.process.wait()
+    assert run.finish.count("length") < NUM_STREAMS
+    run.join()
+    assert run.text == reference
+    assert dp.metric("gapserve:replica_failovers_total") > failovers
+    victim.launch(worker)  # its scheduler reconnects, SERVING again: back in routing
+    wait_for(lambda: all(r["in_routing"] for r in dp.status()["replicas"]),
+             timeout_s=60, what="the replica back in routing")
+    # nothing is left behind on the replica that lost its worker
+    wait_for(lambda: (lambda s: s.num_running == 0 and s.num_waiting == 0)(
+        dp.replicas[1].engine_status()), timeout_s=30, what="replica 1 idle")
