@@ -25,7 +25,8 @@ Reported per mode, the median over --repeats runs and the spread (min-max): the
 prefix-cache hit rate (vllm:prefix_cache_hits / vllm:prefix_cache_queries, the
 deltas on the frontends' /metrics), output tokens/s per core (every process of the
 run and this client share the machine's cores: stated in the table), TTFT p50/p99
-(first content chunk, client side). The modes alternate over the repeats (repeat r
+(first content chunk, client side), and per run the requests each replica served
+(placement explains most of the rest). The modes alternate over the repeats (repeat r
 starts at mode r), so a slow spell of a shared machine does not fall on one mode.
 """
 
@@ -278,6 +279,19 @@ def counters(frontends: list[str]) -> dict[str, float]:
     return out
 
 
+def split(dep: Deployment, mode: str) -> list[int]:
+    """Requests each replica served: the built-in routing's own count per replica
+    (/v1/status), or each frontend's finished requests behind sglang-router."""
+    if mode == "sglang-router":
+        out = []
+        for url in dep.frontends:
+            text = httpx.get(url + "/metrics", timeout=10).text
+            out.append(int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                               if line.startswith("vllm:request_success_total"))))
+        return out
+    return [row["routed"] for row in httpx.get(dep.url + "/v1/status", timeout=10).json()["replicas"]]
+
+
 def served_model(url: str) -> str:
     return httpx.get(url + "/v1/models", timeout=10).json()["data"][0]["id"]
 
@@ -291,12 +305,13 @@ def run_once(mode: str, args: argparse.Namespace, users: list[User], log_dir: Pa
         out = asyncio.run(drive(dep.url, model, users, args))
         wall = time.perf_counter() - t0
         after = counters(dep.frontends)
+        per_replica = split(dep, mode)
     finally:
         dep.stop()
     queries = after["queries"] - before["queries"]
     ttfts = sorted(out.ttfts_s)
     return {"mode": mode, "wall_s": wall, "requests": len(ttfts), "errors": out.errors[:5],
-            "num_errors": len(out.errors), "hit_rate": (after["hits"] - before["hits"]) /
+            "num_errors": len(out.errors), "per_replica": per_replica, "hit_rate": (after["hits"] - before["hits"]) /
             queries if queries else 0.0, "output_tokens": out.output_tokens,
             "tok_s_per_core": out.output_tokens / wall / args.cores,
             "ttft_p50_ms": 1000 * percentile(ttfts, 50),
@@ -332,6 +347,7 @@ def summarize(runs: list[dict], modes: list[str]) -> dict[str, dict]:
                      for k in KEYS}
         out[mode]["runs"] = len(mine)
         out[mode]["errors"] = sum(r["num_errors"] for r in mine)
+        out[mode]["splits"] = ["/".join(map(str, r.get("per_replica", []))) for r in mine]
     return out
 
 
@@ -359,11 +375,13 @@ def markdown(summary: dict[str, dict], args: argparse.Namespace) -> str:
     def cell(v: dict, fmt: str) -> str:
         return f"{v['median']:{fmt}} ({v['min']:{fmt}}-{v['max']:{fmt}})"
     rows = ["| routing | prefix-cache hit rate | output tok/s per core | TTFT p50 ms | "
-            "TTFT p99 ms | runs | errors |", "|---|---|---|---|---|---|---|"]
+            "TTFT p99 ms | requests per replica, each run | errors |",
+            "|---|---|---|---|---|---|---|"]
     for mode, s in summary.items():
         rows.append(f"| {mode} | {cell(s['hit_rate'], '.3f')} | "
                     f"{cell(s['tok_s_per_core'], '.1f')} | {cell(s['ttft_p50_ms'], '.0f')} | "
-                    f"{cell(s['ttft_p99_ms'], '.0f')} | {s['runs']} | {s['errors']} |")
+                    f"{cell(s['ttft_p99_ms'], '.0f')} | {', '.join(s['splits'])} | "
+                    f"{s['errors']} |")
     rows.append("")
     rows.append(f"Medians (min-max) over {args.repeats} alternating runs; two replicas and this "
                 f"client share {args.cores} cores (tok/s is divided by {args.cores}). "
@@ -420,7 +438,8 @@ def main(argv: list[str] | None = None) -> int:
             runs.append({**run, "repeat": repeat})
             print(f"repeat {repeat} {mode}: hit rate {run['hit_rate']:.3f}, "
                   f"{run['tok_s_per_core']:.1f} tok/s/core, TTFT p50 {run['ttft_p50_ms']:.0f} "
-                  f"ms p99 {run['ttft_p99_ms']:.0f} ms, {run['num_errors']} errors, "
+                  f"ms p99 {run['ttft_p99_ms']:.0f} ms, per replica {run['per_replica']}, "
+                  f"{run['num_errors']} errors, "
                   f"{run['wall_s']:.1f} s", file=sys.stderr, flush=True)
     summary = summarize(runs, args.modes)
     print(markdown(summary, args))

@@ -79,6 +79,7 @@ def test_one_run_on_two_tiny_replicas_behind_sglang_router_and_the_built_in_rout
         # every turn answered; the shared system prompts hit the cache somewhere
         assert r["requests"] == 12 and r["num_errors"] == 0 and r["output_tokens"] == 48
         assert 0.0 < r["hit_rate"] <= 1.0 and r["ttft_p99_ms"] >= r["ttft_p50_ms"] > 0
+        assert len(r["per_replica"]) == 2 and sum(r["per_replica"]) == 12
     printed = capsys.readouterr().out
     assert "| sglang-router |" in printed and "| kv-aware |" in printed
     assert "kv-aware hit rate >= sglang-router's:" in printed
