@@ -289,7 +289,8 @@ def split(dep: Deployment, mode: str) -> list[int]:
             out.append(int(sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                                if line.startswith("vllm:request_success_total"))))
         return out
-    return [row["routed"] for row in httpx.get(dep.url + "/v1/status", timeout=10).json()["replicas"]]
+    status = httpx.get(dep.url + "/v1/status", timeout=10).json()
+    return [row["routed"] for row in status["replicas"]]
 
 
 def served_model(url: str) -> str:
@@ -310,9 +311,10 @@ def run_once(mode: str, args: argparse.Namespace, users: list[User], log_dir: Pa
         dep.stop()
     queries = after["queries"] - before["queries"]
     ttfts = sorted(out.ttfts_s)
+    hits = after["hits"] - before["hits"]
     return {"mode": mode, "wall_s": wall, "requests": len(ttfts), "errors": out.errors[:5],
-            "num_errors": len(out.errors), "per_replica": per_replica, "hit_rate": (after["hits"] - before["hits"]) /
-            queries if queries else 0.0, "output_tokens": out.output_tokens,
+            "num_errors": len(out.errors), "per_replica": per_replica,
+            "hit_rate": hits / queries if queries else 0.0, "output_tokens": out.output_tokens,
             "tok_s_per_core": out.output_tokens / wall / args.cores,
             "ttft_p50_ms": 1000 * percentile(ttfts, 50),
             "ttft_p99_ms": 1000 * percentile(ttfts, 99)}

@@ -35,7 +35,8 @@ def test_without_a_profile_one_replica_and_no_kv_events():
     assert not (DP_SERVICES | {"frontend-dp1", "sglang-router"}) & set(services)
     front = environment(services["frontend"])
     assert front["GAPSERVE_SCHEDULER_ADDRESSES"] == "scheduler:50052"
-    assert front["GAPSERVE_KV_EVENTS_ENDPOINTS"] == front["GAPSERVE_KV_EVENTS_REPLAY_ENDPOINTS"] == ""
+    assert front["GAPSERVE_KV_EVENTS_ENDPOINTS"] == ""
+    assert front["GAPSERVE_KV_EVENTS_REPLAY_ENDPOINTS"] == ""
     assert environment(services["scheduler"])["GAPSERVE_KV_EVENTS_CONFIG"] == ""
 
 

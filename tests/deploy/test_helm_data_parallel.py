@@ -81,7 +81,8 @@ def test_each_replica_selects_only_its_own_pods_and_exposes_its_kv_event_ports()
             labels = obj["spec"]["template"]["metadata"]["labels"]
             assert obj["spec"]["selector"]["matchLabels"].items() <= labels.items()
             assert labels["gapserve.io/replica"] == str(i)
-        assert r.get("Service", f"-r{i}-workers")["spec"]["selector"]["gapserve.io/replica"] == str(i)
+        workers = r.get("Service", f"-r{i}-workers")
+        assert workers["spec"]["selector"]["gapserve.io/replica"] == str(i)
 
 
 def test_router_puts_sglang_router_in_front_of_one_frontend_per_replica():
