@@ -209,6 +209,47 @@ def test_a_shared_prefix_stays_on_one_replica_and_new_prompts_spread(router, rep
     assert sum(delta) == 8 and min(delta) >= 1, delta
 
 
+@pytest.mark.e2e
+def test_the_default_model_through_the_router_equals_transformers(default_stack,
+                                                                  start_stack_factory, tmp_path):
+    """The real default model on two replicas behind the router: each prompt's greedy
+    text equals transformers' for that prompt alone, whichever replica served it."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from frontend_svc.tokenizer import TextTokenizer
+
+    second = start_stack_factory(default_stack.model_dir, flags=[
+        "--max-model-len", "2048", "--kv-cache-memory", str(256 << 20)])
+    r = start_router([default_stack.http_url, second.http_url], tmp_path)
+    try:
+        r.wait_for("both default replicas registered", lambda ws: len(ws) == 2 and all(
+            w["is_healthy"] for w in ws.values()), ROUTER_START_S)
+        client, model, n = r.openai(), default_stack.served_model_name, 16
+        prompts = ["The capital of France is", "def fibonacci(n):", "Once upon a time"]
+        start = threading.Barrier(len(prompts))
+
+        def one(prompt: str) -> str:
+            start.wait()  # together, so the router spreads them over both
+            return client.completions.create(model=model, prompt=prompt, max_tokens=n,
+                                              temperature=0.0).choices[0].text
+        with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+            texts = list(pool.map(one, prompts))
+    finally:
+        r.stop()
+    tokenizer = TextTokenizer.from_dir(default_stack.model_dir)
+    ref = AutoModelForCausalLM.from_pretrained(str(default_stack.model_dir),
+                                               dtype=torch.float32).eval()
+    eos = ref.generation_config.eos_token_id
+    for prompt, text in zip(prompts, texts):
+        ids = tokenizer.encode(prompt)
+        with torch.no_grad():
+            out = ref.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids)),
+                               max_new_tokens=n, do_sample=False, eos_token_id=eos,
+                               pad_token_id=eos)
+        assert text == tokenizer.decode(out[0, len(ids):].tolist()), prompt
+
+
 def test_a_data_parallel_frontend_reports_a_load_row_per_replica(start_stack_factory,
                                                                   tiny_model_dir, replicas):
     """One frontend over two schedulers (--data-parallel-size 2) is one router worker
