@@ -134,3 +134,33 @@ def test_the_dp2_stack_routes_a_shared_prefix_to_one_replica_and_both_serve(tmp_
         assert len(replicas()) == 2
     finally:
         stack.stop()
+
+
+@pytest.mark.e2e
+def test_the_router_profile_serves_through_sglang_router_to_both_frontends(tmp_path):
+    from openai import OpenAI
+
+    from shared.default_model import ensure_default_model
+    ensure_default_model()
+    stack = LocalStack(load_compose(ROUTER_ENV_PATH), tmp_path)
+    try:
+        stack.start()  # the router last: it waits for both frontends to be healthy
+        base = f"http://{stack.ports.address('sglang-router', 30000)}"
+        deadline = time.monotonic() + 60
+        while True:  # the router's own view: both frontends registered and healthy
+            try:
+                workers = httpx.get(base + "/workers", timeout=5).json()["workers"]
+            except httpx.HTTPError:
+                workers = []
+            if len(workers) == 2 and all(w["is_healthy"] for w in workers):
+                break
+            assert time.monotonic() < deadline, stack.services["sglang-router"].log_tail()
+            time.sleep(0.5)  # spaces the polls
+        client = OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=120)
+        [model] = client.models.list().data  # the served name, from our /server_info
+        reply = client.chat.completions.create(
+            model=model.id, max_tokens=8, temperature=0.0,
+            messages=[{"role": "user", "content": "What is the capital of France?"}])
+        assert "Paris" in reply.choices[0].message.content
+    finally:
+        stack.stop()
