@@ -25,6 +25,7 @@ from frontend_svc.http_guard import HttpGuard
 from frontend_svc.http_util import (
     HttpError, SSEResponse, install_error_handlers, parse_body, unless_disconnected)
 from frontend_svc.observe import scrape
+from frontend_svc.router_compat import router_compat_router
 from frontend_svc.protocol import (
     ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest)
 from frontend_svc.output_stream import OutputStream
@@ -44,6 +45,7 @@ def build_app(fe: Frontend, payload_limit: int = 8 << 20) -> FastAPI:
     app.include_router(operator_router(fe))
     app.include_router(token_router(fe))
     app.include_router(generation_router(fe))
+    app.include_router(router_compat_router(fe))  # sglang-router's worker endpoints
     return app
 
 

@@ -31,6 +31,8 @@ class MissingVariable(ValueError):
 
 
 TP2_ENV_PATH = ROOT / "deploy" / "tp2.env"
+DP2_ENV_PATH = ROOT / "deploy" / "dp2.env"
+ROUTER_ENV_PATH = ROOT / "deploy" / "router.env"
 
 
 def read_env_file(path: Path | None) -> dict[str, str]:
@@ -79,8 +81,10 @@ def load_compose(env_file: Path | None = None, *, all_profiles: bool = False,
 
 
 def gapserve_services(doc: dict) -> dict[str, dict]:
-    """The services built from this repository (the others are stock images)."""
-    return {name: svc for name, svc in doc["services"].items() if "build" in svc}
+    """The services built from this repository's Dockerfile (the others are stock
+    images, or sglang-router's own image built from deploy/sglang-router)."""
+    return {name: svc for name, svc in doc["services"].items()
+            if (svc.get("build") or {}).get("context") == "."}
 
 
 def environment(svc: dict) -> dict[str, str]:
@@ -197,6 +201,7 @@ def _free_port() -> int:
 
 
 _ADDRESS = re.compile(r"\b([A-Za-z][A-Za-z0-9_.-]*):(\d{1,5})\b")
+_BIND_ALL = re.compile(r"tcp://\*:(\d{1,5})\b")  # a ZMQ socket bound in the container
 
 
 @dataclass(slots=True)
@@ -228,6 +233,8 @@ class LoopbackPorts:
             host, port = m.group(1), int(m.group(2))
             return self.address(host, port) if host in self.services else m.group(0)
 
+        value = _BIND_ALL.sub(lambda m: f"tcp://{self.address(service, int(m.group(1)))}",
+                              value)
         return _ADDRESS.sub(move, value)
 
     def environment(self, service: str, svc: dict) -> dict[str, str]:

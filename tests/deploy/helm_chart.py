@@ -46,6 +46,11 @@ VALUE_SETS: dict[str, dict] = {
         "serviceMonitor": {"enabled": True}}},
     "api-keys-existing-token": {"frontend": {"apiKeys": {"existingSecret": "gapserve-keys"}},
                                 "internalToken": {"existingSecret": "gapserve-token"}},
+    # data parallelism: two engines behind the frontends' kv-aware routing, and behind
+    # sglang-router (a frontend each); the second with tensor parallelism as well
+    "dp2": {"dataParallelSize": 2},
+    "dp2-router-tp2": {"dataParallelSize": 2, "router": {"enabled": True},
+                       "tensorParallel": {"size": 2}},
 }
 
 
@@ -95,12 +100,20 @@ class Rendered:
         return sorted((o["kind"], o["metadata"]["name"]) for o in self.objects)
 
     def pod_specs(self) -> dict[str, dict]:
-        """{component: pod spec} of every workload."""
-        out = {}
+        """{component: pod spec} of every gapserve workload (with several data-parallel
+        replicas, one of each component: workloads() has them all; sglang-router's
+        pod is not a gapserve service)."""
+        return {component: spec for component, _, spec in self.workloads()
+                if component != "router"}
+
+    def workloads(self) -> list[tuple[str, str, dict]]:
+        """(component, object name, pod spec) of every workload, in render order."""
+        out = []
         for o in self.objects:
             template = pod_template(o)
             if template is not None:
-                out[o["metadata"]["labels"]["app.kubernetes.io/component"]] = template["spec"]
+                out.append((o["metadata"]["labels"]["app.kubernetes.io/component"],
+                            o["metadata"]["name"], template["spec"]))
         return out
 
 

@@ -90,9 +90,33 @@ class LocalStack:
 
     def _start_stand_in(self, name: str) -> None:
         # Jaeger becomes an OTLP receiver on its port; nothing here needs Prometheus
-        # to run (the tests scrape its targets themselves).
+        # to run (the tests scrape its targets themselves). sglang-router is the
+        # wheel's own binary, as its image runs it (deploy/sglang-router/Dockerfile).
         if name == "jaeger":
             self.receivers[name] = OtlpReceiver(self.ports.port(name, OTLP_GRPC_PORT))
+        elif name == "sglang-router":
+            self._start_router(name, self.doc["services"][name])
+
+    def _start_router(self, name: str, svc: dict) -> None:
+        """The router's command with its ports and worker URLs moved to loopback."""
+        for dep, condition in depends_on(svc).items():
+            if condition == "service_healthy":
+                self.wait_healthy(dep)
+        args, previous = [], None
+        for arg in svc["command"]:
+            if previous in ("--port", "--prometheus-port"):
+                arg = str(self.ports.port(name, int(arg)))
+            else:
+                arg = self.ports.value(name, "", arg)
+            args.append(arg)
+            previous = arg if arg.startswith("--") else None
+        env = {**os.environ, **{k: str(v) for k, v in (svc.get("environment") or {}).items()}}
+        log_path = self.log_dir / f"{name}.log"
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen([sys.executable, "-m", "sglang_router.launch_router", *args],
+                                    cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+        self.services[name] = Service(name, proc, env, log_path)
 
     def _start(self, name: str, svc: dict) -> None:
         env = {k: v for k, v in os.environ.items()

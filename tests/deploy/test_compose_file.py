@@ -166,7 +166,8 @@ def test_addresses_name_a_service_and_a_port_it_listens_on():
         host, port = address.strip().split(":")
         assert GAPSERVE[host]["command"][0] == "worker"
         assert env[host]["GAPSERVE_PORT"] == port
-    host, port = env["frontend"]["GAPSERVE_SCHEDULER_ADDRESS"].split(":")
+    [address] = env["frontend"]["GAPSERVE_SCHEDULER_ADDRESSES"].split(",")  # one replica
+    host, port = address.split(":")
     assert GAPSERVE[host]["command"][0] == "scheduler" and env[host]["GAPSERVE_PORT"] == port
 
 

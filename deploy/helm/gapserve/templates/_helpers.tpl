@@ -27,14 +27,47 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- .Values.internalToken.existingSecret | default (printf "%s-internal-token" (include "gapserve.fullname" .)) -}}
 {{- end -}}
 
+{{/* Data parallelism (dataParallelSize > 1): replica i's scheduler and workers are
+     named <fullname>-r<i>-... and labelled gapserve.io/replica; with one replica the
+     names are the single engine's. scheduler.yaml and worker.yaml render once per
+     replica with the root's fields plus `replica` (its index) as the context. */}}
+{{- define "gapserve.replicaName" -}}
+{{- if gt (int .Values.dataParallelSize) 1 -}}
+{{- printf "%s-r%d" (include "gapserve.fullname" .) (int .replica) -}}
+{{- else -}}
+{{- include "gapserve.fullname" . -}}
+{{- end -}}
+{{- end -}}
+
+{{/* selector of one component of this replica: include "gapserve.replicaSelector" (list . "worker") */}}
+{{- define "gapserve.replicaSelector" -}}
+{{- $ := index . 0 -}}
+{{ include "gapserve.selector" . }}
+{{- if gt (int $.Values.dataParallelSize) 1 }}
+gapserve.io/replica: {{ $.replica | quote }}
+{{- end }}
+{{- end -}}
+
+{{/* replica i's scheduler address as the frontend dials it: include "gapserve.schedulerAddress" (list . i) */}}
+{{- define "gapserve.schedulerHost" -}}
+{{- $ := index . 0 -}}
+{{- $name := ternary (printf "%s-r%d" (include "gapserve.fullname" $) (int (index . 1))) (include "gapserve.fullname" $) (gt (int $.Values.dataParallelSize) 1) -}}
+{{- printf "%s-scheduler.%s.svc" $name $.Release.Namespace -}}
+{{- end -}}
+
+{{/* KV events of every replica's scheduler (for the frontend's kv-aware routing) */}}
+{{- define "gapserve.kvEventsOn" -}}
+{{- if and (gt (int .Values.dataParallelSize) 1) (eq .Values.dataParallelRouting "kv-aware") (not .Values.router.enabled) -}}true{{- end -}}
+{{- end -}}
+
 {{/* the workers' own headless Service (StatefulSet pods, metrics) */}}
 {{- define "gapserve.workersService" -}}
-{{- printf "%s-workers" (include "gapserve.fullname" .) -}}
+{{- printf "%s-workers" (include "gapserve.replicaName" .) -}}
 {{- end -}}
 
 {{/* scheduler -> worker: one host:port per rank, in rank order */}}
 {{- define "gapserve.workerAddresses" -}}
-{{- $full := include "gapserve.fullname" . -}}
+{{- $full := include "gapserve.replicaName" . -}}
 {{- $ns := .Release.Namespace -}}
 {{- $port := int .Values.worker.port -}}
 {{- $out := list -}}

@@ -1,7 +1,7 @@
 {{/* The pod of one tensor-parallel rank, shared by the StatefulSet (one node or
      several, rank = pod index) and the LeaderWorkerSet (rank = LWS_WORKER_INDEX). */}}
 {{- define "gapserve.workerPod" -}}
-{{- $full := include "gapserve.fullname" . -}}
+{{- $full := include "gapserve.replicaName" . -}}
 {{- $w := .Values.worker -}}
 {{- $tp := .Values.tensorParallel -}}
 {{- $res := deepCopy $w.resources -}}
@@ -13,7 +13,7 @@
 metadata:
   labels:
     {{- include "gapserve.labels" . | nindent 4 }}
-    app.kubernetes.io/component: worker
+    {{- include "gapserve.replicaSelector" (list . "worker") | nindent 4 }}
   annotations:
     {{- include "gapserve.scrape" (list . $w.metricsPort) | nindent 4 }}
 spec:
@@ -109,6 +109,6 @@ spec:
             topologyKey: kubernetes.io/hostname
             labelSelector:
               matchLabels:
-                {{- include "gapserve.selector" (list . "worker") | nindent 16 }}
+                {{- include "gapserve.replicaSelector" (list . "worker") | nindent 16 }}
   {{- end }}
 {{- end -}}
