@@ -135,6 +135,8 @@ class GrammarRuntime:
                 del self._pending[req_id]
                 errors[req_id] = (f"the grammar did not compile within "
                                   f"{self.compile_timeout_s:g} s; simplify it")
+        for req_id, message in errors.items():  # where an operator looks for a refusal
+            log.warning("grammar_failed", req_id=req_id, error=message)
         return ready, errors
 
     # ------------------------------------------------------------ requests
