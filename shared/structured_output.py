@@ -92,13 +92,16 @@ def grammar_vocab(model_dir, vocab_size: int | None = None,
                   eos_token_ids: list[int] | None = None) -> GrammarVocab:
     """The tokenizer info for a checkpoint directory, built once and cached.
     vocab_size: the model's logits width when it exceeds the tokenizer's (padded
-    embeddings); eos_token_ids: the model's, else the checkpoint's config."""
+    embeddings); eos_token_ids: the model's, else the checkpoint's config (the first
+    build of a directory fixes them)."""
     path = str(Path(model_dir).resolve())
-    with _VOCAB_LOCK:
-        vocab = _VOCABS.get((path, vocab_size))
-        if vocab is None:
+    with _VOCAB_LOCK:  # one build a model: the tokenizer's own size and None share it
+        vocab = _VOCABS.get((path, vocab_size)) or _VOCABS.get((path, None))
+        if vocab is None or (vocab_size is not None and vocab.vocab_size != vocab_size):
             vocab = _build_vocab(Path(path), vocab_size, eos_token_ids)
-            _VOCABS[(path, vocab_size)] = vocab
+        _VOCABS[(path, vocab_size)] = _VOCABS[(path, vocab.vocab_size)] = vocab
+        if vocab_size is None:
+            _VOCABS[(path, None)] = vocab
         return vocab
 
 

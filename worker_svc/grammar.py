@@ -20,6 +20,7 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import Future
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -62,9 +63,11 @@ class GrammarState:
 
 
 class GrammarRuntime:
-    """Rank 0's compiles and matchers. The backend's vocabulary (about half a second
-    for this tokenizer) is built in the background on the first grammar announced,
-    so workers that never see one never pay for it."""
+    """Rank 0's compiles and matchers. The backend's vocabulary (0.2 to 1.5 s for this
+    tokenizer) is built in the background from the start: llguidance holds the GIL
+    while it builds it, so built on the first grammar it would stall every stream's
+    step for that long (tests/structured/test_grpc_structured.py saw a 1 s gap);
+    at start-up it stalls nothing that serves."""
 
     def __init__(self, model_dir: str, vocab_size: int, eos_token_ids: list[int],
                  compile_timeout_s: float = so.DEFAULT_COMPILE_TIMEOUT_S) -> None:
@@ -75,6 +78,8 @@ class GrammarRuntime:
         self._vocab: Future = Future()
         self._vocab_started = False
         self._pending: dict[str, tuple[Future, float]] = {}  # req_id -> (compile, started)
+        if (Path(model_dir) / "tokenizer.json").is_file():  # else every grammar fails
+            self._ensure_vocab()
 
     def _ensure_vocab(self) -> None:
         if not self._vocab_started:
@@ -135,6 +140,8 @@ class GrammarRuntime:
                 del self._pending[req_id]
                 errors[req_id] = (f"the grammar did not compile within "
                                   f"{self.compile_timeout_s:g} s; simplify it")
+        for req_id, message in errors.items():  # where an operator looks for a refusal
+            log.warning("grammar_failed", req_id=req_id, error=message)
         return ready, errors
 
     # ------------------------------------------------------------ requests

@@ -50,6 +50,8 @@ def allowed(vocab, spec: Spec, after: list[int] = ()) -> torch.Tensor:
     (Spec("json", "{"), "json", "not valid JSON"),
     (Spec("json", '{"type": "strin"}'), "json", "strin"),
     (Spec("json", "[1, 2]"), "json", "must be an object"),
+    (Spec("json", '{"type": "object", "if": {"required": ["a"]}, "then": {"required": ["b"]}}'),
+     "json", "uses a feature the backend does not support"),
     (Spec("regex", "(ab"), "regex", "invalid regex"),
     (Spec("regex", ""), "regex", "empty"),
     (Spec("choice", "[]"), "choice", "non-empty list"),
