@@ -8,6 +8,7 @@ disable_by_batch_size turns it off per step; a wrong answer is refused."""
 import pytest
 
 from scheduler_svc.core import ConfigError, WorkerOutputError
+from scheduler_svc.core.request import RequestStatus
 from scheduler_svc.core.spec_slots import committed_kv_end
 from shared.speculative_config import SpeculativeConfig
 from shared.types import FinishReason, ModelRunnerOutput
@@ -370,3 +371,22 @@ def test_a_lost_worker_with_drafts_in_flight_is_recovered_exactly():
         params = make_request(r, prompt, max_tokens=25).sampling_params
         assert got[r] == expected_stream(model, prompt, params, 64)
     assert s.num_free_blocks == s.num_total_blocks - 1
+
+
+def test_a_request_with_a_grammar_gets_no_slots_until_drafts_are_masked():
+    """Rank 0 masks the token it samples, not drafts: a constrained request decodes
+    without slots while an unconstrained one beside it gets them."""
+    from shared.structured_output import StructuredOutputSpec
+    s = spec_scheduler(k=3, block_size=4, max_model_len=64)
+    s.add_request(make_request("g", 10, max_tokens=20,
+                               structured_output=StructuredOutputSpec("regex", "[a-z]+")))
+    s.add_request(make_request("u", 10, max_tokens=20))
+    while s.requests["g"].status is not RequestStatus.RUNNING or \
+            s.requests["u"].num_computed_tokens < 10:
+        so = s.schedule()
+        ids = list(so.num_scheduled_tokens)
+        s.update_from_output(so, ModelRunnerOutput(
+            so.step_id, ids, [[7] for _ in ids], grammars_ready=["g"]))
+    so = s.schedule()
+    assert s.draft_slots(so.step_id) == {"u": 3}
+    assert so.num_scheduled_tokens["g"] == 1
