@@ -2,8 +2,8 @@
 a ZMQ SUB socket read by an asyncio task on the frontend's loop, so the index it
 feeds (frontend_svc/kv_index.py) is only ever touched by that loop.
 
-It decodes vLLM's wire layout (vllm/distributed/kv_events.py, declared here as any
-router subscribed to vLLM declares it) and keeps the index exact across what goes
+It decodes vLLM's wire layout (vllm/distributed/kv_events.py, declared once in
+shared/kv_event_wire.py for the publisher and this subscriber) and keeps the index exact across what goes
 wrong on the way:
 - a gap in the sequence numbers (the publisher dropped batches, or this socket
   joined late) is asked of the replay socket when there is one; a gap replay cannot
@@ -15,12 +15,12 @@ wrong on the way:
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import msgspec
 import zmq
 import zmq.asyncio
 
+from shared.kv_event_wire import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 from shared.telemetry import get_logger
 
 from frontend_svc.kv_index import KvIndex
@@ -29,44 +29,6 @@ log = get_logger(component="kv_subscriber")
 REPLAY_TIMEOUT_MS = 2000  # per reply of a replay; a silent replay socket is given up
 END_SEQ = -1
 RESUBSCRIBE_S = 1.0  # after a subscriber socket failed
-
-
-class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
-    ts: float
-    events: list[Any]
-    data_parallel_rank: int | None = None
-
-
-class KVCacheEvent(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
-    pass
-
-
-class BlockStored(KVCacheEvent):
-    block_hashes: list[int | bytes]
-    parent_block_hash: int | bytes | None
-    token_ids: list[int]
-    block_size: int
-    lora_id: int | None = None
-    medium: str | None = None
-    lora_name: str | None = None
-    extra_keys: list[Any] | None = None
-    group_idx: int | None = None
-    kv_cache_spec_kind: str | None = None
-    kv_cache_spec_sliding_window: int | None = None
-
-
-class BlockRemoved(KVCacheEvent):
-    block_hashes: list[int | bytes]
-    medium: str | None = None
-    group_idx: int | None = None
-
-
-class AllBlocksCleared(KVCacheEvent):
-    pass
-
-
-class KVEventBatch(EventBatch):
-    events: list[BlockStored | BlockRemoved | AllBlocksCleared]
 
 
 _DECODER = msgspec.msgpack.Decoder(KVEventBatch)

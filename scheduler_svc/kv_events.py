@@ -23,7 +23,6 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, fields
-from typing import Any
 
 import msgspec
 import zmq
@@ -31,53 +30,13 @@ import zmq
 from scheduler_svc.core.block_pool import BlocksRemoved, BlocksStored, CacheCleared
 from scheduler_svc.core.config import ConfigError
 from scheduler_svc.metrics import KV_EVENTS_DROPPED, KV_EVENTS_PUBLISHED
+from shared.kv_event_wire import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 from shared.telemetry import get_logger
 
 log = get_logger(service="scheduler")
 
 MEDIUM_GPU = "GPU"  # vLLM's name for the engine's own KV pool, whatever the device
 END_SEQ = (-1).to_bytes(8, "big", signed=True)  # ends a replay
-
-
-# --- the wire: vLLM's structs, field for field (current vLLM: the batch is an array,
-# each event a map tagged by its class name under "type"; defaults are omitted)
-
-class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
-    ts: float
-    events: list[Any]
-    data_parallel_rank: int | None = None
-
-
-class KVCacheEvent(msgspec.Struct, omit_defaults=True, gc=False, tag=True):
-    pass
-
-
-class BlockStored(KVCacheEvent):
-    block_hashes: list[int]
-    parent_block_hash: int | None
-    token_ids: list[int]
-    block_size: int
-    lora_id: int | None
-    medium: str | None
-    lora_name: str | None
-    extra_keys: list[tuple[Any, ...] | None] | None = None
-    group_idx: int | None = None
-    kv_cache_spec_kind: str | None = None
-    kv_cache_spec_sliding_window: int | None = None
-
-
-class BlockRemoved(KVCacheEvent):
-    block_hashes: list[int]
-    medium: str | None
-    group_idx: int | None = None
-
-
-class AllBlocksCleared(KVCacheEvent):
-    pass
-
-
-class KVEventBatch(EventBatch):
-    events: list[BlockStored | BlockRemoved | AllBlocksCleared]
 
 
 def external_hash(digest: bytes) -> int:
