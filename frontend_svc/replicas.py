@@ -203,11 +203,17 @@ class ReplicaSet:
     # ---- routing
 
     def _route(self, prompt: list[int]) -> tuple[Replica, Decision]:
-        info = self.model_info
         candidates = self.in_routing()
         if not candidates:  # none in routing: one that was up holds it until it is back
             candidates = [r for r in self.replicas if r.client.model_info is not None] \
                 or self.replicas
+        return self._choose(prompt, candidates)
+
+    def _choose(self, prompt: list[int], candidates: list[Replica]) -> tuple[Replica, Decision]:
+        """The routing rule over `candidates` for `prompt` (a new request's, or a moved
+        continuation's prompt + output); the chosen replica is expected to hold the
+        prompt's blocks from now on (kv_index.expect), so a burst lands together."""
+        info = self.model_info
         block_size = info.block_size if info is not None else 16
         keys = block_keys(prompt, block_size) if self.router.rule.policy == "kv-aware" else []
         now = time.monotonic()
@@ -278,7 +284,7 @@ class ReplicaSet:
             return
         destinations: dict[int, int] = {}
         for open_ in moved:
-            target = self._route_continuation(open_, targets)
+            target, _ = self._choose(open_.prompt_token_ids + open_.generated, targets)
             target.client.adopt(open_)
             destinations[target.index] = destinations.get(target.index, 0) + 1
         source.failovers += len(moved)
@@ -286,17 +292,6 @@ class ReplicaSet:
         log.warning("replica_failover", replica=source.index, address=source.client.address,
                     count=len(moved), to={str(k): v for k, v in destinations.items()})
 
-    def _route_continuation(self, open_: OpenRequest, targets: list[Replica]) -> Replica:
-        prompt = open_.prompt_token_ids + open_.generated
-        info = self.model_info
-        block_size = info.block_size if info is not None else 16
-        keys = block_keys(prompt, block_size) if self.router.rule.policy == "kv-aware" else []
-        now = time.monotonic()
-        decision = self.router.choose([
-            Candidate(r.index, r.load,
-                      r.kv.index.match(keys, now) if r.kv is not None else 0, r.cached_blocks)
-            for r in targets], len(prompt), block_size)
-        return self.replicas[decision.index]
 
     # ---- status
 
