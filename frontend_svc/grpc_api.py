@@ -3,14 +3,13 @@ translation between protobuf and the frontend's choices."""
 
 from __future__ import annotations
 
-import threading
 from contextlib import aclosing
 
 import grpc
 
 from shared import proto_convert as convert
 from shared.proto import generate_pb2, generate_pb2_grpc
-from shared.structured_output import StructuredOutputError, grammar_vocab, validate_for_model
+from shared.structured_output import StructuredOutputError, validate_for_model
 from shared.types import FinishReason, InvalidRequestError, SamplingParams
 
 from frontend_svc import generation
@@ -93,22 +92,9 @@ def final_message(state: OutputStream) -> generate_pb2.GenerateFinal:
     return final
 
 
-def warm_grammar_vocab(model_dir: str) -> None:
-    """Build the backend's vocabulary in the background at start-up: llguidance holds
-    the GIL for the 0.2-1.5 s it takes, which on the first request with a grammar
-    would stall every stream this frontend serves."""
-    def build() -> None:
-        try:
-            grammar_vocab(model_dir)
-        except Exception:  # noqa: BLE001 - a request with a grammar reports it
-            pass
-    threading.Thread(target=build, name="grammar-vocab", daemon=True).start()
-
-
 class GenerationServicer(generate_pb2_grpc.GenerationServicer):
     def __init__(self, fe: Frontend) -> None:
-        self.fe = fe
-        warm_grammar_vocab(fe.model_path)
+        self.fe = fe  # (its grammar vocabulary is warmed when the scheduler connects)
         # (the caller's key, the client's request id) -> the scheduler's id: a caller
         # sees and aborts only its own requests
         self.active: dict[tuple[str, str], str] = {}
