@@ -183,17 +183,55 @@ def test_the_tracing_backend_takes_otlp_from_other_containers():
     assert "receivers.otlp.protocols.grpc.endpoint=0.0.0.0:4317" in command
 
 
-def test_prometheus_scrapes_every_gapserve_service_on_its_metrics_port():
+def _scrape_targets() -> dict[str, tuple[str, str, bool]]:
+    """deploy/prometheus.yml's targets as Prometheus builds them: {host:port: (job,
+    dp_rank label, found by DNS)}, each static group's labels and each job's
+    `replace` relabelling applied to `__meta_dns_name` (anchored regex, `$1`)."""
     prom = yaml.safe_load(PROMETHEUS_PATH.read_text())
-    targets = {t for job in prom["scrape_configs"] for sc in job["static_configs"]
-               for t in sc["targets"]}
-    expected = set()
-    for name, svc in GAPSERVE.items():
-        env = environment(svc)
-        port = env["GAPSERVE_HTTP_PORT" if svc["command"][0] == "frontend"
-                   else "GAPSERVE_METRICS_PORT"]
-        expected.add(f"{name}:{port}")
-    assert targets == expected
+    found = {}
+    for job in prom["scrape_configs"]:
+        groups = [(t, sc.get("labels", {}), "") for sc in job.get("static_configs", [])
+                  for t in sc["targets"]]
+        groups += [(f"{n}:{sd['port']}", {}, n) for sd in job.get("dns_sd_configs", [])
+                   for n in sd["names"]]
+        for target, labels, dns_name in groups:
+            labels = dict(labels)
+            for rule in job.get("relabel_configs", []):
+                assert rule.get("action", "replace") == "replace", rule
+                value = ";".join({"__meta_dns_name": dns_name}[s] for s in rule["source_labels"])
+                m = re.fullmatch(rule["regex"], value)
+                if m:
+                    labels[rule["target_label"]] = m.expand(
+                        rule.get("replacement", "$1").replace("$1", r"\1"))
+            assert target not in found, f"{target} scraped twice"
+            found[target] = (job["job_name"], labels.get("dp_rank"), bool(dns_name))
+    return found
+
+
+def _metrics_target(name: str, svc: dict) -> str:
+    env = environment(svc)
+    port = env["GAPSERVE_HTTP_PORT" if svc["command"][0] == "frontend"
+               else "GAPSERVE_METRICS_PORT"]
+    return f"{name}:{port}"
+
+
+def test_prometheus_scrapes_every_gapserve_service_on_its_metrics_port():
+    targets = _scrape_targets()
+    # the default stack's services are static targets, nothing else is: without a
+    # profile no target is down
+    assert {t for t, (_, _, dns) in targets.items() if not dns} == {
+        _metrics_target(name, svc) for name, svc in GAPSERVE.items()}
+    # every profile's services (tp2's second rank, dp2's and router's replica 1) are
+    # scraped by their compose DNS name, each replica's series under its dp_rank
+    every = {_metrics_target(name, svc): name for name, svc in gapserve_services(EVERY).items()}
+    assert set(every) <= set(targets)
+    for target, name in every.items():
+        job, rank, _ = targets[target]
+        assert job == f"gapserve-{EVERY['services'][name]['command'][0]}", target
+        assert rank == ("1" if name.endswith("-dp1") else "0"), target
+    command = EVERY["services"]["sglang-router"]["command"]
+    router = f"sglang-router:{command[command.index('--prometheus-port') + 1]}"
+    assert set(targets) == set(every) | {router}
     mounts = OBSERVED["services"]["prometheus"]["volumes"]
     assert "./deploy/prometheus.yml:/etc/prometheus/prometheus.yml:ro" in mounts
 
