@@ -35,6 +35,31 @@ DP2_ENV_PATH = ROOT / "deploy" / "dp2.env"
 ROUTER_ENV_PATH = ROOT / "deploy" / "router.env"
 
 
+def prometheus_targets() -> dict[str, tuple[str, str, bool]]:
+    """deploy/prometheus.yml's targets as Prometheus builds them: {host:port: (job,
+    dp_rank label, found by DNS)}, each static group's labels and each job's
+    `replace` relabelling applied to `__meta_dns_name` (anchored regex, `$1`)."""
+    prom = yaml.safe_load(PROMETHEUS_PATH.read_text())
+    found = {}
+    for job in prom["scrape_configs"]:
+        groups = [(t, sc.get("labels", {}), "") for sc in job.get("static_configs", [])
+                  for t in sc["targets"]]
+        groups += [(f"{n}:{sd['port']}", {}, n) for sd in job.get("dns_sd_configs", [])
+                   for n in sd["names"]]
+        for target, labels, dns_name in groups:
+            labels = dict(labels)
+            for rule in job.get("relabel_configs", []):
+                assert rule.get("action", "replace") == "replace", rule
+                value = ";".join({"__meta_dns_name": dns_name}[s] for s in rule["source_labels"])
+                m = re.fullmatch(rule["regex"], value)
+                if m:
+                    labels[rule["target_label"]] = m.expand(
+                        rule.get("replacement", "$1").replace("$1", r"\1"))
+            assert target not in found, f"{target} scraped twice"
+            found[target] = (job["job_name"], labels.get("dp_rank"), bool(dns_name))
+    return found
+
+
 def read_env_file(path: Path | None) -> dict[str, str]:
     """KEY=VALUE lines as `docker compose --env-file` reads them; None: no variables."""
     if path is None:

@@ -18,7 +18,7 @@ from shared import config
 
 from .cli_parsers import subcommand_parsers
 from .compose_file import (DP2_ENV_PATH, ROOT, ROUTER_ENV_PATH, environment,
-                           gapserve_services, load_compose)
+                           gapserve_services, load_compose, prometheus_targets)
 from .local_stack import LocalStack
 
 DP_SERVICES = {"worker-dp1", "scheduler-dp1"}
@@ -132,6 +132,14 @@ def test_the_dp2_stack_routes_a_shared_prefix_to_one_replica_and_both_serve(tmp_
             messages=[{"role": "user", "content": "What is the capital of France?"}])
         assert "Paris" in reply.choices[0].message.content
         assert len(replicas()) == 2
+        # Prometheus (deploy/prometheus.yml) finds every running replica's services
+        scraped = {t for t in prometheus_targets() if t.split(":")[0] in stack.services}
+        assert {"scheduler-dp1:8001", "worker-dp1:8002"} <= scraped
+        for target in scraped:
+            host, container_port = target.split(":")
+            resp = httpx.get(f"http://{stack.ports.address(host, int(container_port))}"
+                             "/metrics", timeout=10)
+            assert resp.status_code == 200 and "# TYPE gapserve:" in resp.text, target
     finally:
         stack.stop()
 

@@ -14,10 +14,11 @@ from compose_spec import compose_spec as spec_parser
 
 from shared import config
 
-from .compose_file import (COMPOSE_PATH, OBSERVABILITY_ENV, PROMETHEUS_PATH, ROOT,
-                           depends_on, dockerfile_entrypoint, dockerfile_instructions,
-                           environment, gapserve_services, healthcheck_argv, load_compose,
-                           memory_limit_bytes, published_ports, start_order)
+from .compose_file import (COMPOSE_PATH, OBSERVABILITY_ENV, ROOT, depends_on,
+                           dockerfile_entrypoint, dockerfile_instructions, environment,
+                           gapserve_services, healthcheck_argv, load_compose,
+                           memory_limit_bytes, prometheus_targets, published_ports,
+                           start_order)
 from .cli_parsers import subcommand_parsers
 
 
@@ -183,31 +184,6 @@ def test_the_tracing_backend_takes_otlp_from_other_containers():
     assert "receivers.otlp.protocols.grpc.endpoint=0.0.0.0:4317" in command
 
 
-def _scrape_targets() -> dict[str, tuple[str, str, bool]]:
-    """deploy/prometheus.yml's targets as Prometheus builds them: {host:port: (job,
-    dp_rank label, found by DNS)}, each static group's labels and each job's
-    `replace` relabelling applied to `__meta_dns_name` (anchored regex, `$1`)."""
-    prom = yaml.safe_load(PROMETHEUS_PATH.read_text())
-    found = {}
-    for job in prom["scrape_configs"]:
-        groups = [(t, sc.get("labels", {}), "") for sc in job.get("static_configs", [])
-                  for t in sc["targets"]]
-        groups += [(f"{n}:{sd['port']}", {}, n) for sd in job.get("dns_sd_configs", [])
-                   for n in sd["names"]]
-        for target, labels, dns_name in groups:
-            labels = dict(labels)
-            for rule in job.get("relabel_configs", []):
-                assert rule.get("action", "replace") == "replace", rule
-                value = ";".join({"__meta_dns_name": dns_name}[s] for s in rule["source_labels"])
-                m = re.fullmatch(rule["regex"], value)
-                if m:
-                    labels[rule["target_label"]] = m.expand(
-                        rule.get("replacement", "$1").replace("$1", r"\1"))
-            assert target not in found, f"{target} scraped twice"
-            found[target] = (job["job_name"], labels.get("dp_rank"), bool(dns_name))
-    return found
-
-
 def _metrics_target(name: str, svc: dict) -> str:
     env = environment(svc)
     port = env["GAPSERVE_HTTP_PORT" if svc["command"][0] == "frontend"
@@ -216,7 +192,7 @@ def _metrics_target(name: str, svc: dict) -> str:
 
 
 def test_prometheus_scrapes_every_gapserve_service_on_its_metrics_port():
-    targets = _scrape_targets()
+    targets = prometheus_targets()
     # the default stack's services are static targets, nothing else is: without a
     # profile no target is down
     assert {t for t, (_, _, dns) in targets.items() if not dns} == {
