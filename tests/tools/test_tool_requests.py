@@ -209,7 +209,8 @@ def test_finish_reasons_follow_vllm_s_table(mode, finish, calls, expected):
 def test_help_shows_the_tool_calling_flags(command):
     out = subprocess.run([sys.executable, "-m", "gapserve", command, "--help"],
                          capture_output=True, text=True, timeout=60).stdout
-    for flag in ("--enable-auto-tool-choice", "--tool-call-parser", "--chat-template"):
+    for flag in ("--enable-auto-tool-choice", "--tool-call-parser", "--chat-template",
+                 "--structured-outputs-compile-timeout-s"):
         assert flag in out, flag
     assert "hermes" in out and "llama3_json" in out
 
@@ -242,6 +243,27 @@ def test_serve_hands_the_tool_flags_to_the_frontend(tmp_path):
     parsed = config.parse_args(config.frontend_parser(), frontend.argv[1:], environ={})
     assert (parsed.enable_auto_tool_choice, parsed.tool_call_parser, parsed.chat_template) == \
         (True, "llama3_json", str(template))
+    args = config.parse_args(serve_parser(), [
+        "--model", "/m", "--structured-outputs-compile-timeout-s", "2.5"], environ={})
+    [frontend] = [c for c in children(args) if c.name == "frontend"]
+    parsed = config.parse_args(config.frontend_parser(), frontend.argv[1:], environ={})
+    assert config.compile_timeout_s(parsed) == 2.5
+
+
+def test_the_compile_timeout_flag_then_the_variable_then_the_default(monkeypatch):
+    from shared import config
+    from shared.structured_output import DEFAULT_COMPILE_TIMEOUT_S
+    variable = "GAPSERVE_STRUCTURED_OUTPUT_COMPILE_TIMEOUT_S"
+    monkeypatch.delenv(variable, raising=False)
+    parse = lambda *argv: config.parse_args(config.frontend_parser(), list(argv),  # noqa: E731
+                                            environ={})
+    assert config.compile_timeout_s(parse()) == DEFAULT_COMPILE_TIMEOUT_S
+    monkeypatch.setenv(variable, "4")  # what rank 0 compiles under: the flag's default
+    assert config.compile_timeout_s(parse()) == 4.0
+    assert config.compile_timeout_s(parse("--structured-outputs-compile-timeout-s", "7")) == 7
+    for bad in ("0", "-1", "soon"):
+        with pytest.raises(SystemExit):
+            parse("--structured-outputs-compile-timeout-s", bad)
 
 
 def test_the_shipped_template_renders_as_transformers_renders_it(tokenizer):
