@@ -134,6 +134,7 @@ async def serve(args, tokenizer: TextTokenizer, served_model_name: str,
                      tool_call_parser=args.tool_call_parser,
                      enable_auto_tool_choice=args.enable_auto_tool_choice,
                      tools_template=fe.tools.template.origin if fe.tools.template else None,
+                     trust_request_chat_template=args.trust_request_chat_template,
                      structured_outputs_compile_timeout_s=fe.compile_timeout_s)
     stop_task = asyncio.create_task(stop.wait())
     await asyncio.wait({http_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)

@@ -44,11 +44,13 @@ class ToolConfig:
     enable_auto_tool_choice: bool = False
     parser: str | None = None  # --tool-call-parser
     template: ChatTemplate | None = None  # renders requests with tools; None: refused
+    trust_request_chat_template: bool = False  # a request may send its own chat_template
 
     @classmethod
     def from_args(cls, args, model_template: ChatTemplate | None) -> "ToolConfig":
         return cls(getattr(args, "enable_auto_tool_choice", False),
-                   getattr(args, "tool_call_parser", None), tools_template(model_template))
+                   getattr(args, "tool_call_parser", None), tools_template(model_template),
+                   getattr(args, "trust_request_chat_template", False))
 
 
 def load_template(path: str | Path, special_tokens: dict[str, str],

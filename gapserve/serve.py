@@ -112,7 +112,7 @@ ROUTING = ("data_parallel_routing", "routing_cache_threshold", "routing_balance_
            "routing_balance_rel_threshold")  # with --data-parallel-size > 1
 FRONTEND = ("http_port", "grpc_port", "model", "served_model_name", "api_server_count",
             "enable_auto_tool_choice", "tool_call_parser", "chat_template",
-            "structured_outputs_compile_timeout_s")
+            "trust_request_chat_template", "structured_outputs_compile_timeout_s")
 
 
 def _loopback(host: str) -> str:

@@ -389,6 +389,11 @@ def add_tool_calling_flags(g) -> None:
                    help="a Jinja chat template replacing the model's; without it, "
                         "requests with tools use gapserve's tools-aware template for "
                         "ChatML models whose template ignores tools (SmolLM2)")
+    g.add_argument("--trust-request-chat-template", action=argparse.BooleanOptionalAction,
+                   default=False,
+                   help="accept a chat request's own chat_template (or "
+                        "chat_template_kwargs.chat_template), rendered in the sandbox; "
+                        "without it such a request is a 400, as in vLLM")
     add_structured_output_flags(g)
 
 
