@@ -82,7 +82,8 @@ HONOURED = {
     "tool_choice": f"{STRUCTURED}:test_a_named_tool_choice_calls_that_function_and_finishes_with_stop",
     "parallel_tool_calls": f"{STRUCTURED}:test_parallel_tool_calls_false_gives_at_most_one_call",
     "chat_template": f"{STRUCTURED}:test_chat_template_flag_and_the_llama3_json_parser",
-    "chat_template_kwargs": "test_chat_template_kwargs_are_taken_and_a_request_template_needs_trust",
+    "chat_template_kwargs":
+        "test_chat_template_kwargs_are_taken_and_a_request_template_needs_trust",
     **{name: PASSED_THROUGH for name in (
         "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
         "repetition_penalty", "stop_token_ids", "ignore_eos", "min_tokens")},

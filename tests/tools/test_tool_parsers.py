@@ -78,7 +78,8 @@ HERMES = [
     # malformed blocks with whitespace around them: content must stay exact
     'Hi there \n\n<tool_call>not json</tool_call>\n bye ',
     ' \t<tool_call>{"name": 5}</tool_call>',
-    'a\n<tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>\n <tool_call>{oops</tool_call> b',
+    'a\n<tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>\n '
+    '<tool_call>{oops</tool_call> b',
     'end \n<tool_call>{"arguments": {"a": 1}',  # cut before the name: content
     # the model's own spacing, escapes and number forms: re-serialized as json.dumps does
     '<tool_call>{"name":"f","arguments":{"city" :"Par\\u00e9s","n":1.50,"e":1E2,'
