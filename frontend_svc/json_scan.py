@@ -158,3 +158,100 @@ class ObjectScanner:
     def _end_value(self) -> None:
         self.state = "comma_or_end"
         self.on_end(self._key, self._raw)
+
+
+# json.dumps(..., ensure_ascii=False)'s escapes: these characters and no others
+_DUMPS_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\f": "\\f", "\n": "\\n",
+                  "\r": "\\r", "\t": "\\t"}
+_SIMPLE_ESCAPES = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n",
+                   "r": "\r", "t": "\t"}
+
+
+def _dumps_char(ch: str) -> str:
+    if ch in _DUMPS_ESCAPES:
+        return _DUMPS_ESCAPES[ch]
+    return f"\\u{ord(ch):04x}" if ch < " " else ch
+
+
+class Canonicalizer:
+    """One JSON value's text in, `json.dumps(json.loads(text), ensure_ascii=False)`
+    out, incrementally: what vLLM's hermes parser returns as a call's `arguments`
+    (it re-serializes the model's JSON). Fed in pieces, it gives the same characters
+    whatever the pieces, so a stream and its non-streamed reply agree. Strings pass
+    through as they are decoded (re-escaped the way json.dumps escapes); a number or
+    literal waits for the character after it. Duplicate keys are kept (json.loads
+    keeps the last one only), the one case where the two differ."""
+
+    def __init__(self) -> None:
+        self._string = False
+        self._escape = ""  # an escape being read: "\\", "\\u00", ...
+        self._high = ""  # a high surrogate waiting for its low half
+        self._scalar = ""  # a number or literal being read
+
+    def feed(self, text: str) -> str:
+        return "".join(self._char(ch) for ch in text)
+
+    def finish(self) -> str:
+        """The value ended (or the reply did): what is still held, settled."""
+        out = self._end_scalar() + self._high + self._escape
+        self._high = self._escape = ""
+        return out
+
+    def _char(self, ch: str) -> str:
+        if self._string:
+            return self._string_char(ch)
+        if ch in WHITESPACE + ',:{}[]"':
+            out = self._end_scalar()
+            if ch == '"':
+                self._string = True
+                return out + '"'
+            return out + {",": ", ", ":": ": "}.get(ch, "" if ch in WHITESPACE else ch)
+        self._scalar += ch
+        return ""
+
+    def _end_scalar(self) -> str:
+        raw, self._scalar = self._scalar, ""
+        if not raw:
+            return ""
+        try:
+            return json.dumps(json.loads(raw), ensure_ascii=False)
+        except ValueError:  # not JSON: passed on as written (the call is broken anyway)
+            return raw
+
+    def _string_char(self, ch: str) -> str:
+        if self._escape:
+            return self._escaped(self._escape + ch)
+        if ch == "\\":
+            self._escape = ch
+            return ""
+        out, self._high = self._high, ""
+        if ch == '"':
+            self._string = False
+            return out + '"'
+        return out + _dumps_char(ch)
+
+    def _escaped(self, esc: str) -> str:
+        """An escape sequence so far (`\\n`, `\\u00e9`): the decoded character,
+        re-escaped, once it is complete."""
+        if esc[1] != "u":
+            self._escape = ""
+            out, self._high = self._high, ""
+            return out + _dumps_char(_SIMPLE_ESCAPES.get(esc[1], esc[1]))
+        if len(esc) < 6:
+            self._escape = esc
+            return ""
+        self._escape = ""
+        try:
+            code = int(esc[2:], 16)
+        except ValueError:
+            out, self._high = self._high + esc, ""
+            return out
+        if self._high and 0xDC00 <= code <= 0xDFFF:  # json.loads joins the pair
+            pair = (ord(self._high) - 0xD800) * 0x400 + (code - 0xDC00) + 0x10000
+            self._high = ""
+            return chr(pair)
+        out, self._high = self._high, ""
+        if 0xD800 <= code <= 0xDBFF:
+            self._high = chr(code)
+            return out
+        return out + _dumps_char(chr(code))

@@ -79,9 +79,6 @@ REFUSED: dict[str, Refusal] = {
     "kv_transfer_params": Refusal(f"kv_transfer_params {_VLLM_ONLY}"),
     "vllm_xargs": Refusal(f"vllm_xargs {_VLLM_ONLY}"),
     "documents": Refusal(f"documents {_VLLM_ONLY}"),
-    "chat_template": Refusal("a per-request chat_template is not supported; the model's "
-                             "own (or the frontend's --chat-template) is used"),
-    "chat_template_kwargs": Refusal(f"chat_template_kwargs {_VLLM_ONLY}"),
     "mm_processor_kwargs": Refusal("multimodal input is not supported"),
 }
 # Accepted and documented as having no effect on what is generated: metadata about
@@ -195,6 +192,10 @@ class ChatCompletionRequest(SamplingFields):
     tools: list[dict[str, Any]] | None = None  # frontend_svc/tools.py
     tool_choice: Union[str, dict[str, Any], None] = None
     parallel_tool_calls: bool | None = None  # false: at most one call
+    # vLLM's: the request's own Jinja template (only with --trust-request-chat-template,
+    # else vLLM's 400) and extra template variables (frontend_svc/chat_template.py)
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 class TokenizeRequest(BaseModel):

@@ -18,7 +18,7 @@ import uvicorn
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from shared.config import frontend_parser, parse_args, tool_flags_problem
+from shared.config import compile_timeout_s, frontend_parser, parse_args, tool_flags_problem
 from shared.default_model import resolve_model
 from shared.grpc_server import CHANNEL_OPTIONS
 from shared.link_security import LinkSecurity
@@ -90,7 +90,8 @@ async def serve(args, tokenizer: TextTokenizer, served_model_name: str,
                   observe.Observer(served_model_name), ApiKeys.from_args(args),
                   RequestCaps.from_args(args), admission,
                   ThreadPoolExecutor(args.tokenizer_threads, thread_name_prefix="tokenize"),
-                  tools=ToolConfig.from_args(args, tokenizer.chat_template))
+                  tools=ToolConfig.from_args(args, tokenizer.chat_template),
+                  compile_timeout_s=compile_timeout_s(args))
 
     # a client's message is bounded like an HTTP body (--payload-limit); with
     # --api-server-count > 1, N frontends share the same ports
@@ -132,7 +133,9 @@ async def serve(args, tokenizer: TextTokenizer, served_model_name: str,
                      https=bool(args.ssl_certfile), max_queued_requests=args.max_queued_requests,
                      tool_call_parser=args.tool_call_parser,
                      enable_auto_tool_choice=args.enable_auto_tool_choice,
-                     tools_template=fe.tools.template.origin if fe.tools.template else None)
+                     tools_template=fe.tools.template.origin if fe.tools.template else None,
+                     trust_request_chat_template=args.trust_request_chat_template,
+                     structured_outputs_compile_timeout_s=fe.compile_timeout_s)
     stop_task = asyncio.create_task(stop.wait())
     await asyncio.wait({http_task, stop_task}, return_when=asyncio.FIRST_COMPLETED)
     if stop_task.done():  # SIGTERM: the ports stay open while running requests finish

@@ -22,7 +22,7 @@ import json
 import uuid
 from collections.abc import Callable
 
-from frontend_svc.json_scan import WHITESPACE, ObjectScanner, ScanError
+from frontend_svc.json_scan import WHITESPACE, Canonicalizer, ObjectScanner, ScanError
 from frontend_svc.observe import log
 
 ARG_KEYS = ("arguments", "parameters")
@@ -118,7 +118,9 @@ class ToolParser:
 
 class CallObject:
     """One `{"name": ..., "arguments"|"parameters": ...}` object being scanned: the
-    call opens when its name is read; arguments read before that are buffered."""
+    call opens when its name is read; arguments read before that are buffered. The
+    arguments go out re-serialized (json_scan.Canonicalizer: json.dumps of the
+    parsed value, ensure_ascii=False), as vLLM's hermes parser returns them."""
 
     def __init__(self, parser: ToolParser) -> None:
         self.parser = parser
@@ -128,6 +130,7 @@ class CallObject:
         self._args_buf = ""
         self._args_sent = False
         self._args_closed = False
+        self._canon = Canonicalizer()
         self.scanner = ObjectScanner(self._value, self._end)
 
     @property
@@ -152,21 +155,28 @@ class CallObject:
 
     def close(self) -> None:
         """The object ended (or the reply did): a call without arguments gets {}."""
-        if self.committed and not self._args_sent:
-            self._send("{}")
+        if self.committed:
+            self._pass(self._canon.finish())
+            if not self._args_sent:
+                self._send("{}")
 
     def _send(self, fragment: str) -> None:
         self._args_sent = True
         self.parser._args(self.index, fragment)
 
+    def _pass(self, fragment: str) -> None:
+        if not fragment:
+            return
+        if self.committed:
+            self._send(fragment)
+        else:
+            self._args_buf += fragment
+
     def _value(self, key: str, chars: str) -> None:
         if key not in ARG_KEYS or self._args_closed or self._args_key not in (None, key):
             return
         self._args_key = key
-        if self.committed:
-            self._send(chars)
-        else:
-            self._args_buf += chars
+        self._pass(self._canon.feed(chars))
 
     def _end(self, key: str, raw: str) -> None:
         if key == "name" and not self.committed:
@@ -181,6 +191,7 @@ class CallObject:
                 self._send(self._args_buf)
         elif key == self._args_key:
             self._args_closed = True
+            self._pass(self._canon.finish())
 
 
 class TagBuffer:
@@ -228,7 +239,8 @@ class HermesParser(ToolParser):
             self._content(before)
             if rest is None:
                 return ""
-            self._held_ws = ""  # whitespace before a call goes
+            # the whitespace before the tag stays held: a call drops it (_open_call),
+            # a block that falls back to content gets it back, so content stays exact
             self._call, self.state = CallObject(self), "block"
             return rest
         if self.state == "block":
@@ -298,6 +310,7 @@ class Llama3JsonParser(ToolParser):
         self.state = "lead"
         self._lead = ""
         self._call: CallObject | None = None
+        self._prefix = ""  # what opened the object (the tag, `;`): content again on fallback
 
     def _handle(self, text: str) -> str:
         if self.state == "lead":
@@ -309,7 +322,7 @@ class Llama3JsonParser(ToolParser):
             if not stripped:
                 return ""
             if stripped[0] == ";":
-                self._call, self.state = CallObject(self), "json"
+                self._call, self.state, self._prefix = CallObject(self), "json", ";"
                 return stripped[1:]
             self.state, self._strip_leading = "text", True
             return stripped
@@ -324,6 +337,8 @@ class Llama3JsonParser(ToolParser):
             return ""  # not settled yet
         if head.startswith(self.PYTHON_TAG) or head[0] == "{":
             rest = head[len(self.PYTHON_TAG):] if head.startswith(self.PYTHON_TAG) else head
+            self._content(self._lead[:len(self._lead) - len(head)])  # held, as in hermes
+            self._prefix = self.PYTHON_TAG if head.startswith(self.PYTHON_TAG) else ""
             self._call, self.state = CallObject(self), "json"
             return rest
         self.state, lead, self._lead = "text", self._lead, ""
@@ -337,7 +352,7 @@ class Llama3JsonParser(ToolParser):
         except ScanError as exc:
             if not call.committed:
                 self.state = "text"
-                self._content(call.raw)
+                self._content(self._prefix + call.raw)
             else:
                 log.warning("tool call arguments are not valid JSON", parser="llama3_json",
                             error=str(exc))
@@ -354,7 +369,7 @@ class Llama3JsonParser(ToolParser):
             if self._call.committed:
                 self._call.close()
             else:
-                self._content(self._call.raw)
+                self._content(self._prefix + self._call.raw)
 
 
 class RequiredParser(ToolParser):

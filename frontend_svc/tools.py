@@ -44,11 +44,13 @@ class ToolConfig:
     enable_auto_tool_choice: bool = False
     parser: str | None = None  # --tool-call-parser
     template: ChatTemplate | None = None  # renders requests with tools; None: refused
+    trust_request_chat_template: bool = False  # a request may send its own chat_template
 
     @classmethod
     def from_args(cls, args, model_template: ChatTemplate | None) -> "ToolConfig":
         return cls(getattr(args, "enable_auto_tool_choice", False),
-                   getattr(args, "tool_call_parser", None), tools_template(model_template))
+                   getattr(args, "tool_call_parser", None), tools_template(model_template),
+                   getattr(args, "trust_request_chat_template", False))
 
 
 def load_template(path: str | Path, special_tokens: dict[str, str],
@@ -99,9 +101,15 @@ class ToolPlan:
         return None
 
     def finish_reason(self, finish: str | None, num_calls: int) -> str | None:
-        """vLLM's table: `tool_calls` when required or auto calls end the reply,
-        `stop` for a named function (the reply ended normally); length stays."""
-        if finish == "stop" and num_calls and self.mode in ("auto", "required"):
+        """vLLM's table: `tool_calls` when an `auto` reply holds calls, even one cut
+        by max_tokens (vLLM's serving_chat says tool_calls whenever the parser found
+        calls); `required` says it when the reply stopped (cut: length, its last call
+        may be incomplete); a named function's reply ends as generated (`stop`)."""
+        if not num_calls:
+            return finish
+        if self.mode == "auto" and finish in ("stop", "length"):
+            return "tool_calls"
+        if self.mode == "required" and finish == "stop":
             return "tool_calls"
         return finish
 
@@ -109,12 +117,14 @@ class ToolPlan:
 def plan(req, config: ToolConfig) -> tuple[ToolPlan | None, Constraint | None]:
     """The request's ToolPlan (None without tools) and the constraint that
     enforces its calls (required / named); FieldError (400) for bad tools."""
-    tools = _checked_tools(req.tools or [])
     choice = req.tool_choice
-    if not tools:
-        if choice not in (None, "none", "auto"):
-            raise _refuse("tool_choice needs tools: the request sends none", "tool_choice")
+    if req.tools is None:  # vLLM's check_tool_usage: any tool_choice but none needs tools
+        if choice not in (None, "none"):
+            raise _refuse("When using `tool_choice`, `tools` must be set.", "tool_choice")
         return None, None
+    tools = _checked_tools(req.tools)
+    if not tools and choice in (None, "none", "required"):
+        return None, None  # OpenAI's (and vLLM's) rule: required with tools [] is none
     max_calls = None if req.parallel_tool_calls in (None, True) else 1
     if choice is None:  # OpenAI's default with tools
         choice = "auto"

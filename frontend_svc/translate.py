@@ -14,6 +14,7 @@ from shared.types import InvalidRequestError, SamplingParams
 
 from frontend_svc import structured, tools
 from frontend_svc.caps import RequestCaps
+from frontend_svc.chat_template import request_template
 from frontend_svc.errors import FieldError
 from frontend_svc.protocol import (
     ChatCompletionRequest, CompletionRequest, SamplingFields, check_refused)
@@ -257,7 +258,13 @@ def chat_echo_text(req: ChatCompletionRequest, messages: list[dict]) -> str | No
 def chat_input(req: ChatCompletionRequest, tokenizer: TextTokenizer,
                limits: ModelLimits, tool_config: ToolConfig | None = None) -> GenerationInput:
     check_refused(req)
-    plan, tool_constraint = tools.plan(req, tool_config or ToolConfig())
+    tool_config = tool_config or ToolConfig()
+    own, template_kwargs = request_template(req.chat_template, req.chat_template_kwargs,
+                                            tool_config.trust_request_chat_template,
+                                            tokenizer.special_tokens)
+    if own is not None:  # the request's template replaces the model's, for tools too
+        tool_config = dataclasses.replace(tool_config, template=tools.tools_template(own))
+    plan, tool_constraint = tools.plan(req, tool_config)
     constraint = structured.request_constraint(req)
     if tool_constraint is not None and constraint is not None:
         raise FieldError(f"tool_choice {plan.label} enforces the tool call's own grammar; "
@@ -280,7 +287,9 @@ def chat_input(req: ChatCompletionRequest, tokenizer: TextTokenizer,
     tools_text = json.dumps(plan.tools) if plan else ""  # the template renders them too
     limits.caps.check_text("".join(map(_message_text, messages)) + tools_text,
                            "the messages' content")
-    template = _template(plan, messages, tool_config or ToolConfig())
+    template = _template(plan, messages, tool_config) or own or tokenizer.chat_template
+    if template is not None and template_kwargs:
+        template = template.with_kwargs(template_kwargs)
     ids = tokenizer.apply_chat_template(messages, req.add_generation_prompt,
                                         req.continue_final_message, req.add_special_tokens,
                                         plan.tools if plan else None, template)

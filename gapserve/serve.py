@@ -111,7 +111,8 @@ SCHEDULER = ("long_prefill_token_threshold", "long_prefill_exempt_lone_request",
 ROUTING = ("data_parallel_routing", "routing_cache_threshold", "routing_balance_abs_threshold",
            "routing_balance_rel_threshold")  # with --data-parallel-size > 1
 FRONTEND = ("http_port", "grpc_port", "model", "served_model_name", "api_server_count",
-            "enable_auto_tool_choice", "tool_call_parser", "chat_template")
+            "enable_auto_tool_choice", "tool_call_parser", "chat_template",
+            "trust_request_chat_template", "structured_outputs_compile_timeout_s")
 
 
 def _loopback(host: str) -> str:

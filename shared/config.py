@@ -254,6 +254,36 @@ def structured_output_compile_timeout_s(environ: Mapping[str, str] | None = None
     return timeout
 
 
+def positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
+
+
+def add_structured_output_flags(g) -> None:
+    """The frontend's bound on compiling a request's grammar (the 400 before anything
+    is queued). Rank 0 compiles under GAPSERVE_STRUCTURED_OUTPUT_COMPILE_TIMEOUT_S,
+    which is also this flag's default, so one variable sets both."""
+    from shared.structured_output import DEFAULT_COMPILE_TIMEOUT_S
+    g.add_argument("--structured-outputs-compile-timeout-s", type=positive_seconds,
+                   default=None, metavar="S",
+                   help="seconds a request's JSON schema / regex / grammar may take to "
+                        "compile before it is a 400 (default: "
+                        f"${ENV_PREFIX}STRUCTURED_OUTPUT_COMPILE_TIMEOUT_S, else "
+                        f"{DEFAULT_COMPILE_TIMEOUT_S:g}; rank 0 compiles under that "
+                        "variable)")
+
+
+def compile_timeout_s(args: argparse.Namespace) -> float:
+    """--structured-outputs-compile-timeout-s, else the variable, else the default."""
+    value = getattr(args, "structured_outputs_compile_timeout_s", None)
+    return value if value is not None else structured_output_compile_timeout_s()
+
+
 # --- tensor parallelism (issue 17): how the ranks of one worker find each other
 def add_tensor_parallel_flags(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("tensor parallelism (with --tensor-parallel-size > 1)")
@@ -359,6 +389,12 @@ def add_tool_calling_flags(g) -> None:
                    help="a Jinja chat template replacing the model's; without it, "
                         "requests with tools use gapserve's tools-aware template for "
                         "ChatML models whose template ignores tools (SmolLM2)")
+    g.add_argument("--trust-request-chat-template", action=argparse.BooleanOptionalAction,
+                   default=False,
+                   help="accept a chat request's own chat_template (or "
+                        "chat_template_kwargs.chat_template), rendered in the sandbox; "
+                        "without it such a request is a 400, as in vLLM")
+    add_structured_output_flags(g)
 
 
 def tool_flags_problem(args: argparse.Namespace) -> str | None:

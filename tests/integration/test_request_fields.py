@@ -81,6 +81,9 @@ HONOURED = {
     "tools": f"{STRUCTURED}:test_tool_choice_required_calls_validate_and_finish_with_tool_calls",
     "tool_choice": f"{STRUCTURED}:test_a_named_tool_choice_calls_that_function_and_finishes_with_stop",
     "parallel_tool_calls": f"{STRUCTURED}:test_parallel_tool_calls_false_gives_at_most_one_call",
+    "chat_template": f"{STRUCTURED}:test_chat_template_flag_and_the_llama3_json_parser",
+    "chat_template_kwargs":
+        "test_chat_template_kwargs_are_taken_and_a_request_template_needs_trust",
     **{name: PASSED_THROUGH for name in (
         "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
         "repetition_penalty", "stop_token_ids", "ignore_eos", "min_tokens")},
@@ -126,6 +129,25 @@ def test_a_refused_field_is_a_400_naming_it(tiny_stack, endpoint, name):
     error = reply.json()["error"]
     assert error["param"] == name and name in error["message"]
     assert error["type"] == "invalid_request_error"
+
+
+def test_chat_template_kwargs_are_taken_and_a_request_template_needs_trust(tiny_stack):
+    """vLLM's rules: kwargs reach the template (here the tiny model's, which reads
+    none: the prompt is unchanged); a template of the request's own is refused
+    without --trust-request-chat-template, with vLLM's message."""
+    from frontend_svc.chat_template import UNTRUSTED
+    plain = post(tiny_stack, "/v1/chat/completions", CHAT).json()
+    kwargs = post(tiny_stack, "/v1/chat/completions",
+                  {**CHAT, "chat_template_kwargs": {"enable_thinking": False}})
+    assert kwargs.status_code == 200, kwargs.text
+    assert kwargs.json()["usage"]["prompt_tokens"] == plain["usage"]["prompt_tokens"]
+    for body, param in (({"chat_template": "{{ messages }}"}, "chat_template"),
+                        ({"chat_template_kwargs": {"chat_template": "{{ messages }}"}},
+                         "chat_template_kwargs.chat_template")):
+        reply = post(tiny_stack, "/v1/chat/completions", {**CHAT, **body})
+        assert reply.status_code == 400, reply.text
+        assert reply.json()["error"]["param"] == param
+        assert reply.json()["error"]["message"] == UNTRUSTED
 
 
 def test_inert_fields_are_accepted(tiny_stack):

@@ -243,6 +243,46 @@ def test_tool_choice_none_and_auto_answer_in_content(client):
         assert reply.choices[0].finish_reason == "length"
 
 
+def test_tool_choice_without_tools_is_vllm_s_400(stack):
+    for choice in ("auto", "required", {"type": "function", "function": {"name": "f"}}):
+        reply = post(stack, "/v1/chat/completions", {"messages": ASK, "tool_choice": choice})
+        assert reply.status_code == 400, reply.text
+        error = reply.json()["error"]
+        assert error["param"] == "tool_choice" and error["type"] == "invalid_request_error"
+        assert error["message"] == "When using `tool_choice`, `tools` must be set."
+    reply = post(stack, "/v1/chat/completions", {"messages": ASK, "tools": [],
+                                                 "tool_choice": "required"})
+    assert reply.status_code == 200 and not reply.json()["choices"][0]["message"].get(
+        "tool_calls")  # OpenAI's and vLLM's rule: required with no tools is none
+
+
+def test_auto_replies_finish_name_re_serialize_and_fall_back_as_vllm_does(client):
+    """A regex holds the tiny model to a hermes call written without spaces, then a
+    tail far longer than max_tokens allows (each token is at least one character, so
+    the call fits and the tail cannot end): finish_reason tool_calls although the
+    reply was cut (vLLM's serving_chat), arguments json.dumps'd, streamed = not; a
+    broken block is content with every character the model wrote."""
+    call = '<tool_call>{"name":"get_time","arguments":{"zone":"utc"}}</tool_call>'
+    cases = [(re.escape(call) + "[a-z]{400}", len(call) + 4),
+             (r"Hi \n<tool_call>oops</tool_call> [a-z]{2}", 60)]
+    for regex, max_tokens in cases:
+        body = {"model": MODEL, "messages": ASK, "tools": [WEATHER, CLOCK],
+                "temperature": 0.0, "max_tokens": max_tokens,
+                "extra_body": {"guided_regex": regex}}
+        reply = client.chat.completions.create(**body).choices[0]
+        content, calls, finish, _ = streamed_chat(client, **body)
+        assert (content, without_ids(calls), finish) == (
+            reply.message.content, without_ids(calls_of(reply.message)), reply.finish_reason)
+        if regex.startswith("Hi"):
+            assert not calls and finish == "stop"
+            assert re.fullmatch(r"Hi \n<tool_call>oops</tool_call> [a-z]{2}", content)
+        else:
+            assert finish == "tool_calls"  # cut by max_tokens, yet it holds a call
+            assert [c["function"] for c in calls] == [
+                {"name": "get_time", "arguments": '{"zone": "utc"}'}]
+            assert re.fullmatch("[a-z]+", content)  # the cut tail, after the call
+
+
 def test_tool_history_goes_through_the_template(stack):
     history = [*ASK, {"role": "assistant", "tool_calls": [{
         "id": "c1", "type": "function",
@@ -264,7 +304,7 @@ def test_chat_template_flag_and_the_llama3_json_parser(tiny_model_dir, start_sta
                         "{% if tools %}[tools]{{ tools | length }}{% endif %}[assistant]")
     stack = start_stack_factory(tiny_model_dir, flags=[
         *TINY_FLAGS, "--enable-auto-tool-choice", "--tool-call-parser", "llama3_json",
-        "--chat-template", str(template)])
+        "--chat-template", str(template), "--trust-request-chat-template"])
     expected = "[user]Weather in Paris, and the time?[tools]2[assistant]"
     ids = httpx.post(stack.http_url + "/tokenize", timeout=60,
                      json={"prompt": expected, "add_special_tokens": False}).json()
@@ -279,6 +319,14 @@ def test_chat_template_flag_and_the_llama3_json_parser(tiny_model_dir, start_sta
     assert made["function"]["name"] == "get_time"
     jsonschema.validate(json.loads(made["function"]["arguments"]),
                         CLOCK["function"]["parameters"])
+    # trusted, a request's own template (and its kwargs) replaces --chat-template's
+    own = "{% for m in messages %}<{{ m['content'] }}>{% endfor %}{{ tail }}"
+    reply = post(stack, "/v1/chat/completions", {"messages": ASK, "chat_template": own,
+                                                 "chat_template_kwargs": {"tail": "[go]"}})
+    ids = httpx.post(stack.http_url + "/tokenize", timeout=60, json={
+        "prompt": "<Weather in Paris, and the time?>[go]", "add_special_tokens": False}).json()
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["usage"]["prompt_tokens"] == ids["count"]
 
 
 def test_each_of_n_streamed_choices_gets_its_own_calls(client):

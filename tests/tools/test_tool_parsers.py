@@ -75,6 +75,15 @@ HERMES = [
     '<tool_call>{"name": 5, "arguments": {}}</tool_call>',
     '  leading and trailing space  ',
     '<tool_call>{"name": "f", "arguments": 7}</tool_call>',
+    # malformed blocks with whitespace around them: content must stay exact
+    'Hi there \n\n<tool_call>not json</tool_call>\n bye ',
+    ' \t<tool_call>{"name": 5}</tool_call>',
+    'a\n<tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>\n '
+    '<tool_call>{oops</tool_call> b',
+    'end \n<tool_call>{"arguments": {"a": 1}',  # cut before the name: content
+    # the model's own spacing, escapes and number forms: re-serialized as json.dumps does
+    '<tool_call>{"name":"f","arguments":{"city" :"Par\\u00e9s","n":1.50,"e":1E2,'
+    '"l":[ true,null ,-0],"s":"\\/\\ud83d\\ude00\\t"}}</tool_call>',
 ]
 LLAMA3 = [
     '{"name": "get_weather", "parameters": {"city": "Paris"}}',
@@ -83,11 +92,16 @@ LLAMA3 = [
     '  {"name": "f", "arguments": {"k": "v"}} then words',
     '{"name": "f", "parameters": {"k": ',
     '{broken',
+    '  \n{broken',
+    ' <|python_tag|>{"name": 1}',
+    '{"name": "a", "parameters": {}}; {"bad"',
+    '{"name":"f","parameters":{"k":"\\u00fc","n":2.0e0}}',
 ]
 REQUIRED = [
     '[{"name": "get_weather", "parameters": {"city": "Paris"}}]',
     '[ {"name": "a", "parameters": {}} ,\n {"name": "b", "parameters": {"n": 3}} ]',
     '[{"parameters": {"z": true}, "name": "late_name"}]',
+    '[{"name":"f","parameters":{"a":[1,2],"b":"\\u00e9"}}]',
 ]
 NAMED = ['{"city": "Paris", "days": 3}', '  \n{"a": [1, 2]}\n  ', '']
 CASES = [("hermes", t) for t in HERMES] + [("llama3_json", t) for t in LLAMA3] + \
@@ -191,3 +205,58 @@ def test_required_and_named():
     assert content is None and calls[0]["function"] == {"name": "get_weather",
                                                         "arguments": '{"a": [1, 2]}'}
     assert whole("named", "")[1][0]["function"]["name"] == "get_weather"
+
+
+def test_a_malformed_block_falls_back_to_exactly_the_model_s_text():
+    """Text around a block that never became a call keeps every character,
+    whitespace before the tag included (issue 30: it used to be dropped)."""
+    for kind, text in [("hermes", HERMES[10]), ("hermes", HERMES[11]),
+                       ("hermes", HERMES[13]), ("llama3_json", LLAMA3[6]),
+                       ("llama3_json", LLAMA3[7])]:
+        assert whole(kind, text) == (text, []), text
+    content, calls = whole("hermes", HERMES[12])  # a call, then a broken block
+    assert [c["function"]["name"] for c in calls] == ["f"]
+    assert content == "a<tool_call>{oops</tool_call> b"  # whitespace next to the call goes
+    content, calls = whole("llama3_json", LLAMA3[8])
+    assert content == "; {\"bad\"" and [c["function"]["name"] for c in calls] == ["a"]
+
+
+def test_arguments_are_re_serialized_as_vllm_s_hermes_parser_does():
+    """vLLM: arguments=json.dumps(parsed["arguments"], ensure_ascii=False), for
+    hermes, llama3_json and required; a named call's reply is passed as written."""
+    for kind, text in [("hermes", HERMES[14]), ("llama3_json", LLAMA3[9]),
+                       ("required", REQUIRED[3])]:
+        _, calls = whole(kind, text)
+        parsed = json.loads(text.removeprefix("<tool_call>").removesuffix("</tool_call>"))
+        args = parsed[0]["parameters"] if kind == "required" else \
+            parsed.get("arguments", parsed.get("parameters"))
+        assert calls[0]["function"]["arguments"] == json.dumps(args, ensure_ascii=False)
+    assert json.loads(whole("hermes", HERMES[14])[1][0]["function"]["arguments"])["s"] \
+        == "/\U0001F600\t"
+    assert whole("named", '{"a":1}')[1][0]["function"]["arguments"] == '{"a":1}'
+
+
+@settings(max_examples=60, deadline=None)
+@given(ws=st.text(alphabet=" \n\t", max_size=4), words=st.text(alphabet="ab .", max_size=6),
+       bad=st.sampled_from(["not json", '{"name": 5}', "{oops", '{"arguments": {}, "x"', ""]),
+       close=st.booleans(), cuts=st.lists(st.integers(0, 80), max_size=10))
+def test_generated_broken_blocks_keep_the_content_exact(ws, words, bad, close, cuts):
+    text = f"{words}{ws}<tool_call>{bad}" + ("</tool_call>" + ws + words if close else "")
+    bodies = streamed("hermes", split_at(text, cuts))
+    assert collect(bodies) == whole("hermes", text) == ((text or None), [])
+
+
+@settings(max_examples=60, deadline=None)
+@given(args=st.dictionaries(st.text(max_size=4), st.one_of(
+           st.integers(), st.floats(allow_nan=False, allow_infinity=False),
+           st.text(max_size=6), st.booleans(), st.none(),
+           st.lists(st.integers(), max_size=3)), max_size=4),
+       separators=st.sampled_from([(",", ":"), (", ", ": "), (" ,", " : ")]),
+       ascii_=st.booleans(), cuts=st.lists(st.integers(0, 200), max_size=12))
+def test_generated_arguments_stream_as_json_dumps_of_the_parsed_value(
+        args, separators, ascii_, cuts):
+    raw = json.dumps(args, separators=separators, ensure_ascii=ascii_)
+    text = f'<tool_call>{{"name": "fn", "arguments": {raw}}}</tool_call>'
+    content, calls = collect(streamed("hermes", split_at(text, cuts)))
+    assert content is None
+    assert calls[0]["function"]["arguments"] == json.dumps(args, ensure_ascii=False)

@@ -104,6 +104,9 @@ def test_tool_choice_plans(tokenizer, limits, config):
     assert named.constraint.param == "tools.0.function.parameters"
     plain = chat(tokenizer, limits, config, tool_choice="none")
     assert plain.tool_plan is None
+    # OpenAI's rule, which vLLM follows: required with an empty tools list is none
+    assert chat(tokenizer, limits, config, tools=[], tool_choice="required").tool_plan is None
+    assert chat(tokenizer, limits, config, tools=[]).tool_plan is None  # default: none
 
 
 def test_the_required_schema_accepts_calls_and_only_calls():
@@ -131,10 +134,17 @@ def test_tool_defs_are_hoisted_so_references_resolve():
         jsonschema.validate([{"name": "f", "parameters": {"p": {"x": "one"}}}], schema)
 
 
+NEEDS_TOOLS = "When using `tool_choice`, `tools` must be set."  # vLLM's message
+
+
 @pytest.mark.parametrize("body,param,words", [
-    ({"tool_choice": "required"}, "tool_choice", "needs tools"),
+    # vLLM's check_tool_usage, word for word: any tool_choice but none needs tools
+    ({"tool_choice": "required"}, "tool_choice", NEEDS_TOOLS),
+    ({"tool_choice": "auto"}, "tool_choice", NEEDS_TOOLS),
     ({"tool_choice": {"type": "function", "function": {"name": "f"}}}, "tool_choice",
-     "needs tools"),
+     NEEDS_TOOLS),
+    ({"tools": [], "tool_choice": {"type": "function", "function": {"name": "f"}}},
+     "tool_choice.function.name", "not in tools"),
     ({"tools": [WEATHER], "tool_choice": "sometimes"}, "tool_choice", "must be one of"),
     ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "x"}}},
      "tool_choice.function.name", "not in tools"),
@@ -186,7 +196,9 @@ def test_a_non_chatml_template_that_ignores_tools_gets_no_substitute(tokenizer):
 
 @pytest.mark.parametrize("mode,finish,calls,expected", [
     ("auto", "stop", 1, "tool_calls"), ("auto", "stop", 0, "stop"),
-    ("auto", "length", 1, "length"), ("required", "stop", 2, "tool_calls"),
+    # vLLM's serving_chat: an auto reply with parsed calls says tool_calls, cut or not
+    ("auto", "length", 1, "tool_calls"), ("auto", "length", 0, "length"),
+    ("auto", "abort", 1, "abort"), ("required", "stop", 2, "tool_calls"),
     ("required", "length", 1, "length"), ("named", "stop", 1, "stop"),
     ("none", "stop", 0, "stop")])
 def test_finish_reasons_follow_vllm_s_table(mode, finish, calls, expected):
@@ -197,7 +209,8 @@ def test_finish_reasons_follow_vllm_s_table(mode, finish, calls, expected):
 def test_help_shows_the_tool_calling_flags(command):
     out = subprocess.run([sys.executable, "-m", "gapserve", command, "--help"],
                          capture_output=True, text=True, timeout=60).stdout
-    for flag in ("--enable-auto-tool-choice", "--tool-call-parser", "--chat-template"):
+    for flag in ("--enable-auto-tool-choice", "--tool-call-parser", "--chat-template",
+                 "--structured-outputs-compile-timeout-s"):
         assert flag in out, flag
     assert "hermes" in out and "llama3_json" in out
 
@@ -230,6 +243,27 @@ def test_serve_hands_the_tool_flags_to_the_frontend(tmp_path):
     parsed = config.parse_args(config.frontend_parser(), frontend.argv[1:], environ={})
     assert (parsed.enable_auto_tool_choice, parsed.tool_call_parser, parsed.chat_template) == \
         (True, "llama3_json", str(template))
+    args = config.parse_args(serve_parser(), [
+        "--model", "/m", "--structured-outputs-compile-timeout-s", "2.5"], environ={})
+    [frontend] = [c for c in children(args) if c.name == "frontend"]
+    parsed = config.parse_args(config.frontend_parser(), frontend.argv[1:], environ={})
+    assert config.compile_timeout_s(parsed) == 2.5
+
+
+def test_the_compile_timeout_flag_then_the_variable_then_the_default(monkeypatch):
+    from shared import config
+    from shared.structured_output import DEFAULT_COMPILE_TIMEOUT_S
+    variable = "GAPSERVE_STRUCTURED_OUTPUT_COMPILE_TIMEOUT_S"
+    monkeypatch.delenv(variable, raising=False)
+    parse = lambda *argv: config.parse_args(config.frontend_parser(), list(argv),  # noqa: E731
+                                            environ={})
+    assert config.compile_timeout_s(parse()) == DEFAULT_COMPILE_TIMEOUT_S
+    monkeypatch.setenv(variable, "4")  # what rank 0 compiles under: the flag's default
+    assert config.compile_timeout_s(parse()) == 4.0
+    assert config.compile_timeout_s(parse("--structured-outputs-compile-timeout-s", "7")) == 7
+    for bad in ("0", "-1", "soon"):
+        with pytest.raises(SystemExit):
+            parse("--structured-outputs-compile-timeout-s", bad)
 
 
 def test_the_shipped_template_renders_as_transformers_renders_it(tokenizer):
