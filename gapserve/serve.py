@@ -183,6 +183,9 @@ def children(args: argparse.Namespace) -> list[Child]:
     host = _loopback(args.inner_host)
     security = LinkSecurity.from_args(args)
     inner_env = _secret_env(args, INNER_SECRETS)
+    timeout = getattr(args, "structured_outputs_compile_timeout_s", None)
+    if timeout is not None:  # rank 0 compiles under the bound the frontend checks with
+        inner_env[flags.ENV_PREFIX + "STRUCTURED_OUTPUT_COMPILE_TIMEOUT_S"] = repr(timeout)
     size = getattr(args, "data_parallel_size", 1)
     replicas = [_replica(args, i, size, host, security, inner_env) for i in range(size)]
     front = _loopback(args.host)

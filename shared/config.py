@@ -267,7 +267,8 @@ def positive_seconds(text: str) -> float:
 def add_structured_output_flags(g) -> None:
     """The frontend's bound on compiling a request's grammar (the 400 before anything
     is queued). Rank 0 compiles under GAPSERVE_STRUCTURED_OUTPUT_COMPILE_TIMEOUT_S,
-    which is also this flag's default, so one variable sets both."""
+    which is also this flag's default, so one variable sets both; `gapserve serve`
+    hands the flag's value to the inner services in that variable."""
     from shared.structured_output import DEFAULT_COMPILE_TIMEOUT_S
     g.add_argument("--structured-outputs-compile-timeout-s", type=positive_seconds,
                    default=None, metavar="S",
@@ -275,7 +276,7 @@ def add_structured_output_flags(g) -> None:
                         "compile before it is a 400 (default: "
                         f"${ENV_PREFIX}STRUCTURED_OUTPUT_COMPILE_TIMEOUT_S, else "
                         f"{DEFAULT_COMPILE_TIMEOUT_S:g}; rank 0 compiles under that "
-                        "variable)")
+                        "variable, which gapserve serve sets from this flag)")
 
 
 def compile_timeout_s(args: argparse.Namespace) -> float:

@@ -96,3 +96,13 @@ def test_serve_hands_secrets_to_the_children_in_their_environment_not_their_argv
     assert (frontend.api_key, frontend.priority_keys) == (["sek-1", "sek-2"], ["sek-prio"])
     assert frontend.max_queued_requests == 7
     assert "GAPSERVE_API_KEY" not in kids["scheduler"].env  # only the frontend checks keys
+
+
+def test_serve_gives_rank_0_the_compile_timeout_the_frontend_checks_with():
+    """A grammar the frontend let through within its bound must not time out on rank 0
+    under another: serve hands the flag's value to the inner services' environment."""
+    kids = serve_children(["--structured-outputs-compile-timeout-s", "3"])
+    assert parsed(kids["frontend"]).structured_outputs_compile_timeout_s == 3.0
+    assert config.structured_output_compile_timeout_s(kids["worker-0"].env) == 3.0
+    default = serve_children([])
+    assert "GAPSERVE_STRUCTURED_OUTPUT_COMPILE_TIMEOUT_S" not in default["worker-0"].env
