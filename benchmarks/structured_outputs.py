@@ -94,7 +94,8 @@ def start_stack(model: str | None, log_path: Path) -> tuple[subprocess.Popen, st
             proc.kill()
             raise RuntimeError(f"the stack did not start; see {log_path}")
         time.sleep(0.5)
-    global WORKER_METRICS_URL
+    global WORKER_METRICS_URL, STACK_PID
+    STACK_PID = proc.pid
     WORKER_METRICS_URL = f"http://127.0.0.1:{worker_metrics}/metrics"
     return proc, address
 
@@ -116,6 +117,31 @@ def worker_sums() -> dict[str, float]:
             if name in (metric + "_sum", metric + "_count"):
                 out[key + name[len(metric):]] = out.get(key + name[len(metric):], 0.0) + \
                     float(line.rsplit(" ", 1)[1])
+    return out
+
+
+ROLES = ("frontend", "scheduler", "worker")
+STACK_PID = 0
+
+
+def role_cpu_s() -> dict[str, float]:
+    """CPU seconds (user + system) so far of the stack's processes by role, and of
+    this client: which of them a constrained point costs more, on a shared machine."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = dict.fromkeys(ROLES, 0.0)
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if int(stat[1]) != STACK_PID:  # ppid: `gapserve serve`'s children only
+            continue
+        role = next((r for r in ROLES if r.encode() in argv[:4]), None)
+        if role:
+            out[role] += (int(stat[11]) + int(stat[12])) / tick
+    t = os.times()
+    out["client"] = t.user + t.system
     return out
 
 
@@ -142,22 +168,24 @@ def run_point(stub, prompts: list[list[int]], concurrency: int, constrained: boo
               max_tokens: int) -> dict:
     n = max(concurrency, 4)
     jobs = [prompts[i % len(prompts)] for i in range(n)]
-    before = worker_sums()
+    before, cpu0 = worker_sums(), role_cpu_s()
     t0 = time.monotonic()
     with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
         results = list(pool.map(lambda p: one_stream(stub, p, constrained, max_tokens), jobs))
     wall = time.monotonic() - t0
-    after = worker_sums()
+    after, cpu1 = worker_sums(), role_cpu_s()
     steps = max(1.0, after.get("execute_count", 0) - before.get("execute_count", 0))
     step_ms = {f"{k}_ms_per_step": (after.get(k + "_sum", 0) - before.get(k + "_sum", 0)) / steps
                for k in STEP_HISTOGRAMS}
     ttft = sorted(r["ttft_s"] for r in results)
     tokens = sum(r["tokens"] for r in results)
     return {"concurrency": concurrency, "constrained": constrained, "requests": n,
+            "wall_s": wall,
             "tokens_per_s": tokens / wall, "mean_tokens": tokens / n,
             "stopped": sum(r["stopped"] for r in results),
             "ttft_p50_ms": 1e3 * ttft[len(ttft) // 2], "ttft_p99_ms": 1e3 * ttft[-1],
-            "steps": steps, **step_ms}
+            "steps": steps, **step_ms,
+            "cpu_s": {k: cpu1[k] - cpu0[k] for k in cpu0}}
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -266,6 +294,26 @@ def table(rounds: dict[tuple[int, bool], list[dict]]) -> str:
             f"{med(p['forward_ms_per_step'] for p in j):.1f} | "
             f"{med(p['sample_ms_per_step'] for p in u):.2f} / "
             f"{med(p['sample_ms_per_step'] for p in j):.2f} |")
+    return "\n".join(lines)
+
+
+def _cpu_line(cpu: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:.1f}" for k, v in cpu.items())
+
+
+def cpu_table(rounds: dict[tuple[int, bool], list[dict]]) -> str:
+    """CPU seconds of each process per 1,000 output tokens, medians over the rounds:
+    what a constrained stream costs each process beyond the mask the worker times."""
+    lines = ["| concurrent | " + " | ".join(f"{r} CPU s per 1k tokens, unconstr. / json"
+                                          for r in (*ROLES, "client")) + " |",
+             "|---:|" + "---:|" * (len(ROLES) + 1)]
+    for c in sorted({c for c, _ in rounds}):
+        cells = []
+        for role in (*ROLES, "client"):
+            u, j = (statistics.median(1e3 * p["cpu_s"][role] / (p["mean_tokens"] * p["requests"])
+                                      for p in rounds[(c, k)]) for k in (False, True))
+            cells.append(f"{u:.2f} / {j:.2f}")
+        lines.append(f"| {c} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -400,12 +448,16 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"c={c} round {r} {'json' if constrained else 'free'}: "
                           f"{point['tokens_per_s']:.1f} tok/s, {point['mean_tokens']:.0f} "
                           f"tokens a request, sample {point['sample_ms_per_step']:.2f} ms "
-                          f"a step, load {os.getloadavg()[0]:.2f}", file=sys.stderr, flush=True)
+                          f"a step, cpu s {_cpu_line(point['cpu_s'])}, "
+                          f"{point['wall_s']:.1f} s wall, load {os.getloadavg()[0]:.2f}",
+                          file=sys.stderr, flush=True)
     finally:
         proc.terminate()
         proc.wait(30)
     points = [p for runs in rounds.values() for p in runs]
     print(table(rounds))
+    print()
+    print(cpu_table(rounds))
     for key, value in backend.items():
         print(f"{key}: {value}")
     if args.json:
