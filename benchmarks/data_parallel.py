@@ -17,9 +17,13 @@ The workload: --users users, each bound to one of a few long system prompts
 (--system-prompts, --system-words words each), each holding a --turns-turn chat
 (short user turns; the history grows by its own replies), at most --concurrency
 users in flight, greedy, --max-tokens tokens a reply (EOS ignored, so every mode
-does the same work). Each replica's KV pool is --kv-blocks blocks: room for about
-half the system prompts at once, so where a prompt lands decides whether its KV is
-still there (with a pool that holds everything every routing ends up hitting).
+does the same work). Each replica's KV pool is --kv-blocks blocks of --block-size
+tokens. The report states the condition the run shows: the system prompts' full
+blocks (the part a prefix cache can share, counted with the model's tokenizer) over
+one replica's pool. Near or under 1x, one replica can hold every prompt and every
+routing converges to the same hit rate; between 1x and 2x (e.g. --kv-blocks 69 for
+the default 4 prompts of 400 words, 104 blocks: 1.5x), the prompts fit in the two
+pools together but not in one, the case cache-aware routing exists for.
 
 Reported per mode, the median over --repeats runs and the spread (min-max): the
 prefix-cache hit rate (vllm:prefix_cache_hits / vllm:prefix_cache_queries, the
@@ -175,7 +179,8 @@ def serve_argv(args: argparse.Namespace, base: int, extra: list[str]) -> list[st
             "--scheduler-port", str(base + 52), "--worker-port", str(base + 53),
             "--scheduler-metrics-port", "0", "--worker-metrics-port", "0",
             "--max-model-len", str(args.max_model_len),
-            "--num-gpu-blocks-override", str(args.kv_blocks), "--log-level", "warning",
+            "--num-gpu-blocks-override", str(args.kv_blocks), "--block-size",
+            str(args.block_size), "--log-level", "warning",
             *extra]
 
 
@@ -305,6 +310,7 @@ def run_once(mode: str, args: argparse.Namespace, users: list[User], log_dir: Pa
         t0 = time.perf_counter()
         out = asyncio.run(drive(dep.url, model, users, args))
         wall = time.perf_counter() - t0
+        loadavg = os.getloadavg()  # the machine's 1-minute load at the run's end
         after = counters(dep.frontends)
         per_replica = split(dep, mode)
     finally:
@@ -317,7 +323,7 @@ def run_once(mode: str, args: argparse.Namespace, users: list[User], log_dir: Pa
             "hit_rate": hits / queries if queries else 0.0, "output_tokens": out.output_tokens,
             "tok_s_per_core": out.output_tokens / wall / args.cores,
             "ttft_p50_ms": 1000 * percentile(ttfts, 50),
-            "ttft_p99_ms": 1000 * percentile(ttfts, 99)}
+            "ttft_p99_ms": 1000 * percentile(ttfts, 99), "loadavg": loadavg}
 
 
 # ---------------------------------------------------------------- the report
@@ -373,6 +379,36 @@ def goal(summary: dict[str, dict]) -> list[str]:
     return lines
 
 
+def prompt_blocks(args: argparse.Namespace, users: list[User]) -> int | None:
+    """Full KV blocks of all distinct system prompts (their chat-template prefix as
+    the frontend tokenizes it): what the prefix caches of the replicas compete for.
+    None where the model has no tokenizer to count with."""
+    try:
+        from transformers import AutoTokenizer
+        tok = AutoTokenizer.from_pretrained(args.model)
+    except (ImportError, OSError, ValueError):
+        return None
+    total = 0
+    for system in sorted({u.system for u in users}):
+        ids = tok.apply_chat_template([{"role": "system", "content": system}], tokenize=True)
+        ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+        total += len(ids) // args.block_size
+    return total
+
+
+def condition(args: argparse.Namespace) -> str:
+    """The sentence saying which case the run shows (pool against the prompts)."""
+    blocks = getattr(args, "prompt_blocks", None)
+    if blocks is None:
+        return "system prompts' blocks not counted (no tokenizer)."
+    ratio = blocks / args.kv_blocks
+    case = ("one replica's pool holds them all: every routing can converge" if ratio <= 1.0
+            else "they exceed one replica's pool but fit in two" if ratio <= 2.0
+            else "they exceed both pools together")
+    return (f"The system prompts fill {blocks} KV blocks, {ratio:.2f}x one replica's "
+            f"{args.kv_blocks}: {case}.")
+
+
 def markdown(summary: dict[str, dict], args: argparse.Namespace) -> str:
     def cell(v: dict, fmt: str) -> str:
         return f"{v['median']:{fmt}} ({v['min']:{fmt}}-{v['max']:{fmt}})"
@@ -389,7 +425,8 @@ def markdown(summary: dict[str, dict], args: argparse.Namespace) -> str:
                 f"client share {args.cores} cores (tok/s is divided by {args.cores}). "
                 f"{args.users} users x {args.turns} turns, {args.system_prompts} system prompts "
                 f"of {args.system_words} words, {args.max_tokens} tokens a reply, "
-                f"{args.concurrency} users in flight, {args.kv_blocks} KV blocks a replica.")
+                f"{args.concurrency} users in flight, {args.kv_blocks} KV blocks of "
+                f"{args.block_size} tokens a replica. {condition(args)}")
     return "\n".join(rows)
 
 
@@ -405,7 +442,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--system-words", type=int, default=400)
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--concurrency", type=int, default=8)
-    p.add_argument("--kv-blocks", type=int, default=96, help="KV blocks of each replica")
+    p.add_argument("--kv-blocks", type=int, default=96,
+                   help="KV blocks of each replica (its pool; see the module docstring for "
+                        "choosing it against the system prompts)")
+    p.add_argument("--block-size", type=int, default=16, help="tokens a KV block")
     p.add_argument("--max-model-len", type=int, default=1024)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--start-timeout-s", type=float, default=300.0)
@@ -417,7 +457,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if unknown or not args.modes:
         p.error(f"--modes: unknown {unknown}; choose from {', '.join(MODES)}")
     for name in ("repeats", "users", "turns", "system_prompts", "system_words", "max_tokens",
-                 "concurrency", "kv_blocks"):
+                 "concurrency", "kv_blocks", "block_size"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
     args.cores = len(os.sched_getaffinity(0))
@@ -434,6 +474,8 @@ def main(argv: list[str] | None = None) -> int:
     log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="gapserve-dp-bench-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     users, runs = workload(args), []
+    args.prompt_blocks = prompt_blocks(args, users)
+    print(condition(args), file=sys.stderr, flush=True)
     for repeat in range(args.repeats):
         for mode in order(repeat, args.modes):
             run = run_once(mode, args, users, log_dir)
@@ -442,14 +484,16 @@ def main(argv: list[str] | None = None) -> int:
                   f"{run['tok_s_per_core']:.1f} tok/s/core, TTFT p50 {run['ttft_p50_ms']:.0f} "
                   f"ms p99 {run['ttft_p99_ms']:.0f} ms, per replica {run['per_replica']}, "
                   f"{run['num_errors']} errors, "
-                  f"{run['wall_s']:.1f} s", file=sys.stderr, flush=True)
+                  f"{run['wall_s']:.1f} s, load {run['loadavg'][0]:.2f}", file=sys.stderr,
+                  flush=True)
     summary = summarize(runs, args.modes)
     print(markdown(summary, args))
     for line in goal(summary):
         print(line)
     if args.json:
         Path(args.json).write_text(json.dumps({"runs": runs, "summary": summary,
-                                               "goal": goal(summary)}, indent=1))
+                                               "goal": goal(summary),
+                                               "condition": condition(args)}, indent=1))
     return 1 if any(r["num_errors"] for r in runs) else 0
 
 

@@ -18,7 +18,14 @@ compile at the door included; HTTP shapes add nothing the engine does). Each poi
 runs `concurrency` streams at once (at least 4 requests for the point of 1, one
 after another), greedy, chat prompts; unconstrained ones ignore EOS and run
 --max-tokens tokens, constrained ones end where the grammar does. Output tokens/s is
-tokens over the point's wall time, the best of --rounds alternating runs. Constrained requests share one schema, so after
+tokens over the point's wall time; each point runs --rounds times, unconstrained and
+json_schema alternating within a round (so a slow spell of a shared machine falls on
+both), and the table gives the median and the spread (min-max) over the rounds, the
+ratio of the medians and the spread of the per-round ratios. Beside each point, the
+worker's own step timings from its /metrics (deltas of rank 0's histograms over the
+point): forward ms and sample ms a step, where sample includes the grammar mask, so
+json's sample minus unconstrained's is what the mask costs a step.
+Constrained requests share one schema, so after
 the first the frontend's and rank 0's compiled-grammar caches hit: the compile cost
 is reported apart, from --compiles distinct schemas compiled in this process.
 """
@@ -32,6 +39,7 @@ import os
 import platform
 import socket
 import subprocess
+import statistics
 import sys
 import tempfile
 import time
@@ -70,11 +78,11 @@ def free_port() -> int:
 
 
 def start_stack(model: str | None, log_path: Path) -> tuple[subprocess.Popen, str]:
-    http, grpc_port, sched, worker = (free_port() for _ in range(4))
+    http, grpc_port, sched, worker, worker_metrics = (free_port() for _ in range(5))
     argv = [sys.executable, "-m", "gapserve", "serve", "--http-port", str(http),
             "--grpc-port", str(grpc_port), "--scheduler-port", str(sched),
             "--worker-port", str(worker), "--scheduler-metrics-port", "0",
-            "--worker-metrics-port", "0", "--max-model-len", "1024"]
+            "--worker-metrics-port", str(worker_metrics), "--max-model-len", "1024"]
     if model:
         argv += ["--model", model]
     proc = subprocess.Popen(argv, stdout=log_path.open("w"), stderr=subprocess.STDOUT,
@@ -86,7 +94,55 @@ def start_stack(model: str | None, log_path: Path) -> tuple[subprocess.Popen, st
             proc.kill()
             raise RuntimeError(f"the stack did not start; see {log_path}")
         time.sleep(0.5)
+    global WORKER_METRICS_URL, STACK_PID
+    STACK_PID = proc.pid
+    WORKER_METRICS_URL = f"http://127.0.0.1:{worker_metrics}/metrics"
     return proc, address
+
+
+WORKER_METRICS_URL = ""
+STEP_HISTOGRAMS = {"forward": "gapserve:model_forward_time_milliseconds",
+                   "sample": "gapserve:worker_sample_time_milliseconds",
+                   "execute": "gapserve:model_execute_time_milliseconds"}
+
+
+def worker_sums() -> dict[str, float]:
+    """Rank 0's step histograms' _sum and _count (read before and after a point)."""
+    import urllib.request
+    text = urllib.request.urlopen(WORKER_METRICS_URL, timeout=10).read().decode()
+    out = {}
+    for line in text.splitlines():
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        for key, metric in STEP_HISTOGRAMS.items():
+            if name in (metric + "_sum", metric + "_count"):
+                out[key + name[len(metric):]] = out.get(key + name[len(metric):], 0.0) + \
+                    float(line.rsplit(" ", 1)[1])
+    return out
+
+
+ROLES = ("frontend", "scheduler", "worker")
+STACK_PID = 0
+
+
+def role_cpu_s() -> dict[str, float]:
+    """CPU seconds (user + system) so far of the stack's processes by role, and of
+    this client: which of them a constrained point costs more, on a shared machine."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = dict.fromkeys(ROLES, 0.0)
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if int(stat[1]) != STACK_PID:  # ppid: `gapserve serve`'s children only
+            continue
+        role = next((r for r in ROLES if r.encode() in argv[:4]), None)
+        if role:
+            out[role] += (int(stat[11]) + int(stat[12])) / tick
+    t = os.times()
+    out["client"] = t.user + t.system
+    return out
 
 
 def one_stream(stub, prompt_ids: list[int], constrained: bool, max_tokens: int) -> dict:
@@ -112,16 +168,24 @@ def run_point(stub, prompts: list[list[int]], concurrency: int, constrained: boo
               max_tokens: int) -> dict:
     n = max(concurrency, 4)
     jobs = [prompts[i % len(prompts)] for i in range(n)]
+    before, cpu0 = worker_sums(), role_cpu_s()
     t0 = time.monotonic()
     with concurrent.futures.ThreadPoolExecutor(concurrency) as pool:
         results = list(pool.map(lambda p: one_stream(stub, p, constrained, max_tokens), jobs))
     wall = time.monotonic() - t0
+    after, cpu1 = worker_sums(), role_cpu_s()
+    steps = max(1.0, after.get("execute_count", 0) - before.get("execute_count", 0))
+    step_ms = {f"{k}_ms_per_step": (after.get(k + "_sum", 0) - before.get(k + "_sum", 0)) / steps
+               for k in STEP_HISTOGRAMS}
     ttft = sorted(r["ttft_s"] for r in results)
     tokens = sum(r["tokens"] for r in results)
     return {"concurrency": concurrency, "constrained": constrained, "requests": n,
+            "wall_s": wall,
             "tokens_per_s": tokens / wall, "mean_tokens": tokens / n,
             "stopped": sum(r["stopped"] for r in results),
-            "ttft_p50_ms": 1e3 * ttft[len(ttft) // 2], "ttft_p99_ms": 1e3 * ttft[-1]}
+            "ttft_p50_ms": 1e3 * ttft[len(ttft) // 2], "ttft_p99_ms": 1e3 * ttft[-1],
+            "steps": steps, **step_ms,
+            "cpu_s": {k: cpu1[k] - cpu0[k] for k in cpu0}}
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -201,17 +265,55 @@ def _xgrammar(model_dir: str, n: int) -> dict:
     return out
 
 
-def table(points: list[dict]) -> str:
-    lines = ["| concurrent | unconstrained tok/s | json_schema tok/s | ratio | "
-             "TTFT p50 unconstr. / json (ms) | tokens a request unconstr. / json |",
-             "|---:|---:|---:|---:|---:|---:|"]
-    by = {(p["concurrency"], p["constrained"]): p for p in points}
-    for c in sorted({p["concurrency"] for p in points}):
-        u, j = by[(c, False)], by[(c, True)]
-        lines.append(f"| {c} | {u['tokens_per_s']:.1f} | {j['tokens_per_s']:.1f} | "
-                     f"{j['tokens_per_s'] / u['tokens_per_s']:.2f} | "
-                     f"{u['ttft_p50_ms']:.0f} / {j['ttft_p50_ms']:.0f} | "
-                     f"{u['mean_tokens']:.0f} / {j['mean_tokens']:.0f} |")
+def spread(values: list[float], fmt: str) -> str:
+    """median (min-max)"""
+    return (f"{statistics.median(values):{fmt}} "
+            f"({min(values):{fmt}}-{max(values):{fmt}})")
+
+
+def table(rounds: dict[tuple[int, bool], list[dict]]) -> str:
+    """One row a concurrency: medians (min-max) over the rounds; the ratio of the
+    medians, then the spread of the per-round ratios (round r's json over round r's
+    unconstrained, which ran just before it)."""
+    lines = ["| concurrent | unconstrained tok/s | json_schema tok/s | ratio of medians "
+             "(per-round min-max) | TTFT p50 unconstr. / json (ms) | tokens a request "
+             "unconstr. / json | worker forward ms a step unconstr. / json | worker sample "
+             "ms a step (mask inside) unconstr. / json |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    med = statistics.median
+    for c in sorted({c for c, _ in rounds}):
+        u, j = rounds[(c, False)], rounds[(c, True)]
+        ut, jt = [p["tokens_per_s"] for p in u], [p["tokens_per_s"] for p in j]
+        ratios = [b / a for a, b in zip(ut, jt)]
+        lines.append(
+            f"| {c} | {spread(ut, '.1f')} | {spread(jt, '.1f')} | {med(jt) / med(ut):.2f} "
+            f"({min(ratios):.2f}-{max(ratios):.2f}) | "
+            f"{med(p['ttft_p50_ms'] for p in u):.0f} / {med(p['ttft_p50_ms'] for p in j):.0f} | "
+            f"{med(p['mean_tokens'] for p in u):.0f} / {med(p['mean_tokens'] for p in j):.0f} | "
+            f"{med(p['forward_ms_per_step'] for p in u):.1f} / "
+            f"{med(p['forward_ms_per_step'] for p in j):.1f} | "
+            f"{med(p['sample_ms_per_step'] for p in u):.2f} / "
+            f"{med(p['sample_ms_per_step'] for p in j):.2f} |")
+    return "\n".join(lines)
+
+
+def _cpu_line(cpu: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:.1f}" for k, v in cpu.items())
+
+
+def cpu_table(rounds: dict[tuple[int, bool], list[dict]]) -> str:
+    """CPU seconds of each process per 1,000 output tokens, medians over the rounds:
+    what a constrained stream costs each process beyond the mask the worker times."""
+    lines = ["| concurrent | " + " | ".join(f"{r} CPU s per 1k tokens, unconstr. / json"
+                                          for r in (*ROLES, "client")) + " |",
+             "|---:|" + "---:|" * (len(ROLES) + 1)]
+    for c in sorted({c for c, _ in rounds}):
+        cells = []
+        for role in (*ROLES, "client"):
+            u, j = (statistics.median(1e3 * p["cpu_s"][role] / (p["mean_tokens"] * p["requests"])
+                                      for p in rounds[(c, k)]) for k in (False, True))
+            cells.append(f"{u:.2f} / {j:.2f}")
+        lines.append(f"| {c} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -311,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--compiles", type=int, default=40)
     p.add_argument("--rounds", type=int, default=2,
                    help="runs of each point, unconstrained and constrained alternating; "
-                        "the best is reported")
+                        "the median and min-max are reported")
     p.add_argument("--json", default=None)
     p.add_argument("--overlap", action="store_true",
                    help="measure async overlap with and without grammars instead")
@@ -337,28 +439,31 @@ def main(argv: list[str] | None = None) -> int:
                                           add_generation_prompt=True)
             prompts.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
         one_stream(stub, prompts[0], True, 8)  # warm: the first compile at both ends
-        points = []
+        rounds: dict[tuple[int, bool], list[dict]] = {}
         for c in (int(x) for x in args.concurrency.split(",")):
-            for constrained in (False, True):
-                runs = []
-                for _ in range(args.rounds):  # alternated below: the same machine state
-                    runs.append(None)
-                points.append(runs)
-            for r in range(args.rounds):
-                for k, constrained in enumerate((False, True)):
-                    points[-2 + k][r] = run_point(stub, prompts, c, constrained,
-                                                  args.max_tokens)
-        # each point's best round: on a shared machine the others' load only slows one
-        points = [max(runs, key=lambda p: p["tokens_per_s"]) for runs in points]
+            for r in range(args.rounds):  # alternating: both see the same machine state
+                for constrained in (False, True):
+                    point = run_point(stub, prompts, c, constrained, args.max_tokens)
+                    rounds.setdefault((c, constrained), []).append({**point, "round": r})
+                    print(f"c={c} round {r} {'json' if constrained else 'free'}: "
+                          f"{point['tokens_per_s']:.1f} tok/s, {point['mean_tokens']:.0f} "
+                          f"tokens a request, sample {point['sample_ms_per_step']:.2f} ms "
+                          f"a step, cpu s {_cpu_line(point['cpu_s'])}, "
+                          f"{point['wall_s']:.1f} s wall, load {os.getloadavg()[0]:.2f}",
+                          file=sys.stderr, flush=True)
     finally:
         proc.terminate()
         proc.wait(30)
-    print(table(points))
+    points = [p for runs in rounds.values() for p in runs]
+    print(table(rounds))
+    print()
+    print(cpu_table(rounds))
     for key, value in backend.items():
         print(f"{key}: {value}")
     if args.json:
         Path(args.json).write_text(json.dumps({"points": points, "backend": backend,
                                                "machine": platform.processor(),
+                                               "loadavg_end": os.getloadavg(),
                                                "max_tokens": args.max_tokens}, indent=2))
     return 0
 

@@ -83,3 +83,30 @@ def test_one_run_on_two_tiny_replicas_behind_sglang_router_and_the_built_in_rout
     printed = capsys.readouterr().out
     assert "| sglang-router |" in printed and "| kv-aware |" in printed
     assert "kv-aware hit rate >= sglang-router's:" in printed
+
+
+def test_the_report_says_whether_one_replicas_pool_holds_the_system_prompts():
+    """The setting decides what a run can show: counted against the pool, in words."""
+    args = dp.parse_args(["--kv-blocks", "69"])
+    args.prompt_blocks = 104
+    assert dp.condition(args) == ("The system prompts fill 104 KV blocks, 1.51x one replica's "
+                                  "69: they exceed one replica's pool but fit in two.")
+    args.kv_blocks = 120
+    assert "one replica's pool holds them all" in dp.condition(args)
+    args.kv_blocks = 40
+    assert "exceed both pools together" in dp.condition(args)
+    args.prompt_blocks = None
+    assert "not counted" in dp.condition(args)
+    with pytest.raises(SystemExit):
+        dp.parse_args(["--block-size", "0"])
+
+
+def test_prompt_blocks_counts_full_blocks_of_each_distinct_system_prompt():
+    args = dp.parse_args(["--users", "6", "--system-prompts", "2", "--system-words", "60",
+                          "--block-size", "16"])
+    args.model = str(tiny_llama_dir())
+    blocks = dp.prompt_blocks(args, dp.workload(args))
+    # two distinct prompts of 60+ words: at least 60 tokens each, so 3+ full blocks each
+    assert blocks is not None and blocks >= 6
+    args.block_size = 8
+    assert dp.prompt_blocks(args, dp.workload(args)) >= 2 * blocks  # floor(n/8) >= 2 floor(n/16)
