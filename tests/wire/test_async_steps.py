@@ -67,6 +67,11 @@ def record_steps(stack) -> list[SchedulerOutput]:
     return seen
 
 
+def req_id_of(step: SchedulerOutput) -> str | None:
+    """The one request a single-request test's step carries (None for an empty one)."""
+    return next(iter(step.num_scheduled_tokens), None)
+
+
 def steps_of(steps: list[SchedulerOutput], req_id: str) -> int:
     return sum(req_id in s.num_scheduled_tokens for s in steps)
 
@@ -122,8 +127,21 @@ def test_the_step_after_a_stop_token_skips_the_request_and_sends_nothing(
     steps = record_steps(async_stack)
     answers = []
     execute = tiny_runner.execute
-    tiny_runner.execute = lambda step, *a, **kw: answers.append(execute(step, *a, **kw)) \
-        or answers[-1]
+
+    def answering(step, *a, **kw):
+        """The worker's answer, held back on the step that samples the stop until the
+        engine has submitted the request's next step (async: it schedules ahead without
+        waiting for this answer), so that next step exists whatever the machine's load."""
+        answer = execute(step, *a, **kw)
+        answers.append(answer)
+        rid = req_id_of(step)
+        if rid and any(stop in t for t in answer.sampled_token_ids):
+            wait_for(lambda: any(s.step_id > step.step_id and rid in s.num_scheduled_tokens
+                                 for s in list(steps)),
+                     what="the step scheduled before the stop is known")
+        return answer
+
+    tiny_runner.execute = answering
     try:
         client, (req_id,) = run_all(async_stack, [prompt], max_tokens=12,
                                     stop_token_ids=[stop])
