@@ -28,7 +28,7 @@ from typing import Protocol
 import structlog
 
 from scheduler_svc.core.request import Request
-from scheduler_svc.core.scheduler import WorkerOutputError
+from scheduler_svc.core.in_flight import WorkerOutputError
 from shared.request_limits import token_ids_problem
 from shared.types import (FinishReason, InvalidRequestError, ModelInfo,
                           ModelRunnerOutput, RequestOutput, SchedulerOutput)

@@ -5,12 +5,12 @@ Rules (vLLM V1 semantics) and where we deviate: docs/scheduling.md.
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 from scheduler_svc.core.block_hash import BlockHasher
 from scheduler_svc.core.block_pool import KVBlock
 from scheduler_svc.core.config import ConfigError, SchedulerConfig
 from scheduler_svc.core.grammar_wait import GrammarWait
+from scheduler_svc.core.in_flight import (MAX_STEPS_IN_FLIGHT, InFlight, WorkerOutputError,
+                                          both_sides)
 from scheduler_svc.core.kv_cache_manager import KVCacheManager
 from scheduler_svc.core.queues import make_queue
 from scheduler_svc.core.request import Request, RequestStatus
@@ -28,41 +28,6 @@ from shared.types import (
     RequestOutput,
     SchedulerOutput,
 )
-
-
-# A third step would let a preempted request be re-admitted before the output of its
-# last in-flight step is applied, and the worker's token ids would then differ from ours.
-MAX_STEPS_IN_FLIGHT = 2
-
-
-class WorkerOutputError(ValueError):
-    """A step's answer that contradicts the scheduler (a stop decided otherwise, a token
-    count or request it did not schedule, another step): raised before anything
-    changes. `sides` maps each request named to both sides' tokens, for the log; the
-    engine recovers from it as from a lost worker (docs/scheduling.md)."""
-
-    def __init__(self, message: str, sides: dict[str, dict] | None = None) -> None:
-        super().__init__(message)
-        self.sides = sides or {}
-
-
-def _both_sides(entry: InFlight, sampled: list[int]) -> dict:
-    request = entry.request
-    return {"worker": list(sampled), "scheduler_output_tail": request.output_token_ids[-8:],
-            "scheduler_num_output": len(request.output_token_ids),
-            "scheduled_passes": entry.max_sampled if entry.samples else 0}
-
-
-class InFlight(NamedTuple):
-    """One request's share of a step in flight."""
-
-    request: Request
-    samples: bool  # the step reaches the end of its tokens and samples one
-    num_computed_after: int  # its num_computed_tokens once the step is done
-    num_preemptions: int  # at scheduling; a preemption since voids the step's KV
-    max_sampled: int = 1  # tokens it may sample: the step's forward passes (multi-step)
-    num_drafts: int = 0  # draft slots (speculative decoding): it may commit 1 + these
-    rejected_before: int = 0  # the request's num_rejected_tokens at scheduling
 
 
 class Scheduler:
@@ -476,7 +441,7 @@ class Scheduler:
                                f"had {entry.num_drafts} draft slot(s)" if entry.num_drafts
                                else f"ran {entry.max_sampled} forward pass(es)"))
             if problem is not None:
-                raise WorkerOutputError(problem, {req_id: _both_sides(entry, sampled)})
+                raise WorkerOutputError(problem, {req_id: both_sides(entry, sampled)})
         del self.in_flight[step_id]
         if self.config.speculative_config is not None:
             roll_back_step(self, step, req_ids, sampled_ids)

@@ -25,7 +25,8 @@ from scheduler_svc.core.block_pool import KVBlock
 from scheduler_svc.core.request import Request, RequestStatus
 
 if TYPE_CHECKING:
-    from scheduler_svc.core.scheduler import InFlight, Scheduler
+    from scheduler_svc.core.in_flight import InFlight
+    from scheduler_svc.core.scheduler import Scheduler
 
 NO_DRAFTS: dict[str, int] = {}  # shared, never written: the step of a scheduler without drafts
 
