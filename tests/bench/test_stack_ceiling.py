@@ -3,11 +3,10 @@ zero-cost-step worker streams every token it promises; and its arguments and tab
 
 from __future__ import annotations
 
-import socket
-
 import pytest
 
 from tests.integration.tiny_model import tiny_llama_dir
+from tests.ports import free_ports
 
 from .test_serve_bench import _load
 
@@ -16,20 +15,7 @@ ceiling = _load("stack_ceiling")
 
 def _free_port_block(span: int = 60) -> int:
     """A port whose +51..+53 neighbours are free too (the stack's inner services)."""
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + span > 65535:
-            continue
-        try:
-            for off in (0, 51, 52, 53):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", base + off))
-        except OSError:
-            continue
-        return base
-    raise RuntimeError("no free block of ports")
+    return free_ports(1, span=span)[0]
 
 
 @pytest.mark.parametrize("frontends,steps", [(1, 1), (2, 4)])

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+
+from tests.ports import free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_PATH = ROOT / "docker-compose.yml"
@@ -220,9 +221,7 @@ def published_ports(svc: dict) -> list[tuple[str, int, int]]:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_ports(1)[0]
 
 
 _ADDRESS = re.compile(r"\b([A-Za-z][A-Za-z0-9_.-]*):(\d{1,5})\b")

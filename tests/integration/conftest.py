@@ -17,7 +17,6 @@ Fixtures:
 from __future__ import annotations
 
 import os
-import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,23 +27,13 @@ from gapserve.serve import Supervisor, children, serve_parser
 from shared import config
 from shared.proto import engine_pb2, engine_pb2_grpc, generate_pb2_grpc
 from tests.integration.tiny_model import tiny_llama_dir
+from tests.ports import free_ports  # noqa: F401  (re-exported: the tests import it from here)
 
 ALL_SERVICES = ("worker", "scheduler", "frontend")
 STARTUP_TIMEOUT_S = 300.0
 # tiny model: a small pool and context keep start-up and memory small
 TINY_FLAGS = ["--max-model-len", "512", "--kv-cache-memory", str(8 << 20),
               "--max-num-seqs", "64", "--max-num-batched-tokens", "512"]
-
-
-def free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 @dataclass(slots=True)
