@@ -1,22 +1,33 @@
 """Async scheduling on the real three-process stack and the real default model: a
 concurrent workload with EOS stops, a stop token id, max_tokens, an abort
-mid-stream, prefix-cache hits and preemptions forced by a small KV pool gives the
+mid-stream, structured outputs (a JSON schema, any JSON object, a regex, a choice, a
+Lark grammar), prefix-cache hits and preemptions forced by a small KV pool gives the
 same greedy tokens with async scheduling on and off and with multi-step decode, and
-the same as transformers for each prompt alone; usage is exact and the KV pool ends
-fully free."""
+the same as transformers for each prompt alone (a constrained one: with its grammar
+as a logits processor, tests/structured/reference.py); each constrained request ends
+with STOP on its grammar's end and parses; usage is exact and the KV pool ends fully
+free. One worker serves the three modes in turn (a scheduler and frontend each):
+the worker forgets every request when a scheduler's Step stream closes, so the next
+scheduler starts from nothing, as after a scheduler restart."""
 
 from __future__ import annotations
 
 import concurrent.futures
+import json
+import re
 import time
 from dataclasses import dataclass, field
 
+import jsonschema
 import pytest
 
 from shared import proto_convert as pc
+from shared import structured_output as so
 from shared.proto import common_pb2, engine_pb2, generate_pb2
+from shared.structured_output import StructuredOutputSpec as Spec
 from shared.types import SamplingParams
 from tests.integration.hf_reference import hf_greedy as greedy
+from tests.structured.reference import GrammarLogitsProcessor, hf_constrained_greedy
 
 # 13 usable blocks of 16 tokens. Preemption must not hang on arrival timing: the three
 # "long" requests ignore EOS and each grow to ~123 tokens (8 blocks), so any two of them
@@ -26,6 +37,11 @@ from tests.integration.hf_reference import hf_greedy as greedy
 # shares: prefix-cache hits.
 STACK_FLAGS = ["--max-model-len", "128", "--num-gpu-blocks-override", "14"]
 ABORT_AFTER = 4  # tokens the aborted request streams before its client aborts it
+PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
+          "properties": {"name": {"type": "string", "maxLength": 16},
+                         "age": {"type": "integer", "minimum": 0, "maximum": 120}}}
+PHONE = r"\([0-9]{3}\) [0-9]{3}-[0-9]{4}"
+LARK = 'start: "The answer is " NUM "."\nNUM: /[0-9]{1,3}/'
 
 
 @dataclass(slots=True)
@@ -36,6 +52,7 @@ class Case:
     ignore_eos: bool = False
     stop_at: int | None = None  # stop on the greedy token at this index (a stop token id)
     abort: bool = False
+    spec: Spec | None = None  # structured output: the reference applies it too
     prompt_ids: list[int] = field(default_factory=list)
     reference: list[int] = field(default_factory=list)  # transformers greedy, alone
     stop_token_ids: list[int] = field(default_factory=list)
@@ -54,6 +71,16 @@ CASES = [
     Case("long-moon", "Describe the moon.", max_tokens=88, ignore_eos=True),
     Case("abort", "What colour is the sky? One word.", max_tokens=64, ignore_eos=True,
          abort=True),
+    Case("json-alice", "Give me a JSON object for a person named Alice who is 30.",
+         max_tokens=40, spec=Spec("json", json.dumps(PERSON))),
+    Case("json-bob", "Describe Bob, aged 41, as JSON.", max_tokens=40,
+         spec=Spec("json", json.dumps(PERSON), disable_any_whitespace=True)),
+    Case("json-object", "Describe the colour blue as a JSON object.", max_tokens=40,
+         spec=Spec("json_object")),
+    Case("regex-phone", "Make up a US phone number.", max_tokens=40, spec=Spec("regex", PHONE)),
+    Case("choice", "Is the review 'I love this movie' positive, negative or neutral?",
+         max_tokens=40, spec=Spec("choice", '["positive", "negative", "neutral"]')),
+    Case("lark", "What is 2+2?", max_tokens=40, spec=Spec("grammar", LARK)),
 ]
 
 
@@ -72,15 +99,35 @@ def workload():
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
     eos = model.generation_config.eos_token_id
     eos_ids = set(eos if isinstance(eos, list) else [eos])
+    vocab = so.grammar_vocab(model_dir, model.config.vocab_size, sorted(eos_ids))
     for case in CASES:
         ids = tokenizer.apply_chat_template([{"role": "user", "content": case.question}],
                                             add_generation_prompt=True)
         case.prompt_ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
-        case.reference = greedy(model, case.prompt_ids, case.max_tokens)
+        if case.spec is None:
+            case.reference = greedy(model, case.prompt_ids, case.max_tokens)
+        else:
+            case.reference = hf_constrained_greedy(
+                model, case.prompt_ids, case.max_tokens,
+                GrammarLogitsProcessor(case.spec, vocab), eos_ids)
         if case.stop_at is not None:
             token = case.reference[case.stop_at]
             case.stop_token_ids = [token]
-    return model_dir, eos_ids
+    return model_dir, eos_ids, tokenizer
+
+
+def check_parses(case: Case, text: str) -> None:
+    kind = case.spec.kind
+    if kind == "json":
+        jsonschema.validate(json.loads(text), PERSON)
+    elif kind == "json_object":
+        assert isinstance(json.loads(text), dict)
+    elif kind == "regex":
+        assert re.fullmatch(PHONE, text), text
+    elif kind == "choice":
+        assert text in ("positive", "negative", "neutral")
+    else:
+        assert re.fullmatch(r"The answer is [0-9]{1,3}\.", text), text
 
 
 def expected_tokens(case: Case, eos_ids: set[int]) -> list[int]:
@@ -95,7 +142,8 @@ def expected_tokens(case: Case, eos_ids: set[int]) -> list[int]:
 
 def run_case(stub, case: Case) -> tuple[list[int], generate_pb2.GenerateFinal]:
     params = SamplingParams(temperature=0.0, max_tokens=case.max_tokens,
-                            ignore_eos=case.ignore_eos, stop_token_ids=case.stop_token_ids)
+                            ignore_eos=case.ignore_eos, stop_token_ids=case.stop_token_ids,
+                            structured_output=case.spec)
     request = generate_pb2.GenerateRequest(
         request_id=f"{case.name}-{time.monotonic_ns()}",
         token_ids=generate_pb2.TokenIds(ids=case.prompt_ids),
@@ -154,14 +202,22 @@ def wait_pool_free(stack, timeout_s: float = 30.0) -> engine_pb2.EngineStatus:
 @pytest.mark.e2e
 def test_async_and_sync_scheduling_give_transformers_greedy_outputs_under_preemption(
         workload, start_stack_factory):
-    model_dir, eos_ids = workload
-    # the workload really has what it claims: EOS stops, a stop id, lengths
+    model_dir, eos_ids, tokenizer = workload
+    # the workload really has what it claims: EOS stops, a stop id, lengths, grammars
+    # that end (and whose references parse)
     kinds = {c.name: expected_tokens(c, eos_ids)[-1] for c in CASES if not c.abort}
     assert sum(t in eos_ids for t in kinds.values()) >= 2
+    finished = [c for c in CASES if c.spec is not None and c.reference[-1] in eos_ids]
+    assert len(finished) >= 4, "the grammars should end most constrained cases"
+    for case in finished:
+        check_parses(case, tokenizer.decode(case.reference[:-1]))
+    worker = start_stack_factory(model_dir, services=("worker",), flags=STACK_FLAGS)
     outputs = {}
     for mode, flags in (("async", ["--async-scheduling"]), ("sync", ["--no-async-scheduling"]),
                         ("multi-step", ["--async-scheduling", "--num-scheduler-steps", "4"])):
-        stack = start_stack_factory(model_dir, flags=STACK_FLAGS + flags)
+        stack = start_stack_factory(model_dir, services=("scheduler", "frontend"),
+                                    flags=[*STACK_FLAGS, *flags,
+                                           "--worker-port", str(worker.worker_port)])
         outputs[mode] = run_workload(stack, eos_ids)
         status = wait_pool_free(stack)
         assert status.num_preemptions_total > 0, mode
