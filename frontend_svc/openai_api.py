@@ -30,7 +30,7 @@ from frontend_svc.protocol import (
     ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest)
 from frontend_svc.output_stream import OutputStream
 from frontend_svc.translate import (
-    GenerationInput, ModelLimits, chat_input, check_chat_template_flags, check_constraints,
+    GenerationInput, ModelLimits, chat_input, chat_prompt, check_constraints,
     choices_per_prompt, completion_inputs, encode, fan_out)
 
 # slack for the other fields' commas when counting /detokenize's ids before parsing
@@ -140,18 +140,24 @@ def _tokenize(fe: Frontend, limits: ModelLimits, body: bytes) -> Response:
     if (req.prompt is None) == (req.messages is None):
         raise FieldError("give exactly one of prompt and messages", "prompt")
     if req.prompt is not None:
+        for name in ("tools", "tool_choice", "chat_template", "chat_template_kwargs"):
+            if getattr(req, name) is not None:
+                raise FieldError(f"{name} applies to messages, not to a prompt", name)
         limits.caps.check_text(req.prompt)
-        ids = encode(fe.tokenizer, req.prompt, req.add_special_tokens, "prompt")
+        add_special = True if req.add_special_tokens is None else req.add_special_tokens
+        ids = encode(fe.tokenizer, req.prompt, add_special, "prompt")
     else:
-        check_chat_template_flags(req.add_generation_prompt, req.continue_final_message)
-        messages = [m.model_dump(exclude_none=True) for m in req.messages]
-        for m in messages:
-            m.setdefault("content", "")
-        limits.caps.check_text(str(messages), "the messages")
-        ids = fe.tokenizer.apply_chat_template(messages, req.add_generation_prompt,
-                                               req.continue_final_message)
-    return json_bytes({"tokens": ids, "count": len(ids),
-                       "max_model_len": limits.max_model_len})
+        chat = ChatCompletionRequest(
+            messages=req.messages, add_generation_prompt=req.add_generation_prompt,
+            continue_final_message=req.continue_final_message,
+            add_special_tokens=bool(req.add_special_tokens), tools=req.tools,
+            tool_choice=req.tool_choice, chat_template=req.chat_template,
+            chat_template_kwargs=req.chat_template_kwargs)
+        ids = chat_prompt(chat, fe.tokenizer, limits, fe.tools).ids
+    out = {"tokens": ids, "count": len(ids), "max_model_len": limits.max_model_len}
+    if req.return_token_strs:
+        out["token_strs"] = fe.tokenizer.tokens(ids)
+    return json_bytes(out)
 
 
 def _detokenize(fe: Frontend, limits: ModelLimits, body: bytes) -> Response:

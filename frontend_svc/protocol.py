@@ -204,9 +204,18 @@ class TokenizeRequest(BaseModel):
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None
-    add_special_tokens: bool = True
+    # vLLM's defaults: a prompt gets the tokenizer's special tokens, a chat only the
+    # template's (as a chat completion)
+    add_special_tokens: bool | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    # a chat is rendered exactly as a chat completion with these fields would be
+    # (frontend_svc/translate.py chat_prompt)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Union[str, dict[str, Any], None] = None
+    chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    return_token_strs: bool = False  # vLLM's: each id's token string too
 
 
 class DetokenizeRequest(BaseModel):

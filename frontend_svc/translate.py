@@ -255,9 +255,20 @@ def chat_echo_text(req: ChatCompletionRequest, messages: list[dict]) -> str | No
         else ""
 
 
-def chat_input(req: ChatCompletionRequest, tokenizer: TextTokenizer,
-               limits: ModelLimits, tool_config: ToolConfig | None = None) -> GenerationInput:
-    check_refused(req)
+@dataclass(slots=True)
+class ChatPrompt:
+    """A chat rendered to prompt ids, with what rendering it decided."""
+    ids: list[int]
+    messages: list[dict]
+    plan: ToolPlan | None            # the request's tools (frontend_svc/tools.py)
+    tool_constraint: Constraint | None  # the grammar tool_choice required/named enforces
+
+
+def chat_prompt(req: ChatCompletionRequest, tokenizer: TextTokenizer, limits: ModelLimits,
+                tool_config: ToolConfig | None = None) -> ChatPrompt:
+    """The one rendering of a chat: the template (the model's, the tools-aware one, or
+    the request's own), its kwargs, the tools and the template flags. Chat completions
+    and /tokenize both call it, so /tokenize returns the ids a chat request would run."""
     tool_config = tool_config or ToolConfig()
     own, template_kwargs = request_template(req.chat_template, req.chat_template_kwargs,
                                             tool_config.trust_request_chat_template,
@@ -265,24 +276,7 @@ def chat_input(req: ChatCompletionRequest, tokenizer: TextTokenizer,
     if own is not None:  # the request's template replaces the model's, for tools too
         tool_config = dataclasses.replace(tool_config, template=tools.tools_template(own))
     plan, tool_constraint = tools.plan(req, tool_config)
-    constraint = structured.request_constraint(req)
-    if tool_constraint is not None and constraint is not None:
-        raise FieldError(f"tool_choice {plan.label} enforces the tool call's own grammar; "
-                         f"drop {constraint.param}", "tool_choice")
-    constraint = tool_constraint or constraint
-    if plan is not None and plan.parses and req.echo:
-        raise FieldError("echo cannot be combined with tool calling", "echo")
-    if req.top_logprobs is not None and not req.logprobs:
-        raise FieldError("top_logprobs requires logprobs to be true", "top_logprobs")
-    if req.top_logprobs is not None and \
-            not 0 <= req.top_logprobs <= SamplingParams.MAX_LOGPROBS:
-        raise FieldError(f"top_logprobs must be in [0, {SamplingParams.MAX_LOGPROBS}], "
-                         f"got {req.top_logprobs}", "top_logprobs")
-    width = choices_per_prompt(req)
-    logprobs = (req.top_logprobs or 0) if req.logprobs or width > req.n else None
     check_chat_template_flags(req.add_generation_prompt, req.continue_final_message)
-    limits.caps.check_batch(1, width)
-    stops = stop_strings(req.stop, limits.caps, req.stop_token_ids)
     messages = [_message_dict(m) for m in req.messages]
     tools_text = json.dumps(plan.tools) if plan else ""  # the template renders them too
     limits.caps.check_text("".join(map(_message_text, messages)) + tools_text,
@@ -293,11 +287,37 @@ def chat_input(req: ChatCompletionRequest, tokenizer: TextTokenizer,
     ids = tokenizer.apply_chat_template(messages, req.add_generation_prompt,
                                         req.continue_final_message, req.add_special_tokens,
                                         plan.tools if plan else None, template)
+    return ChatPrompt(ids, messages, plan, tool_constraint)
+
+
+def chat_input(req: ChatCompletionRequest, tokenizer: TextTokenizer,
+               limits: ModelLimits, tool_config: ToolConfig | None = None) -> GenerationInput:
+    check_refused(req)
+    prompt = chat_prompt(req, tokenizer, limits, tool_config)
+    plan = prompt.plan
+    constraint = structured.request_constraint(req)
+    if prompt.tool_constraint is not None and constraint is not None:
+        raise FieldError(f"tool_choice {plan.label} enforces the tool call's own grammar; "
+                         f"drop {constraint.param}", "tool_choice")
+    constraint = prompt.tool_constraint or constraint
+    if plan is not None and plan.parses and req.echo:
+        raise FieldError("echo cannot be combined with tool calling", "echo")
+    if req.top_logprobs is not None and not req.logprobs:
+        raise FieldError("top_logprobs requires logprobs to be true", "top_logprobs")
+    if req.top_logprobs is not None and \
+            not 0 <= req.top_logprobs <= SamplingParams.MAX_LOGPROBS:
+        raise FieldError(f"top_logprobs must be in [0, {SamplingParams.MAX_LOGPROBS}], "
+                         f"got {req.top_logprobs}", "top_logprobs")
+    width = choices_per_prompt(req)
+    logprobs = (req.top_logprobs or 0) if req.logprobs or width > req.n else None
+    limits.caps.check_batch(1, width)
+    stops = stop_strings(req.stop, limits.caps, req.stop_token_ids)
+    ids = prompt.ids
     requested = req.max_completion_tokens if req.max_completion_tokens is not None \
         else req.max_tokens
     params = sampling_params(req, _max_tokens(requested, len(ids), limits), logprobs, limits)
     check_prompt(ids, params, limits)
-    inp = GenerationInput(ids, params, stops, chat_echo_text(req, messages),
+    inp = GenerationInput(ids, params, stops, chat_echo_text(req, prompt.messages),
                           req.include_stop_str_in_output, req.skip_special_tokens,
                           req.priority, req.cache_salt, tool_plan=plan)
     return constrained([inp], constraint)[0]

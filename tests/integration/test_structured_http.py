@@ -327,6 +327,20 @@ def test_chat_template_flag_and_the_llama3_json_parser(tiny_model_dir, start_sta
         "prompt": "<Weather in Paris, and the time?>[go]", "add_special_tokens": False}).json()
     assert reply.status_code == 200, reply.text
     assert reply.json()["usage"]["prompt_tokens"] == ids["count"]
+    # /tokenize renders a chat exactly as the chat completion does: the same template,
+    # tools, request template and kwargs (vLLM's tokenize fields), token strings on request
+    chat = httpx.post(stack.http_url + "/tokenize", timeout=60, json={
+        "messages": ASK, "chat_template": own, "chat_template_kwargs": {"tail": "[go]"},
+        "return_token_strs": True}).json()
+    assert chat["tokens"] == ids["tokens"] and len(chat["token_strs"]) == chat["count"]
+    with_tools = httpx.post(stack.http_url + "/tokenize", timeout=60, json={
+        "messages": ASK, "tools": [WEATHER, CLOCK]}).json()
+    rendered = httpx.post(stack.http_url + "/tokenize", timeout=60,
+                          json={"prompt": expected, "add_special_tokens": False}).json()
+    assert with_tools["tokens"] == rendered["tokens"]
+    refused = httpx.post(stack.http_url + "/tokenize", timeout=60,
+                         json={"prompt": "x", "tools": [WEATHER]})
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "tools"
 
 
 def test_each_of_n_streamed_choices_gets_its_own_calls(client):
