@@ -197,6 +197,12 @@ class SchedulerOutput:
     # req_id -> grammar to compile in the background for a deferred request (rank 0
     # answers in ModelRunnerOutput.grammars_ready; docs/structured_outputs.md)
     grammar_compiles: dict[str, StructuredOutputSpec] = field(default_factory=dict)
+    # Speculative decoding: req_id -> draft slots d (absent: none). Such a request's
+    # num_scheduled_tokens is 1 + d: its last token and d positions the worker fills
+    # with its own drafts; it answers with 1 + accepted tokens (docs/spec_decode.md).
+    # Under async scheduling the sent num_computed_tokens may count the step before
+    # as if all its slots were accepted; the worker runs from its own count.
+    num_draft_slots: dict[str, int] = field(default_factory=dict)
 
 
 # The most forward passes one multi-step decode may run: it holds new arrivals back for
@@ -246,6 +252,9 @@ class ModelRunnerOutput:
     # announced grammars compiled since the last answer, and those that failed (id -> why)
     grammars_ready: list[str] = field(default_factory=list)
     grammar_errors: dict[str, str] = field(default_factory=dict)
+    # speculative decoding: drafts proposed into each request's slots (aligned with
+    # req_ids; empty when no request had slots)
+    num_draft_tokens: list[int] = field(default_factory=list)
 
 
 # ---------------------------------------------------------------------------
@@ -288,3 +297,4 @@ class ModelInfo:
     block_size: int
     max_num_batched_tokens: int = 0  # the budget the worker profiled its memory with
     compute_plan: str = ""  # how the worker computes steps (worker_svc/compute_plan.py)
+    speculative_config: str = ""  # the worker's --speculative-config, canonical JSON

@@ -333,6 +333,7 @@ class Scheduler:
         self.finished_req_ids = set()
         out.preempted_req_ids = {r.req_id for r in preempted}
         out.grammar_compiles = self.grammar.announcements()
+        out.num_draft_slots = drafts  # NO_DRAFTS (shared, read-only) when none
 
         stats = self._stats
         stats.step_num_scheduled_tokens = total
@@ -444,7 +445,8 @@ class Scheduler:
                 raise WorkerOutputError(problem, {req_id: both_sides(entry, sampled)})
         del self.in_flight[step_id]
         if self.config.speculative_config is not None:
-            roll_back_step(self, step, req_ids, sampled_ids)
+            roll_back_step(self, step, req_ids, sampled_ids,
+                           model_runner_output.num_draft_tokens)
         self._commit_kv(step)
 
         logprobs = model_runner_output.logprobs
@@ -568,12 +570,6 @@ class Scheduler:
 
     def get_block_ids(self, req_id: str) -> list[int]:
         return self.kv.get_block_ids(req_id)
-
-    def draft_slots(self, step_id: int) -> dict[str, int]:
-        """The draft slots of a step in flight, per request that has any (the worker
-        fills them with its own proposals; not on the wire yet: docs/spec_decode.md)."""
-        return {r: e.num_drafts for r, e in self.in_flight.get(step_id, {}).items()
-                if e.num_drafts}
 
     def stats(self) -> SchedulerStats:
         s = self._stats

@@ -115,24 +115,29 @@ def roll_back(request: Request, entry: InFlight, num_committed: int,
 
 
 def roll_back_step(sched: Scheduler, step: dict[str, InFlight], req_ids: list[str],
-                   sampled_ids: list[list[int]]) -> None:
+                   sampled_ids: list[list[int]], num_draft_tokens: list[int]) -> None:
     """Take back the slots the worker rejected in one step's answer (roll_back), before
-    its KV is committed, and count what was accepted, as vLLM's spec-decode metrics do
-    (drafts, draft tokens, accepted tokens, accepted tokens per position)."""
+    its KV is committed, and count what was proposed and accepted, as vLLM's
+    spec-decode metrics do (drafts, draft tokens, accepted tokens, accepted tokens per
+    position). num_draft_tokens: the drafts the worker proposed per request (empty
+    from a worker that does not say: then every slot counts as proposed)."""
     async_ = sched.config.async_scheduling
     stats = sched._stats
     per_pos = sched._accepted_per_pos
-    for req_id, sampled in zip(req_ids, sampled_ids):
+    for i, (req_id, sampled) in enumerate(zip(req_ids, sampled_ids)):
         entry = step[req_id]
         if not entry.num_drafts or not sampled:  # no slots, or it ended before the step
             continue
         roll_back(entry.request, entry, len(sampled), async_)
+        proposed = num_draft_tokens[i] if num_draft_tokens else entry.num_drafts
         accepted = len(sampled) - 1
-        stats.spec_num_drafts += 1
         stats.spec_num_draft_slots += entry.num_drafts
+        if proposed:
+            stats.spec_num_drafts += 1
+            stats.spec_num_draft_tokens += proposed
         stats.spec_num_accepted_tokens += accepted
-        for i in range(accepted):
-            per_pos[i] += 1
+        for j in range(accepted):
+            per_pos[j] += 1
 
 
 def committed_kv_end(request: Request, entry: InFlight) -> int:

@@ -29,19 +29,21 @@ class SchedulerStats:
     num_steps: int = 0
     num_steps_in_flight: int = 0
     # Speculative decoding (docs/spec_decode.md), cumulative, vLLM's spec_decode_* set:
-    # slots are what the scheduler reserved; the worker may propose fewer drafts than
-    # slots (an n-gram without a match), so this acceptance rate is per slot.
+    # slots are what the scheduler reserved; the worker proposes at most that many
+    # drafts (an n-gram without a match: fewer), and the acceptance rate is vLLM's,
+    # accepted drafts per proposed draft.
     step_num_draft_slots: int = 0  # last step
-    spec_num_drafts: int = 0  # request-steps that had slots and committed
-    spec_num_draft_slots: int = 0  # their slots
+    spec_num_drafts: int = 0  # request-steps whose worker proposed drafts (vLLM's num_drafts)
+    spec_num_draft_tokens: int = 0  # drafts proposed (vLLM's num_draft_tokens)
+    spec_num_draft_slots: int = 0  # slots of the request-steps that committed
     spec_num_accepted_tokens: int = 0  # drafts the worker accepted
     spec_num_accepted_tokens_per_pos: tuple[int, ...] = ()  # [i]: accepted at draft i
 
     @property
     def spec_acceptance_rate(self) -> float:
-        """Accepted drafts per draft slot (0 without speculation)."""
-        return self.spec_num_accepted_tokens / self.spec_num_draft_slots \
-            if self.spec_num_draft_slots else 0.0
+        """Accepted drafts per proposed draft, vLLM's (0 without speculation)."""
+        return self.spec_num_accepted_tokens / self.spec_num_draft_tokens \
+            if self.spec_num_draft_tokens else 0.0
 
     @property
     def prefix_cache_hit_rate(self) -> float:

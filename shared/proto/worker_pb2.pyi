@@ -86,7 +86,7 @@ class TokenCheck(_message.Message):
     def __init__(self, num_tokens: _Optional[int] = ..., checksum: _Optional[int] = ...) -> None: ...
 
 class SchedulerOutput(_message.Message):
-    __slots__ = ("step_id", "scheduled_new_reqs", "scheduled_cached_reqs", "scheduled_req_ids", "num_scheduled_tokens", "total_num_scheduled_tokens", "finished_req_ids", "preempted_req_ids", "trace_context", "num_steps", "grammar_compiles")
+    __slots__ = ("step_id", "scheduled_new_reqs", "scheduled_cached_reqs", "scheduled_req_ids", "num_scheduled_tokens", "total_num_scheduled_tokens", "finished_req_ids", "preempted_req_ids", "trace_context", "num_steps", "grammar_compiles", "num_draft_slots")
     class TraceContextEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -112,6 +112,7 @@ class SchedulerOutput(_message.Message):
     TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     NUM_STEPS_FIELD_NUMBER: _ClassVar[int]
     GRAMMAR_COMPILES_FIELD_NUMBER: _ClassVar[int]
+    NUM_DRAFT_SLOTS_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     scheduled_new_reqs: _containers.RepeatedCompositeFieldContainer[NewRequestData]
     scheduled_cached_reqs: CachedRequestData
@@ -123,7 +124,8 @@ class SchedulerOutput(_message.Message):
     trace_context: _containers.ScalarMap[str, str]
     num_steps: int
     grammar_compiles: _containers.MessageMap[str, _common_pb2.StructuredOutputSpec]
-    def __init__(self, step_id: _Optional[int] = ..., scheduled_new_reqs: _Optional[_Iterable[_Union[NewRequestData, _Mapping]]] = ..., scheduled_cached_reqs: _Optional[_Union[CachedRequestData, _Mapping]] = ..., scheduled_req_ids: _Optional[_Iterable[str]] = ..., num_scheduled_tokens: _Optional[_Iterable[int]] = ..., total_num_scheduled_tokens: _Optional[int] = ..., finished_req_ids: _Optional[_Iterable[str]] = ..., preempted_req_ids: _Optional[_Iterable[str]] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., num_steps: _Optional[int] = ..., grammar_compiles: _Optional[_Mapping[str, _common_pb2.StructuredOutputSpec]] = ...) -> None: ...
+    num_draft_slots: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, step_id: _Optional[int] = ..., scheduled_new_reqs: _Optional[_Iterable[_Union[NewRequestData, _Mapping]]] = ..., scheduled_cached_reqs: _Optional[_Union[CachedRequestData, _Mapping]] = ..., scheduled_req_ids: _Optional[_Iterable[str]] = ..., num_scheduled_tokens: _Optional[_Iterable[int]] = ..., total_num_scheduled_tokens: _Optional[int] = ..., finished_req_ids: _Optional[_Iterable[str]] = ..., preempted_req_ids: _Optional[_Iterable[str]] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., num_steps: _Optional[int] = ..., grammar_compiles: _Optional[_Mapping[str, _common_pb2.StructuredOutputSpec]] = ..., num_draft_slots: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class StepTimings(_message.Message):
     __slots__ = ("prepare_ms", "forward_ms", "sample_ms", "idle_ms", "start_unix_s", "end_unix_s", "num_forward_passes", "num_tokens", "mask_ms")
@@ -148,14 +150,16 @@ class StepTimings(_message.Message):
     def __init__(self, prepare_ms: _Optional[float] = ..., forward_ms: _Optional[float] = ..., sample_ms: _Optional[float] = ..., idle_ms: _Optional[float] = ..., start_unix_s: _Optional[float] = ..., end_unix_s: _Optional[float] = ..., num_forward_passes: _Optional[int] = ..., num_tokens: _Optional[int] = ..., mask_ms: _Optional[float] = ...) -> None: ...
 
 class SampledTokens(_message.Message):
-    __slots__ = ("token_ids", "has_logprobs", "logprobs")
+    __slots__ = ("token_ids", "has_logprobs", "logprobs", "num_draft_tokens")
     TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     HAS_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     LOGPROBS_FIELD_NUMBER: _ClassVar[int]
+    NUM_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     has_logprobs: bool
     logprobs: _containers.RepeatedCompositeFieldContainer[_common_pb2.TokenLogprobs]
-    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., has_logprobs: _Optional[bool] = ..., logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprobs, _Mapping]]] = ...) -> None: ...
+    num_draft_tokens: int
+    def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., has_logprobs: _Optional[bool] = ..., logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprobs, _Mapping]]] = ..., num_draft_tokens: _Optional[int] = ...) -> None: ...
 
 class ModelRunnerOutput(_message.Message):
     __slots__ = ("step_id", "req_ids", "sampled", "timings", "grammars_ready", "grammar_errors")

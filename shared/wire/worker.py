@@ -20,18 +20,30 @@ TIMINGS = pair(t.StepTimings, worker_pb2.StepTimings)
 SCHEDULER_OUTPUT = pair(
     t.SchedulerOutput, worker_pb2.SchedulerOutput,
     hand_to={"scheduled_req_ids": lambda o: list(o.num_scheduled_tokens),
-             "num_scheduled_tokens": lambda o: list(o.num_scheduled_tokens.values())},
+             "num_scheduled_tokens": lambda o: list(o.num_scheduled_tokens.values()),
+             "num_draft_slots": lambda o: [o.num_draft_slots.get(r, 0)
+                                           for r in o.num_scheduled_tokens]
+             if o.num_draft_slots else []},
     hand_from={"num_scheduled_tokens":
                lambda m: dict(zip(m.scheduled_req_ids, m.num_scheduled_tokens)),
-               "num_steps": lambda m: max(m.num_steps, 1)})  # 0 (unset) is one pass
+               "num_steps": lambda m: max(m.num_steps, 1),  # 0 (unset) is one pass
+               "num_draft_slots": lambda m: {r: d for r, d in zip(m.scheduled_req_ids,
+                                                                  m.num_draft_slots) if d}})
 
 
 def _sampled(o: t.ModelRunnerOutput) -> list[worker_pb2.SampledTokens]:
     logprobs = o.logprobs or [None] * len(o.req_ids)
+    drafts = o.num_draft_tokens or [0] * len(o.req_ids)
     to = LOGPROBS.to_proto
     return [worker_pb2.SampledTokens(token_ids=ids, has_logprobs=lps is not None,
-                                     logprobs=[to(x) for x in lps or ()])
-            for ids, lps in zip(o.sampled_token_ids, logprobs)]
+                                     logprobs=[to(x) for x in lps or ()],
+                                     num_draft_tokens=nd)
+            for ids, lps, nd in zip(o.sampled_token_ids, logprobs, drafts)]
+
+
+def _num_draft_tokens(m: worker_pb2.ModelRunnerOutput) -> list[int]:
+    drafts = [s.num_draft_tokens for s in m.sampled]
+    return drafts if any(drafts) else []
 
 
 def _logprobs(m: worker_pb2.ModelRunnerOutput) -> list[list[t.TokenLogprobs] | None]:
@@ -45,7 +57,7 @@ RUNNER_OUTPUT = pair(
     t.ModelRunnerOutput, worker_pb2.ModelRunnerOutput,
     hand_to={"sampled": _sampled},
     hand_from={"sampled_token_ids": lambda m: [list(s.token_ids) for s in m.sampled],
-               "logprobs": _logprobs})
+               "logprobs": _logprobs, "num_draft_tokens": _num_draft_tokens})
 
 scheduler_output_to_proto = SCHEDULER_OUTPUT.to_proto
 scheduler_output_from_proto = SCHEDULER_OUTPUT.from_proto

@@ -72,6 +72,7 @@ class SpecWorker:
         self.true_after: dict[int, dict[str, int]] = {}  # step -> req -> computed after
         self.last: dict[str, tuple[int, int]] = {}  # req -> (last step, slots it rejected)
         self.proposed = 0
+        self._proposed_now = 0  # drafts of the request being run, for its answer
         self.accepted = 0
 
     # ---------------------------------------------------------------- one step
@@ -103,11 +104,13 @@ class SpecWorker:
         out = ModelRunnerOutput(step_id=so.step_id)
         after = self.true_after[so.step_id] = {}
         for req_id, n in so.num_scheduled_tokens.items():
+            self._proposed_now = 0
             sampled = [] if req_id in self.stopped else \
                 self._run(so, req_id, n, slots.get(req_id, 0))
             after[req_id] = self.computed[req_id]
             out.req_ids.append(req_id)
             out.sampled_token_ids.append(sampled)
+            out.num_draft_tokens.append(self._proposed_now)  # as the real worker reports
         return out
 
     def _check_sent(self, step_id: int, req_id: str, sent: int) -> None:
@@ -141,6 +144,7 @@ class SpecWorker:
             a += 1
         sampled = self._commit(req_id, targets[:a + 1])
         self.proposed += len(drafts)
+        self._proposed_now = len(drafts)
         self.accepted += len(sampled) - 1  # a stop among them ends the answer there
         self.computed[req_id] = start + base + a
         self.last[req_id] = (so.step_id, d - a)

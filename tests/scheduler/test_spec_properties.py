@@ -121,7 +121,7 @@ def serve(cfg: dict, spec, num_blocks: int, reqs, model, worker_args):
                 base[req_id] = sent
         check_invariants(sched, so)
         check_spec_counters(sched, base, steps)
-        in_flight.append((so, worker.execute(so, sched.draft_slots(so.step_id))))
+        in_flight.append((so, worker.execute(so, so.num_draft_slots)))
         if len(in_flight) >= depth:
             apply(*in_flight.pop(0))
     else:  # FCFS ends every request when the pool holds one of maximum length
@@ -155,6 +155,7 @@ def test_draft_slots_keep_every_invariant_and_every_token(data):
     check_invariants(sched)
     assert sched.num_free_blocks == sched.num_total_blocks - 1  # no leaks
     assert stats.spec_num_accepted_tokens == worker.accepted
+    assert stats.spec_num_draft_tokens == worker.proposed  # vLLM's count: what was proposed
     plain, plain_outputs, _, _ = serve(cfg, None, num_blocks, reqs, model, worker_args)
     got, without = streams(outputs), streams(plain_outputs)
     for r in reqs:

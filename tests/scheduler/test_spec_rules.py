@@ -33,7 +33,7 @@ def decoding(s, ids=("a",), prompt=10, max_tokens=20, **sampling):
     for r in ids:
         s.add_request(make_request(r, prompt, max_tokens=max_tokens, **sampling))
     so = s.schedule()
-    assert not s.draft_slots(so.step_id)  # a prefill gets no slots
+    assert not so.num_draft_slots  # a prefill gets no slots
     s.update_from_output(so, answer(so, {r: [7] for r in ids}))
     return [s.requests[r] for r in ids]
 
@@ -48,7 +48,7 @@ def test_a_decode_gets_k_slots_counted_in_the_budget_and_given_kv():
     s = spec_scheduler(k=3, block_size=4, max_model_len=64)
     (a,) = decoding(s)
     so = s.schedule()
-    assert s.draft_slots(so.step_id) == {"a": 3}
+    assert so.num_draft_slots == {"a": 3}
     assert so.num_scheduled_tokens == {"a": 4} and so.total_num_scheduled_tokens == 4
     # positions 10 (the last token) and 11..13 (the slots) are computed; the slots are
     # placeholders until the answer, so the gap is what one decode leaves
@@ -75,11 +75,31 @@ def test_the_answer_rolls_rejected_slots_back(committed, computed):
     assert so.scheduled_cached_reqs.num_computed_tokens == [computed]
 
 
+def test_the_acceptance_rate_counts_the_drafts_the_worker_proposed_as_vllm_does():
+    """vLLM's num_drafts / num_draft_tokens count proposals: an n-gram that found one
+    draft for three slots proposed one; one that found none proposed nothing (the
+    request-step is no draft at all), though the slots are still taken back."""
+    s = spec_scheduler(k=3)
+    (a,) = decoding(s)
+    for proposed, committed in ((1, 2), (0, 1), (3, 2)):
+        so = s.schedule()
+        assert so.num_draft_slots == {"a": 3}
+        reply = answer(so, {"a": list(range(60, 60 + committed))})
+        reply.num_draft_tokens = [proposed]
+        s.update_from_output(so, reply)
+    st = s.stats()
+    assert (st.spec_num_drafts, st.spec_num_draft_tokens, st.spec_num_draft_slots,
+            st.spec_num_accepted_tokens) == (2, 4, 9, 2)
+    assert st.spec_num_accepted_tokens_per_pos == (2, 0, 0)
+    assert st.spec_acceptance_rate == 2 / 4
+    assert a.gap == 1 and not a.num_output_placeholders
+
+
 def test_the_budget_left_gives_slots_in_running_order():
     s = spec_scheduler(k=4, max_num_seqs=4, max_num_batched_tokens=8)
     decoding(s, ("a", "b", "c"), prompt=2)
     so = s.schedule()  # 3 decode tokens first, then 5 left for slots: a 4, b 1, c none
-    assert s.draft_slots(so.step_id) == {"a": 4, "b": 1}
+    assert so.num_draft_slots == {"a": 4, "b": 1}
     assert so.num_scheduled_tokens == {"a": 5, "b": 2, "c": 1}
     assert so.total_num_scheduled_tokens == 8
 
@@ -88,7 +108,7 @@ def test_slots_never_reach_past_max_model_len():
     s = spec_scheduler(k=5, max_model_len=32)
     (a,) = decoding(s, prompt=29)  # 30 tokens; one more position may be computed
     so = s.schedule()
-    assert s.draft_slots(so.step_id) == {"a": 1}  # positions 29 and 30; 31 is never computed
+    assert so.num_draft_slots == {"a": 1}  # positions 29 and 30; 31 is never computed
     (out,) = s.update_from_output(so, answer(so, {"a": [60, 61]}))  # all accepted
     assert a.num_tokens == 32 and out.finish_reason is FinishReason.LENGTH
 
@@ -97,7 +117,7 @@ def test_a_request_one_token_from_max_model_len_gets_no_slot():
     s = spec_scheduler(k=5, max_model_len=32)
     decoding(s, prompt=30)
     so = s.schedule()
-    assert not s.draft_slots(so.step_id) and so.num_scheduled_tokens == {"a": 1}
+    assert not so.num_draft_slots and so.num_scheduled_tokens == {"a": 1}
 
 
 @pytest.mark.parametrize("async_", [False, True])
@@ -107,7 +127,7 @@ def test_slots_never_reach_past_max_tokens(async_):
     so1 = s.schedule()
     if async_:  # step 2 is scheduled before step 1's token: 1 of 4 is in flight
         so2 = s.schedule()
-        assert s.draft_slots(so2.step_id) == {"a": 2}  # 1 + 1 + 2 = 4 tokens at most
+        assert so2.num_draft_slots == {"a": 2}  # 1 + 1 + 2 = 4 tokens at most
         a = s.requests["a"]
         assert len(a.output_token_ids) + a.num_output_placeholders == 4
         s.update_from_output(so1, answer(so1, {"a": [7]}))
@@ -116,7 +136,7 @@ def test_slots_never_reach_past_max_tokens(async_):
     else:
         s.update_from_output(so1, answer(so1, {"a": [7]}))
         so2 = s.schedule()
-        assert s.draft_slots(so2.step_id) == {"a": 2}
+        assert so2.num_draft_slots == {"a": 2}
         (out,) = s.update_from_output(so2, answer(so2, {"a": [8, 9, 10]}))
     assert out.finish_reason is FinishReason.LENGTH and out.new_token_ids == [8, 9, 10]
 
@@ -136,7 +156,7 @@ def test_a_running_prefill_chunk_comes_before_slots_and_gets_none():
     assert so.num_scheduled_tokens == {"a": 5, "long": 11}
     s.update_from_output(so, answer(so, {"a": [8]}))
     so = s.schedule()  # long is RUNNING now: its chunk takes what a's token leaves
-    assert so.num_scheduled_tokens == {"a": 1, "long": 15} and not s.draft_slots(so.step_id)
+    assert so.num_scheduled_tokens == {"a": 1, "long": 15} and not so.num_draft_slots
 
 
 # ------------------------------------------------------------------ KV: allocation, cache
@@ -147,7 +167,7 @@ def test_slots_take_only_free_blocks_and_never_preempt():
     (a,) = decoding(s)
     assert s.num_free_blocks == 1
     so = s.schedule()  # positions 10..15 would need 1 more block: it fits, 16 does not
-    assert s.draft_slots(so.step_id) == {"a": 4} and not so.preempted_req_ids
+    assert so.num_draft_slots == {"a": 4} and not so.preempted_req_ids
     assert s.num_free_blocks == 0
     check_invariants(s, so)
 
@@ -157,14 +177,14 @@ def test_slots_shrink_to_the_blocks_left_without_preempting_anyone():
     decoding(s, ("a", "b"), prompt=9)  # each holds 3 blocks (positions 0..9 and its token)
     assert s.num_free_blocks == 0
     so = s.schedule()  # both fit their token in their last block, slots fill it: 2 each
-    assert s.draft_slots(so.step_id) == {"a": 2, "b": 2} and not so.preempted_req_ids
+    assert so.num_draft_slots == {"a": 2, "b": 2} and not so.preempted_req_ids
 
 
 def test_a_step_that_preempts_gets_no_slots():
     s = spec_scheduler(k=3, block_size=4, num_blocks=7, max_model_len=24)
     decoding(s, ("a", "b"), prompt=12)  # each holds 3 full blocks: no free block
     so = s.schedule()  # a's next token needs a block: b is preempted
-    assert so.preempted_req_ids == {"b"} and not s.draft_slots(so.step_id)
+    assert so.preempted_req_ids == {"b"} and not so.num_draft_slots
     assert so.num_scheduled_tokens == {"a": 1}
 
 
@@ -174,7 +194,7 @@ def _serve_async(s, worker, outputs):
     while s.has_unfinished_requests() or in_flight:
         if s.has_unfinished_requests() and len(in_flight) < 2:
             so = s.schedule()
-            in_flight.append((so, worker.execute(so, s.draft_slots(so.step_id))))
+            in_flight.append((so, worker.execute(so, so.num_draft_slots)))
             if len(in_flight) < 2 and s.has_unfinished_requests():
                 continue
         so, mro = in_flight.pop(0)
@@ -218,13 +238,13 @@ def test_async_a_step_scheduled_before_an_answer_counts_its_slots_as_accepted():
     a = s.requests["a"]
     so1 = s.schedule()  # prefill: samples one token, a placeholder
     so2 = s.schedule()  # position 10 (that token) + 3 slots
-    assert s.draft_slots(so2.step_id) == {"a": 3}
+    assert so2.num_draft_slots == {"a": 3}
     assert counters(a) == (10, 14, 5)  # 1 + (1 + 3) tokens may be in flight
     s.update_from_output(so1, answer(so1, {"a": [7]}))
     assert counters(a) == (11, 14, 4)
     so3 = s.schedule()  # before step 2's answer: it counts step 2's slots as accepted
     assert so3.scheduled_cached_reqs.num_computed_tokens == [14]
-    assert s.draft_slots(so3.step_id) == {"a": 3} and counters(a) == (11, 18, 8)
+    assert so3.num_draft_slots == {"a": 3} and counters(a) == (11, 18, 8)
     s.update_from_output(so2, answer(so2, {"a": [8, 9]}))  # 1 of 3 accepted: 2 back
     assert counters(a) == (13, 16, 4) and a.gap == 1
     s.update_from_output(so3, answer(so3, {"a": [10]}))  # the worker ran from 12
@@ -238,7 +258,7 @@ def test_preemption_drops_the_drafts_of_a_step_in_flight():
     s.add_request(make_request("b", 9, max_tokens=10))
     so1 = s.schedule()  # both prefill (3 blocks each, position 9 is their first token)
     so2 = s.schedule()  # one token each + slots in their last block
-    assert s.draft_slots(so2.step_id) == {"a": 2, "b": 2}
+    assert so2.num_draft_slots == {"a": 2, "b": 2}
     s.update_from_output(so1, answer(so1, {"a": [7], "b": [7]}))
     so3 = s.schedule()  # a needs a fourth block: b, with slots in flight, is preempted
     assert so3.preempted_req_ids == {"b"}
@@ -256,11 +276,11 @@ def test_disable_by_batch_size_turns_slots_off_while_that_many_run():
     s = spec_scheduler(k=2, limit=3)
     decoding(s, ("a", "b", "c"), max_tokens=2)
     so = s.schedule()  # 3 running: no slots
-    assert not s.draft_slots(so.step_id) and so.num_scheduled_tokens == {"a": 1, "b": 1, "c": 1}
+    assert not so.num_draft_slots and so.num_scheduled_tokens == {"a": 1, "b": 1, "c": 1}
     s.update_from_output(so, answer(so, {"a": [8], "b": [8], "c": [8]}))  # all at max_tokens
     decoding(s, ("d", "e"))
     so = s.schedule()
-    assert s.draft_slots(so.step_id) == {"d": 2, "e": 2}
+    assert so.num_draft_slots == {"d": 2, "e": 2}
 
 
 @pytest.mark.parametrize("limit, steps, slots", [(3, 1, {"a": 2, "b": 2}), (2, 4, {})])
@@ -269,7 +289,7 @@ def test_a_step_with_slots_is_one_pass_and_multi_step_runs_when_speculation_is_o
     s = spec_scheduler(k=2, limit=limit, num_scheduler_steps=4)
     decoding(s, ("a", "b"))
     so = s.schedule()  # a step of decodes with nothing waiting
-    assert so.num_steps == steps and s.draft_slots(so.step_id) == slots
+    assert so.num_steps == steps and so.num_draft_slots == slots
 
 
 def test_priority_composes_the_victim_of_pass_one_leaves_a_step_without_slots():
@@ -279,7 +299,7 @@ def test_priority_composes_the_victim_of_pass_one_leaves_a_step_without_slots():
     so = s.schedule()
     s.update_from_output(so, answer(so, {"low": [7], "high": [7]}))
     so = s.schedule()  # the first to need a block preempts the least important
-    assert so.preempted_req_ids == {"low"} and not s.draft_slots(so.step_id)
+    assert so.preempted_req_ids == {"low"} and not so.num_draft_slots
 
 
 # ------------------------------------------------------------------ the answer
@@ -325,7 +345,7 @@ def test_greedy_stream_equals_decoding_without_speculation():
     while s.has_unfinished_requests() or in_flight:
         if s.has_unfinished_requests() and len(in_flight) < 2:
             so = s.schedule()
-            in_flight.append((so, worker.execute(so, s.draft_slots(so.step_id))))
+            in_flight.append((so, worker.execute(so, so.num_draft_slots)))
             if len(in_flight) < 2 and s.has_unfinished_requests():
                 continue
         for out in s.update_from_output(*in_flight.pop(0)):
@@ -356,13 +376,13 @@ def test_a_lost_worker_with_drafts_in_flight_is_recovered_exactly():
     got: dict[str, list[int]] = {}
     for _ in range(3):  # a few steps, then two in flight
         so = s.schedule()
-        for out in s.update_from_output(so, worker.execute(so, s.draft_slots(so.step_id))):
+        for out in s.update_from_output(so, worker.execute(so, so.num_draft_slots)):
             got.setdefault(out.req_id, []).extend(out.new_token_ids)
     lost_slots = {}
     for _ in range(2):
         so = s.schedule()
-        lost_slots.update(s.draft_slots(so.step_id))
-        worker.execute(so, s.draft_slots(so.step_id))  # answers that are lost
+        lost_slots.update(so.num_draft_slots)
+        worker.execute(so, so.num_draft_slots)  # answers that are lost
     assert lost_slots and set(s.requeue_all_for_recompute()) == set(lost_slots)
     assert all(r.num_computed_tokens == r.num_output_placeholders == 0
                for r in s.requests.values())
@@ -388,5 +408,5 @@ def test_a_request_with_a_grammar_gets_no_slots_until_drafts_are_masked():
         s.update_from_output(so, ModelRunnerOutput(
             so.step_id, ids, [[7] for _ in ids], grammars_ready=["g"]))
     so = s.schedule()
-    assert s.draft_slots(so.step_id) == {"u": 3}
+    assert so.num_draft_slots == {"u": 3}
     assert so.num_scheduled_tokens["g"] == 1

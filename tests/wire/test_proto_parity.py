@@ -93,9 +93,18 @@ def sample(hint, name: str = ""):
     return {int: 3, float: 0.5, bool: True, str: f"{name}-x"}[hint]
 
 
+# A column keyed like another (entry i belongs to that field's key i): its sample uses
+# that field's keys, since the wire carries it aligned with them.
+KEYED_LIKE = {(t.SchedulerOutput, "num_draft_slots"): "num_scheduled_tokens"}
+
+
 def full(py: type):
     hints = typing.get_type_hints(py)
-    return py(**{f.name: sample(hints[f.name], f.name) for f in dataclasses.fields(py)})
+    obj = py(**{f.name: sample(hints[f.name], f.name) for f in dataclasses.fields(py)})
+    for (owner, name), keys_of in KEYED_LIKE.items():
+        if owner is py:
+            setattr(obj, name, {k: 3 for k in getattr(obj, keys_of)})
+    return obj
 
 
 @pytest.mark.parametrize("p", dataclass_pairs(), ids=lambda p: p.name)
