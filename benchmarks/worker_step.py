@@ -158,6 +158,10 @@ def main() -> None:
     ap.add_argument("--prefill-chunks", default=None,
                     help="comma list instead of the default 128..4096 ('' for none)")
     ap.add_argument("--json", help="also write the results here")
+    ap.add_argument("--model", default=None,
+                    help="checkpoint directory (default: the default model)")
+    ap.add_argument("--max-model-len", type=int, default=4096 + 16,
+                    help="the runner's; at least the longest prefill chunk")
     ap.add_argument("--tensor-parallel-size", type=int, default=1,
                     help="also time the points on this many ranks, against TP=1")
     ap.add_argument("--rank", type=int, default=0, help=argparse.SUPPRESS)  # helper ranks
@@ -202,8 +206,8 @@ def main() -> None:
 def _runner(args, decode_batches, rank: int, tp: int, master_port: int) -> ModelRunner:
     max_blocks = max(decode_batches) * (-(-(PROMPT_LEN + 2 * args.decode_steps + 2) // 16))
     return ModelRunner(WorkerConfig(
-        device="cpu", dtype=args.dtype, quantization=args.quantization,
-        load_format=args.load_format, max_model_len=4096 + 16,
+        model=args.model, device="cpu", dtype=args.dtype, quantization=args.quantization,
+        load_format=args.load_format, max_model_len=args.max_model_len,
         max_num_seqs=max(decode_batches),
         num_gpu_blocks_override=max(max_blocks, 4096 // 16 + 2) + 1,
         tensor_parallel_rank=rank, tensor_parallel_size=tp, master_port=master_port,
