@@ -11,6 +11,7 @@ admission first (HttpGuard, then Admission.admit)."""
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, FastAPI, Request, Response
@@ -27,7 +28,8 @@ from frontend_svc.http_util import (
 from frontend_svc.observe import scrape
 from frontend_svc.router_compat import router_compat_router
 from frontend_svc.protocol import (
-    ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest)
+    MAX_REQUEST_ID_CHARS, ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
+    TokenizeRequest)
 from frontend_svc.output_stream import OutputStream
 from frontend_svc.translate import (
     GenerationInput, ModelLimits, chat_input, chat_prompt, check_constraints,
@@ -181,13 +183,29 @@ def generation_router(fe: Frontend) -> APIRouter:
     def check_priority(request: Request, priority: int) -> None:
         fe.keys.check_priority(getattr(request.state, "caller", ANONYMOUS), priority)
 
-    def choices_for(inputs: list[GenerationInput], width: int, resp_id: str,
+    def response_ids(prefix: str, request: Request, req) -> tuple[str, str]:
+        """vLLM's rule: the response id is `prefix-` and the X-Request-Id header, else
+        the body's request_id, else a fresh uuid. Also the base of its choices' ids at
+        the scheduler, which a client's id gets a random part in: two requests may
+        reuse one (vLLM's engine ids are unique the same way)."""
+        given = request.headers.get("x-request-id") or req.request_id
+        if given is None:
+            resp_id = fe.new_id(prefix)
+            return resp_id, resp_id
+        if len(given) > MAX_REQUEST_ID_CHARS:
+            raise HttpError(400, f"the X-Request-Id header has {len(given)} characters; at "
+                                 f"most {MAX_REQUEST_ID_CHARS} are accepted", "request_id")
+        resp_id = f"{prefix}-{given}"
+        return resp_id, f"{resp_id}-{uuid.uuid4().hex[:8]}"
+
+    def choices_for(inputs: list[GenerationInput], width: int, ids: tuple[str, str],
                     request: Request, operation: str) -> list[Choice]:
-        """`width` choices per prompt; choice k of the response is request `resp_id-k`."""
+        """`width` choices per prompt; choice k of the response is request `base-k`."""
+        resp_id, base = ids
         if inputs:  # its structured output and tool_choice, counted and logged once
             fe.observer.constrained(resp_id, inputs[0])
         pairs = [(inp, params) for inp in inputs for params in fan_out(inp.params, width)]
-        return [Choice(f"{resp_id}-{k}", inp, params, request.headers, operation)
+        return [Choice(f"{base}-{k}", inp, params, request.headers, operation)
                 for k, (inp, params) in enumerate(pairs)]
 
     async def admitted(request: Request, model: type):
@@ -202,11 +220,12 @@ def generation_router(fe: Frontend) -> APIRouter:
     @router.post("/v1/completions")
     async def completions(request: Request):
         req: CompletionRequest = await admitted(request, CompletionRequest)
+        ids = response_ids("cmpl", request, req)
+        resp_id = ids[0]
         inputs = await fe.offload(completion_inputs, req, fe.tokenizer, fe.limits)
         inputs = await fe.offload_grammar(check_constraints, inputs, fe.limits)
-        resp_id = fe.new_id("cmpl")
         width = choices_per_prompt(req)
-        choices = choices_for(inputs, width, resp_id, request, "text_completion")
+        choices = choices_for(inputs, width, ids, request, "text_completion")
         echo = [c.inp.prompt_text if req.echo else None for c in choices]
         prompt_lens = [len(inp.prompt_token_ids) for inp in inputs]
         if req.stream:
@@ -225,11 +244,12 @@ def generation_router(fe: Frontend) -> APIRouter:
     @router.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         req: ChatCompletionRequest = await admitted(request, ChatCompletionRequest)
+        ids = response_ids("chatcmpl", request, req)
+        resp_id = ids[0]
         inp = await fe.offload(chat_input, req, fe.tokenizer, fe.limits, fe.tools)
         [inp] = await fe.offload_grammar(check_constraints, [inp], fe.limits)
-        resp_id = fe.new_id("chatcmpl")
         width = choices_per_prompt(req)
-        choices = choices_for([inp], width, resp_id, request, "chat")
+        choices = choices_for([inp], width, ids, request, "chat")
         if req.stream:
             first, rest = await _primed(request, fe.stream(choices))
             return SSEResponse(_chat_events(fe, req, resp_id, choices, first, rest))

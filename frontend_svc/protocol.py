@@ -80,12 +80,37 @@ REFUSED: dict[str, Refusal] = {
     "vllm_xargs": Refusal(f"vllm_xargs {_VLLM_ONLY}"),
     "documents": Refusal(f"documents {_VLLM_ONLY}"),
     "mm_processor_kwargs": Refusal("multimodal input is not supported"),
+    "media_io_kwargs": Refusal("multimodal input is not supported"),
+    # OpenAI's processing tiers: there is one here (`priority` orders requests)
+    "service_tier": Refusal("only the default service tier exists: use priority to order "
+                            "requests", lambda v: v not in (None, "auto", "default")),
+    "watermarking": Refusal(f"watermarking {_VLLM_ONLY}", _truthy),
+    "truncation_side": Refusal(f"truncation_side {_VLLM_ONLY} (nor truncate_prompt_tokens, "
+                               "which it applies to)"),
+    "logprob_token_ids": Refusal(f"logprob_token_ids {_VLLM_ONLY}: use logprobs"),
+    "repetition_detection": Refusal(f"repetition_detection {_VLLM_ONLY}"),
+    "thinking_token_budget": Refusal("thinking_token_budget is not supported (no reasoning "
+                                     "models)"),
+    "stream_interval": Refusal(f"stream_interval other than 1 {_VLLM_ONLY}: every token is "
+                               "streamed as it comes", lambda v: v is not None and v != 1),
+    "return_prompt_text": Refusal(f"return_prompt_text {_VLLM_ONLY}: POST /tokenize renders "
+                                  "the prompt", _truthy),
+    "routed_experts_prompt_start": Refusal("routed experts are not returned (no mixture-of-"
+                                           "experts models)", _truthy),
+    "ec_transfer_params": Refusal(f"ec_transfer_params {_VLLM_ONLY}"),
 }
-# Accepted and documented as having no effect on what is generated: metadata about
-# the caller or hints for a hosted service (the prefix cache here is automatic).
-NO_EFFECT = frozenset({"user", "metadata", "safety_identifier", "service_tier",
+# Accepted and documented (docs/api.md) as having no effect, by their own definition:
+# the caller's identity and labels (user, metadata, safety_identifier, session_id),
+# caching hints to OpenAI's hosted service (the prefix cache here is automatic and
+# keyed by content), what vLLM itself ignores on these endpoints (return_token_offsets,
+# return_mm_kwargs: its render endpoints only), and include_reasoning (no reply here
+# carries reasoning, so there is none to include or leave out).
+NO_EFFECT = frozenset({"user", "metadata", "safety_identifier", "session_id",
                        "prompt_cache_key", "prompt_cache_retention", "prompt_cache_options",
-                       "request_id"})
+                       "return_token_offsets", "return_mm_kwargs", "include_reasoning"})
+# vLLM's request_id (the body) and X-Request-Id (a header, which wins): the response
+# id is cmpl- / chatcmpl- and this id, as vLLM's is, and it names the request in logs
+MAX_REQUEST_ID_CHARS = 256
 
 
 def check_refused(req: BaseModel) -> None:
@@ -133,6 +158,8 @@ class SamplingFields(BaseModel):
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     user: str | None = None
+    # vLLM's: the response's id (openai_api.py response_ids); bounded, it is logged
+    request_id: str | None = Field(default=None, min_length=1, max_length=MAX_REQUEST_ID_CHARS)
     cache_salt: str | None = None  # vLLM's: prefix-cache isolation between tenants
     logit_bias: dict[str, float] | None = None
     # structured outputs (frontend_svc/structured.py): at most one of these

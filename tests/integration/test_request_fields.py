@@ -1,13 +1,16 @@
 """Every request field a client can send is honoured (and a test here or elsewhere
-proves it) or refused with a 400 naming it, never silently ignored: the walk is
-driven by the installed `openai` package's request types and by vLLM's extra
-fields (structured outputs and tools: tests/integration/test_structured_http.py). Then the honoured newcomers: best_of, continue_final_message, chat echo;
-and the error details: a lone surrogate, invalid JSON,
-top_logprobs, a wrong method."""
+proves it), refused with a 400 naming it, or accepted as having no effect by its
+own definition (docs/api.md says why, and a test here that it changes nothing);
+never silently ignored. The walk is driven by the installed `openai` package's
+request types and by vLLM's extra fields (structured outputs and tools:
+tests/integration/test_structured_http.py). Then the honoured newcomers: best_of,
+continue_final_message, chat echo, request_id; and the error details: a lone
+surrogate, invalid JSON, top_logprobs, a wrong method."""
 
 from __future__ import annotations
 
 import importlib
+import json
 
 import httpx
 import pytest
@@ -23,7 +26,8 @@ CHAT = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4,
         "temperature": 0.0, "ignore_eos": True}
 
 # vLLM's extra fields (vllm/entrypoints/openai/protocol.py, CompletionRequest and
-# ChatCompletionRequest), beyond OpenAI's
+# ChatCompletionRequest, beyond OpenAI's; the later releases' fields from
+# vllm/entrypoints/openai/completion/protocol.py and chat_completion/protocol.py)
 VLLM_SHARED = {
     "use_beam_search", "top_k", "min_p", "repetition_penalty", "length_penalty",
     "stop_token_ids", "include_stop_str_in_output", "ignore_eos", "min_tokens",
@@ -33,11 +37,17 @@ VLLM_SHARED = {
     "guided_choice", "guided_grammar", "guided_decoding_backend",
     "guided_whitespace_pattern", "priority", "request_id", "logits_processors",
     "return_tokens_as_token_ids", "return_token_ids", "cache_salt", "kv_transfer_params",
-    "vllm_xargs"}
+    "vllm_xargs",
+    # later releases
+    "watermarking", "truncation_side", "logprob_token_ids", "session_id",
+    "routed_experts_prompt_start", "return_token_offsets", "return_mm_kwargs",
+    "ec_transfer_params", "repetition_detection", "thinking_token_budget",
+    "stream_interval"}
 VLLM_COMPLETION = VLLM_SHARED | {"prompt_embeds", "echo"}
 VLLM_CHAT = VLLM_SHARED | {"best_of", "echo", "add_generation_prompt",
                            "continue_final_message", "documents", "chat_template",
-                           "chat_template_kwargs", "mm_processor_kwargs"}
+                           "chat_template_kwargs", "mm_processor_kwargs",
+                           "include_reasoning", "media_io_kwargs", "return_prompt_text"}
 COMPLETION_FIELDS = set(completion_create_params.CompletionCreateParamsBase.__annotations__) \
     | {"stream"} | VLLM_COMPLETION
 CHAT_FIELDS = set(chat_create_params.CompletionCreateParamsBase.__annotations__) \
@@ -79,11 +89,13 @@ HONOURED = {
     **{name: f"{STRUCTURED}:test_vllm_s_fields_and_the_removed_ones_are_honoured" for name in (
         "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar")},
     "tools": f"{STRUCTURED}:test_tool_choice_required_calls_validate_and_finish_with_tool_calls",
-    "tool_choice": f"{STRUCTURED}:test_a_named_tool_choice_calls_that_function_and_finishes_with_stop",
+    "tool_choice":
+        f"{STRUCTURED}:test_a_named_tool_choice_calls_that_function_and_finishes_with_stop",
     "parallel_tool_calls": f"{STRUCTURED}:test_parallel_tool_calls_false_gives_at_most_one_call",
     "chat_template": f"{STRUCTURED}:test_chat_template_flag_and_the_llama3_json_parser",
     "chat_template_kwargs":
         "test_chat_template_kwargs_are_taken_and_a_request_template_needs_trust",
+    "request_id": "test_request_id_names_the_response_as_vllm_s_does",
     **{name: PASSED_THROUGH for name in (
         "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
         "repetition_penalty", "stop_token_ids", "ignore_eos", "min_tokens")},
@@ -92,8 +104,13 @@ HONOURED = {
 REFUSED_VALUES = {"modalities": ["audio"], "functions": [{"name": "f"}],
                   "function_call": {"name": "f"},
                   "length_penalty": 2.0, "spaces_between_special_tokens": False,
-                  "suffix": "tail", "prompt_logprobs": 1}
-NO_EFFECT_VALUES = {"metadata": {"a": "b"}, "prompt_cache_options": {}}
+                  "suffix": "tail", "prompt_logprobs": 1, "service_tier": "priority",
+                  "stream_interval": 4, "logprob_token_ids": [1],
+                  "repetition_detection": {"max_pattern_size": 4}}
+# the values a client sends them with; include_reasoning's true is vLLM's default
+NO_EFFECT_VALUES = {"metadata": {"a": "b"}, "prompt_cache_options": {},
+                    "prompt_cache_retention": "24h", "include_reasoning": False,
+                    "return_token_offsets": True, "return_mm_kwargs": False}
 
 
 def post(stack, path: str, body) -> httpx.Response:
@@ -150,10 +167,57 @@ def test_chat_template_kwargs_are_taken_and_a_request_template_needs_trust(tiny_
         assert reply.json()["error"]["message"] == UNTRUSTED
 
 
-def test_inert_fields_are_accepted(tiny_stack):
+def test_inert_fields_are_accepted_and_change_nothing(tiny_stack):
+    plain = post(tiny_stack, "/v1/chat/completions", CHAT).json()["choices"][0]["message"]
     for name in sorted(NO_EFFECT):
         body = {**CHAT, name: NO_EFFECT_VALUES.get(name, "x")}
-        assert post(tiny_stack, "/v1/chat/completions", body).status_code == 200, name
+        reply = post(tiny_stack, "/v1/chat/completions", body)
+        assert reply.status_code == 200, (name, reply.text)
+        assert reply.json()["choices"][0]["message"] == plain, name  # greedy: the same
+    for tier in ("auto", "default"):  # the one tier there is; others are refused
+        body = {**CHAT, "service_tier": tier}
+        assert post(tiny_stack, "/v1/chat/completions", body).status_code == 200, tier
+
+
+def test_request_id_names_the_response_as_vllm_s_does(tiny_stack):
+    """vLLM's rule: the response id is cmpl- / chatcmpl- and the body's request_id,
+    or the X-Request-Id header, which wins; it names the request in the frontend's
+    log; two requests may share one (the scheduler's ids stay unique); too long is a
+    400 naming it."""
+    url = tiny_stack.http_url
+    assert post(tiny_stack, "/v1/completions",
+                {**COMPLETION, "request_id": "rid-1"}).json()["id"] == "cmpl-rid-1"
+    assert post(tiny_stack, "/v1/chat/completions",
+                {**CHAT, "request_id": "rid-2"}).json()["id"] == "chatcmpl-rid-2"
+    chunks = httpx.post(url + "/v1/chat/completions", timeout=60,
+                        json={**CHAT, "request_id": "rid-3", "stream": True}).text
+    assert {json.loads(line[6:])["id"] for line in chunks.splitlines()
+            if line.startswith("data: {")} == {"chatcmpl-rid-3"}
+    header = httpx.post(url + "/v1/completions", json={**COMPLETION, "request_id": "body"},
+                        headers={"X-Request-Id": "rid-4"}, timeout=60).json()
+    assert header["id"] == "cmpl-rid-4"
+    # the log line of a constrained request names it by that id
+    post(tiny_stack, "/v1/completions", {**COMPLETION, "request_id": "rid-5",
+                                         "structured_outputs": {"choice": ["p", "q"]}})
+    lines = [json.loads(line) for p in tiny_stack.log_dir.glob("frontend*.log")
+             for line in p.read_text(errors="replace").splitlines() if line.startswith("{")]
+    assert any(r.get("event") == "constrained request" and r.get("request_id") == "cmpl-rid-5"
+               for r in lines)
+    # the same id while a request of that id runs: both are served
+    long = {**COMPLETION, "max_tokens": 480, "stream": True, "request_id": "same"}
+    with httpx.stream("POST", url + "/v1/completions", json=long, timeout=120) as first:
+        events = first.iter_lines()
+        assert next(e for e in events if e.startswith("data: {"))
+        again = post(tiny_stack, "/v1/completions", {**COMPLETION, "request_id": "same",
+                                                     "n": 2})
+        assert again.status_code == 200 and again.json()["id"] == "cmpl-same", again.text
+        status = tiny_stack.engine_status()
+        assert status.num_running + status.num_waiting >= 1  # the first still ran
+    for body, headers in (({**COMPLETION, "request_id": "x" * 257}, None),
+                          ({**COMPLETION, "request_id": ""}, None),
+                          (COMPLETION, {"X-Request-Id": "x" * 257})):
+        reply = httpx.post(url + "/v1/completions", json=body, headers=headers, timeout=60)
+        assert reply.status_code == 400 and reply.json()["error"]["param"] == "request_id"
 
 
 def test_prompt_logprobs_is_refused_as_not_supported_yet(tiny_stack):
