@@ -80,6 +80,8 @@ def _argv(args: argparse.Namespace, names: Sequence[str]) -> list[str]:
             out.append(flag if value else "--no-" + flag[2:])
         elif isinstance(value, list):
             out += [flag, ",".join(map(str, value))]
+        elif hasattr(value, "to_json"):  # a parsed JSON flag (--speculative-config)
+            out += [flag, value.to_json()]
         else:
             out += [flag, str(value)]
     return out
@@ -102,7 +104,7 @@ WORKER = ("model", "tensor_parallel_size", "device", "dtype", "quantization",
           "kv_cache_memory",
           "gpu_memory_utilization", "num_gpu_blocks_override", "block_size", "seed",
           "master_addr", "master_port", "distributed_timeout", "distributed_backend",
-          "load_format", "zero_cost_steps", *flags.CPU_FLAG_DESTS)
+          "load_format", "zero_cost_steps", "speculative_config", *flags.CPU_FLAG_DESTS)
 SCHEDULER = ("long_prefill_token_threshold", "long_prefill_exempt_lone_request",
              "scheduling_policy", "enable_prefix_caching",
              "async_scheduling", "enable_chunked_prefill", "num_scheduler_steps",

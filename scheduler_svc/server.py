@@ -33,6 +33,7 @@ from shared import proto_convert as pc
 from shared.grpc_server import COALESCE_BYTES, ServiceServer
 from shared.link_security import LinkSecurity, inner_bind_problem
 from shared.proto import common_pb2, engine_pb2, engine_pb2_grpc
+from shared.speculative_config import parse_speculative_config
 from shared.telemetry import get_logger, setup_telemetry, start_metrics_server
 from shared.types import InvalidRequestError, ModelInfo
 
@@ -228,7 +229,10 @@ def scheduler_config(args, info: ModelInfo) -> SchedulerConfig:
         enable_chunked_prefill=args.enable_chunked_prefill,
         enable_prefix_caching=args.enable_prefix_caching,
         async_scheduling=args.async_scheduling,
-        num_scheduler_steps=args.num_scheduler_steps)
+        num_scheduler_steps=args.num_scheduler_steps,
+        # the workers' --speculative-config: they propose and verify, the scheduler
+        # gives the slots (one flag, one owner; docs/spec_decode.md)
+        speculative_config=parse_speculative_config(info.speculative_config))
     if args.max_num_seqs is not None:
         cfg.max_num_seqs = args.max_num_seqs
     # The worker's budget: it profiled its memory with it (the handshake checked a flag).

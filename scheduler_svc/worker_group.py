@@ -30,7 +30,8 @@ from shared.types import ModelInfo, ModelRunnerOutput, SchedulerOutput
 log = get_logger(service="scheduler")
 
 # what a group that replaces a lost one must share with it: the core was built on it
-_SAME = ("model_name", "num_kv_blocks", "block_size", "vocab_size", "max_num_batched_tokens")
+_SAME = ("model_name", "num_kv_blocks", "block_size", "vocab_size", "max_num_batched_tokens",
+         "speculative_config")
 
 
 class WorkerGroup:
@@ -88,10 +89,7 @@ class WorkerGroup:
                     f"but --worker-addresses lists it as rank {rank} of {tp}")
             infos.append(pc.model_info_from_proto(reply.model_info))
         for address, info in zip(addresses[1:], infos[1:]):
-            if (info.num_kv_blocks, info.block_size, info.model_name,
-                    info.max_num_batched_tokens) != (
-                    infos[0].num_kv_blocks, infos[0].block_size, infos[0].model_name,
-                    infos[0].max_num_batched_tokens):
+            if any(getattr(info, f) != getattr(infos[0], f) for f in _SAME):
                 raise ConfigError(f"worker {address} reports {info}, rank 0 {infos[0]}")
         return infos[0]
 

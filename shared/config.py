@@ -11,6 +11,8 @@ import argparse
 import os
 from collections.abc import Mapping, Sequence
 
+from shared.speculative_config import speculative_config_arg
+
 ENV_PREFIX = "GAPSERVE_"
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
@@ -197,6 +199,12 @@ def add_worker_flags(parser: argparse.ArgumentParser, *, with_ports: bool = True
     g.add_argument("--num-gpu-blocks-override", type=positive_int, default=None)
     g.add_argument("--block-size", type=positive_int, default=16)
     g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--speculative-config", type=speculative_config_arg, default=None,
+                   metavar="JSON", help="speculative decoding, vLLM's JSON: "
+                   '{"method": "ngram", "num_speculative_tokens": 3} (prompt lookup) or '
+                   '{"method": "draft_model", "quantization": "int8", ...} (the served '
+                   "model's int8 copy drafts) or a \"model\": DIR; the scheduler adopts it "
+                   "(docs/spec_decode.md)")
     add_cpu_compute_flags(g)
     add_tensor_parallel_flags(parser)
     add_worker_benchmark_flags(g)

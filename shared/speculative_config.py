@@ -55,6 +55,18 @@ class SpeculativeConfig:
         """The draft is the served model's own int8 copy (no second checkpoint)."""
         return self.method == "draft_model" and self.model is None
 
+    def to_json(self) -> str:
+        """Canonical JSON (what ModelInfo carries; parse_speculative_config reads it
+        back to an equal config): only the keys set, in a fixed order."""
+        value = {"method": self.method, "num_speculative_tokens": self.num_speculative_tokens}
+        if self.method == "ngram":
+            value.update(prompt_lookup_min=self.prompt_lookup_min,
+                         prompt_lookup_max=self.prompt_lookup_max)
+        for key in ("model", "quantization", "disable_by_batch_size"):
+            if getattr(self, key) is not None:
+                value[key] = getattr(self, key)
+        return json.dumps(value, separators=(",", ":"))
+
     def speculates(self, num_running: int) -> bool:
         """vLLM's disable_by_batch_size: does a step with this many running requests
         get draft slots? Above the size the verify pass's extra positions cost more
@@ -175,3 +187,12 @@ def _draft_model(value: dict, k: int, limit: int | None) -> SpeculativeConfig:
         raise SpeculativeConfigError(  # nothing is ever fetched from a model hub
             f"draft model {model!r} is not a local checkpoint directory (no config.json)")
     return SpeculativeConfig("draft_model", k, model=model, disable_by_batch_size=limit)
+
+
+def speculative_config_arg(text: str) -> SpeculativeConfig | None:
+    """argparse type of --speculative-config: the error names the field at fault."""
+    import argparse
+    try:
+        return parse_speculative_config(text)
+    except SpeculativeConfigError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None

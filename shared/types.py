@@ -237,6 +237,7 @@ class StepTimings:
     num_forward_passes: int = 0  # what ran: a multi-step may end early, skipping stopped requests
     num_tokens: int = 0  # tokens computed over all passes
     mask_ms: float = 0.0  # structured outputs: grammar masks filled and applied
+    draft_ms: float = 0.0  # speculative decoding: proposing drafts (n-gram, draft passes)
 
 
 @dataclass(slots=True)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from shared.speculative_config import SpeculativeConfig
+
 
 @dataclass(slots=True)
 class WorkerConfig:
@@ -41,6 +43,9 @@ class WorkerConfig:
     cpu_argmax_screen: bool = True
     cpu_attention: bool = True
     cpu_threads: int = 0  # 0 = $OMP_NUM_THREADS if set, else cores // ranks on this host
+    # --speculative-config (shared/speculative_config.py); the scheduler adopts it from
+    # the handshake's ModelInfo (docs/spec_decode.md). None: no speculation.
+    speculative_config: SpeculativeConfig | None = None
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad setting."""
@@ -77,6 +82,13 @@ class WorkerConfig:
                              "across tensor-parallel ranks: use tensor_parallel_size 1")
         if self.cpu_threads < 0:
             raise ValueError(f"cpu_threads must be 0 (auto) or more, got {self.cpu_threads}")
+        spec = self.speculative_config
+        if spec is not None and not isinstance(spec, SpeculativeConfig):
+            raise ValueError("speculative_config must be a SpeculativeConfig "
+                             f"(shared/speculative_config.py), got {type(spec).__name__}")
+        if spec is not None and self.zero_cost_steps:
+            raise ValueError("zero_cost_steps makes up tokens: nothing to verify drafts "
+                             "against; run it without --speculative-config")
         if self.zero_cost_steps and self.load_format != "dummy":
             raise ValueError("zero_cost_steps answers with made-up tokens: it needs "
                              "load_format dummy, so no real deployment turns it on by mistake")

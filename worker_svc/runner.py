@@ -39,6 +39,8 @@ from worker_svc.parallel.shard import shard_plan
 from worker_svc.worker_request import WorkerRequest
 from worker_svc.grammar import GrammarRuntime, apply_masks
 from worker_svc.sampler import sample
+from worker_svc.spec.speculator import build_speculator
+from worker_svc.spec.verify import accepted, verify_rows
 from worker_svc.step_check import check_step
 from worker_svc.zero_cost import zero_cost_step
 
@@ -86,6 +88,12 @@ class ModelRunner:
             self.weight_bytes = weight_bytes(weights)
             self.model = DecoderModel(self.local_config, weights, select_backend(plan),
                                       max_positions=self.max_model_len, plan=plan, tp=self.tp)
+            # speculative decoding: the proposer, and the draft model it may run
+            self.speculator = build_speculator(
+                config.speculative_config, config=config, device=self.device, plan=plan,
+                model_cfg=cfg, local_cfg=self.local_config, weights=weights,
+                max_model_len=self.max_model_len, block_size=self.block_size, tp=self.tp,
+                first=self.plan.first)
             if self.tp is not None:  # the CUDA profiling pass runs collectives
                 self.tp.wait_for_all("loaded")
             self.num_kv_blocks = self._measure_num_blocks()
@@ -94,6 +102,8 @@ class ModelRunner:
             # zero-cost steps never touch the cache: the block count is all the stack sees
             self.kv_caches = [] if config.zero_cost_steps else \
                 self.model.allocate_kv_caches(self.num_kv_blocks, self.block_size)
+            if self.speculator is not None:
+                self.speculator.allocate_kv(self.num_kv_blocks, self.block_size)
             # last sampled token per request row, on the device (see module docstring)
             self.last_sampled = torch.zeros(config.max_num_seqs, dtype=torch.long,
                                             device=self.device)
@@ -119,7 +129,8 @@ class ModelRunner:
             dtype=str(self.dtype).removeprefix("torch."),
             num_kv_blocks=self.num_kv_blocks, block_size=self.block_size,
             max_num_batched_tokens=self.max_num_batched_tokens,
-            compute_plan=self.compute_plan.summary())
+            compute_plan=self.compute_plan.summary(),
+            speculative_config="" if self.speculator is None else self.speculator.summary())
 
     # ------------------------------------------------------------------ a step
 
@@ -170,11 +181,26 @@ class ModelRunner:
                       on_prepared) -> ModelRunnerOutput:
         """The step's forward passes (one, or num_steps of a multi-step decode)."""
         running = [states[i] for i in live]
-        inputs = self._prepare_inputs(running, [step.num_scheduled_tokens[order[i]] for i in live])
+        num = [step.num_scheduled_tokens[order[i]] for i in live]
+        drafts, draft_s = None, 0.0
+        if step.num_draft_slots and self.speculator is not None:
+            if on_prepared is not None:  # proposing may run a draft model: answer first
+                on_prepared()
+                on_prepared = None
+            slots = [step.num_draft_slots.get(order[i], 0) for i in live]
+            t_draft = time.perf_counter()
+            drafts = self.speculator.propose(running, slots, self.kv_caches)
+            draft_s = time.perf_counter() - t_draft
+            num = [n - d + len(dr) for n, d, dr in zip(num, slots, drafts)]
+            out.num_draft_tokens = [0] * len(order)
+            for i, dr in zip(live, drafts):
+                out.num_draft_tokens[i] = len(dr)
+            drafts = (drafts, slots, step.step_id)
+        inputs = self._prepare_inputs(running, num, None if drafts is None else drafts[0])
         t1 = time.perf_counter()
         if on_prepared is not None:
             on_prepared()
-        prepare_s, forward_s, sample_s = t1 - t0, 0.0, 0.0
+        prepare_s, forward_s, sample_s = t1 - t0 - draft_s, 0.0, 0.0
         passes, num_tokens = 0, 0
         # A multi-step decode (num_steps > 1, every request one token that samples; the
         # step check made sure) is that many passes, each fed the tokens of the last;
@@ -189,7 +215,7 @@ class ModelRunner:
                 inputs = self._prepare_inputs(running, [1] * len(live))
                 prepare_s += time.perf_counter() - t1
             t2 = time.perf_counter()
-            pass_forward_s = self._forward_and_sample(running, live, inputs, out)
+            pass_forward_s = self._forward_and_sample(running, live, inputs, out, drafts)
             forward_s += pass_forward_s
             sample_s += time.perf_counter() - t2 - pass_forward_s
             passes += 1
@@ -197,35 +223,69 @@ class ModelRunner:
         out.timings = StepTimings(prepare_ms=prepare_s * 1e3, forward_ms=forward_s * 1e3,
                                   sample_ms=sample_s * 1e3, start_unix_s=start_unix,
                                   end_unix_s=time.time(), num_forward_passes=passes,
-                                  num_tokens=num_tokens)
+                                  num_tokens=num_tokens, draft_ms=draft_s * 1e3)
         return out
 
     def _forward_and_sample(self, states: list[WorkerRequest], slots: list[int], inputs,
-                            out) -> float:
+                            out, drafts=None) -> float:
         """One forward pass over the prepared inputs of `states` (whose places in
         `out` are `slots`); the sampled tokens are appended to the requests' states
-        and to `out`. Returns the forward pass's seconds."""
+        and to `out`. drafts: (drafts, draft slots, step id) of a verify pass. Returns
+        the forward pass's seconds."""
         samplers = [states[i] for i in inputs.sample_rows]
+        rows = samplers if drafts is None else [
+            row for i in inputs.sample_rows for row in verify_rows(states[i], drafts[0][i])]
         t0 = time.perf_counter()
         logits = self.model.forward(inputs.input_ids, inputs.positions, self.kv_caches,
                                     inputs.meta, inputs.logits_indices,
                                     argmax_only=_argmax_only(
-                                        samplers, self.compute_plan.logits_max_rows))
+                                        rows, self.compute_plan.logits_max_rows))
         self._sync()
         forward_s = time.perf_counter() - t0
-        tokens, token_list, logprobs = self._sample(logits, samplers)
-        if samplers:
-            rows = torch.tensor([s.row for s in samplers], device=self.device)
-            self.last_sampled.index_copy_(0, rows, tokens)
+        tokens, token_list, logprobs = self._sample(logits, rows)
         for state, n in zip(states, inputs.num_scheduled):
             state.num_computed_tokens += n
-        for i, state, token, lp in zip(inputs.sample_rows, samplers, token_list, logprobs):
-            state.record_sampled(token, self._eos)
+        if drafts is not None:
+            tokens, token_list, logprobs = self._verify(states, inputs, token_list, logprobs,
+                                                        drafts)
+        if samplers:
+            rows_ = torch.tensor([s.row for s in samplers], device=self.device)
+            self.last_sampled.index_copy_(0, rows_, tokens)
+        for i, state, committed, lp in zip(inputs.sample_rows, samplers, token_list, logprobs):
             slot = slots[i]
-            out.sampled_token_ids[slot].append(token)
-            if lp is not None:
-                out.logprobs[slot].extend(lp)
+            for j, token in enumerate(committed if drafts is not None else (committed,)):
+                state.record_sampled(token, self._eos)
+                out.sampled_token_ids[slot].append(token)
+                if lp is not None:
+                    out.logprobs[slot].append(lp[j])
+                if state.stopped:  # a stop among the committed drafts ends the answer
+                    break
         return forward_s
+
+    def _verify(self, states: list[WorkerRequest], inputs, token_list: list[int],
+                logprobs: list, drafts) -> tuple[torch.Tensor, list[list[int]], list]:
+        """Per sampling request: its committed tokens (the verify rows' samples up to
+        the first that differs from its draft: worker_svc/spec/verify.py), their
+        logprobs, and its last committed token for last_sampled. A request with slots
+        computed 1 + accepted of its positions; it remembers the slots it rejected,
+        which the scheduler may still count in the next step (step_check)."""
+        proposals, slots, step_id = drafts
+        committed, committed_lp, last = [], [], []
+        at = 0
+        for i, n_rows in zip(inputs.sample_rows, inputs.num_logits):
+            sampled = token_list[at:at + n_rows]
+            row_lp = logprobs[at:at + n_rows]
+            at += n_rows
+            state, d = states[i], proposals[i]
+            a = accepted(d, sampled)
+            committed.append(sampled[:a + 1])
+            committed_lp.append(None if row_lp[0] is None else [x[0] for x in row_lp[:a + 1]])
+            last.append(sampled[a])
+            if slots[i]:
+                state.num_computed_tokens -= len(d) - a  # the rejected drafts' positions
+                state.last_rejection = (step_id, slots[i] - a)
+                self.speculator.verified(state, len(state.token_ids), len(d), a)
+        return torch.tensor(last, dtype=torch.long, device=self.device), committed, committed_lp
 
     def _sample(self, logits: torch.Tensor | None, samplers: list[WorkerRequest]):
         """Rank 0 samples from the gathered logits and sends the tokens to the other
@@ -258,11 +318,13 @@ class ModelRunner:
         cached = step.scheduled_cached_reqs
         for i, req_id in enumerate(cached.req_ids):
             state = self.requests[req_id]
-            if cached.resumed_from_preemption[i]:
+            if cached.resumed_from_preemption[i]:  # recomputed from the scheduler's count
                 state.block_ids = list(cached.new_block_ids[i])
-            else:
+                state.num_computed_tokens = cached.num_computed_tokens[i]
+                if self.speculator is not None:
+                    self.speculator.forget(state)
+            else:  # runs from its own count (step_check.own_computed checked the sent one)
                 state.block_ids.extend(cached.new_block_ids[i])
-            state.num_computed_tokens = cached.num_computed_tokens[i]
 
     def _new_state(self, new) -> WorkerRequest:
         params = new.sampling_params
@@ -298,15 +360,18 @@ class ModelRunner:
         self.last_sampled = torch.cat([self.last_sampled, torch.zeros_like(self.last_sampled)])
         self.free_rows.extend(range(2 * old - 1, old - 1, -1))
 
-    def _prepare_inputs(self, states: list[WorkerRequest], num_scheduled: list[int]):
+    def _prepare_inputs(self, states: list[WorkerRequest], num_scheduled: list[int],
+                        drafts=None):
         return prepare_inputs(states, num_scheduled, self.block_size, self.device,
-                              self.last_sampled)
+                              self.last_sampled, drafts)
 
     # ------------------------------------------------------------------ start-up
 
     def _measure_num_blocks(self) -> int:
         config = self.config
         per_block = bytes_per_block(self.local_config, self.block_size, self.model.dtype)
+        if self.speculator is not None:  # a separate draft model's KV shares the blocks
+            per_block += self.speculator.kv_bytes_per_block(self.block_size)
         blocks_per_seq = -(-self.max_model_len // self.block_size)
         if config.num_gpu_blocks_override is not None:
             num_blocks = config.num_gpu_blocks_override

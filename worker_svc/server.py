@@ -240,6 +240,7 @@ def worker_config(args) -> WorkerConfig:
         distributed_timeout=args.distributed_timeout,
         distributed_backend=args.distributed_backend,
         load_format=args.load_format, zero_cost_steps=args.zero_cost_steps,
+        speculative_config=args.speculative_config,
         **{name: getattr(args, name) for name in flags.CPU_FLAG_DESTS})
     if args.max_num_batched_tokens is not None:
         cfg.max_num_batched_tokens = args.max_num_batched_tokens

@@ -16,6 +16,8 @@ class StepError(ValueError):
 
 def check_step(step: SchedulerOutput, requests: dict[str, WorkerRequest], *, vocab_size: int,
                max_model_len: int, num_blocks: int, block_size: int) -> None:
+    if not 1 <= step.num_steps <= MAX_NUM_STEPS:  # the step's shape before its requests
+        raise StepError(f"num_steps {step.num_steps} outside [1, {MAX_NUM_STEPS}]")
     finished = step.finished_req_ids
     # per request after this step's increments: (known tokens, blocks held, computed)
     after: dict[str, tuple[int, int, int]] = {}
@@ -40,12 +42,14 @@ def check_step(step: SchedulerOutput, requests: dict[str, WorkerRequest], *, voc
             _check_tokens(req_id, state, cached.resumed_token_checks.get(req_id))
         held = 0 if cached.resumed_from_preemption[i] or req_id in step.preempted_req_ids \
             else len(state.block_ids)
+        computed = cached.num_computed_tokens[i]
         if state.stopped and not cached.resumed_from_preemption[i]:
             # it stopped here on a token the scheduler had not seen when it scheduled
             # this step: the runner skips it, so its counts need not add up
             stopped.add(req_id)
-        after[req_id] = (len(state.token_ids), held + len(cached.new_block_ids[i]),
-                         cached.num_computed_tokens[i])
+        elif not cached.resumed_from_preemption[i]:
+            computed = own_computed(step.step_id, req_id, state, computed)
+        after[req_id] = (len(state.token_ids), held + len(cached.new_block_ids[i]), computed)
     if set(step.num_scheduled_tokens) != set(after):
         raise StepError("num_scheduled_tokens must name exactly the scheduled new and "
                         "cached requests")
@@ -53,17 +57,41 @@ def check_step(step: SchedulerOutput, requests: dict[str, WorkerRequest], *, voc
         raise StepError("total_num_scheduled_tokens is not the sum of num_scheduled_tokens")
     for req_id in stopped:
         del after[req_id]
+    slots = step.num_draft_slots
     for req_id, (num_tokens, num_held_blocks, computed) in after.items():
         n = step.num_scheduled_tokens[req_id]
-        end = computed + n
-        if n < 1 or computed < 0:
-            raise StepError(f"request {req_id!r}: scheduled {n} tokens from {computed}")
-        if end > num_tokens:
-            raise StepError(f"request {req_id!r}: positions up to {end} scheduled but only "
-                            f"{num_tokens} tokens are known")
-        _check_room(req_id, end, num_held_blocks, max_model_len, block_size)
+        d = slots.get(req_id, 0) if slots else 0
+        end = computed + n - d  # what it computes of its known tokens
+        if n - d < 1 or computed < 0 or d < 0:
+            raise StepError(f"request {req_id!r}: scheduled {n} tokens ({d} draft slots) "
+                            f"from {computed}")
+        if end > num_tokens or (d and end != num_tokens):
+            raise StepError(f"request {req_id!r}: positions up to {end} scheduled but " + (
+                f"only {num_tokens} tokens are known" if end > num_tokens else
+                f"{d} draft slots follow only the last of {num_tokens} known tokens"))
+        _check_room(req_id, end + d, num_held_blocks, max_model_len, block_size)
+    if slots and (set(slots) - set(step.num_scheduled_tokens) or step.num_steps != 1):
+        raise StepError("draft slots name a request not scheduled, or a multi-step decode")
     if step.num_steps != 1:
         _check_multi_step(step, after, max_model_len, block_size)
+
+
+def own_computed(step_id: int, req_id: str, state: WorkerRequest, sent: int) -> int:
+    """The count this worker runs a cached request from: its own. The scheduler's is
+    the same, except that a step scheduled before the answer of the step just before
+    it (async scheduling) counts that step's draft slots as all accepted: then it is
+    ours plus exactly the slots we rejected there (docs/spec_decode.md). Anything
+    else is a desync."""
+    own = state.num_computed_tokens
+    if sent == own:
+        return own
+    last = state.last_rejection
+    if last is not None and last[0] == step_id - 1 and sent == own + last[1]:
+        return own
+    raise StepError(f"request {req_id!r}: the scheduler says {sent} positions are "
+                    f"computed, this worker holds {own}" + (
+                        f" (it rejected {last[1]} draft slot(s) in step {last[0]})"
+                        if last is not None else ""))
 
 
 def _check_multi_step(step: SchedulerOutput, after: dict[str, tuple[int, int, int]],
@@ -72,8 +100,6 @@ def _check_multi_step(step: SchedulerOutput, after: dict[str, tuple[int, int, in
     token that samples, and room (positions, blocks) for the token each of the step's
     passes computes."""
     steps = step.num_steps
-    if not 1 <= steps <= MAX_NUM_STEPS:
-        raise StepError(f"num_steps {steps} outside [1, {MAX_NUM_STEPS}]")
     for req_id, (num_tokens, num_held_blocks, computed) in after.items():
         n = step.num_scheduled_tokens[req_id]
         if n != 1 or computed + 1 != num_tokens:

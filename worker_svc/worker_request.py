@@ -31,6 +31,11 @@ class WorkerRequest:
     # Structured outputs, on the rank that samples: the matcher after the tokens so far
     # (worker_svc/grammar.py); it masks every sampled position, every pass.
     grammar: GrammarState | None = None
+    # Speculative decoding (worker_svc/spec/): (step id, draft slots rejected there) of
+    # its last step with slots, which the next step's sent count may still include
+    # (step_check.own_computed); and the proposer's own per-request state.
+    last_rejection: tuple[int, int] | None = None
+    draft_state: object = None
 
     @property
     def num_output_tokens(self) -> int:

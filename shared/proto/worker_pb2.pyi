@@ -128,7 +128,7 @@ class SchedulerOutput(_message.Message):
     def __init__(self, step_id: _Optional[int] = ..., scheduled_new_reqs: _Optional[_Iterable[_Union[NewRequestData, _Mapping]]] = ..., scheduled_cached_reqs: _Optional[_Union[CachedRequestData, _Mapping]] = ..., scheduled_req_ids: _Optional[_Iterable[str]] = ..., num_scheduled_tokens: _Optional[_Iterable[int]] = ..., total_num_scheduled_tokens: _Optional[int] = ..., finished_req_ids: _Optional[_Iterable[str]] = ..., preempted_req_ids: _Optional[_Iterable[str]] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., num_steps: _Optional[int] = ..., grammar_compiles: _Optional[_Mapping[str, _common_pb2.StructuredOutputSpec]] = ..., num_draft_slots: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class StepTimings(_message.Message):
-    __slots__ = ("prepare_ms", "forward_ms", "sample_ms", "idle_ms", "start_unix_s", "end_unix_s", "num_forward_passes", "num_tokens", "mask_ms")
+    __slots__ = ("prepare_ms", "forward_ms", "sample_ms", "idle_ms", "start_unix_s", "end_unix_s", "num_forward_passes", "num_tokens", "mask_ms", "draft_ms")
     PREPARE_MS_FIELD_NUMBER: _ClassVar[int]
     FORWARD_MS_FIELD_NUMBER: _ClassVar[int]
     SAMPLE_MS_FIELD_NUMBER: _ClassVar[int]
@@ -138,6 +138,7 @@ class StepTimings(_message.Message):
     NUM_FORWARD_PASSES_FIELD_NUMBER: _ClassVar[int]
     NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
     MASK_MS_FIELD_NUMBER: _ClassVar[int]
+    DRAFT_MS_FIELD_NUMBER: _ClassVar[int]
     prepare_ms: float
     forward_ms: float
     sample_ms: float
@@ -147,7 +148,8 @@ class StepTimings(_message.Message):
     num_forward_passes: int
     num_tokens: int
     mask_ms: float
-    def __init__(self, prepare_ms: _Optional[float] = ..., forward_ms: _Optional[float] = ..., sample_ms: _Optional[float] = ..., idle_ms: _Optional[float] = ..., start_unix_s: _Optional[float] = ..., end_unix_s: _Optional[float] = ..., num_forward_passes: _Optional[int] = ..., num_tokens: _Optional[int] = ..., mask_ms: _Optional[float] = ...) -> None: ...
+    draft_ms: float
+    def __init__(self, prepare_ms: _Optional[float] = ..., forward_ms: _Optional[float] = ..., sample_ms: _Optional[float] = ..., idle_ms: _Optional[float] = ..., start_unix_s: _Optional[float] = ..., end_unix_s: _Optional[float] = ..., num_forward_passes: _Optional[int] = ..., num_tokens: _Optional[int] = ..., mask_ms: _Optional[float] = ..., draft_ms: _Optional[float] = ...) -> None: ...
 
 class SampledTokens(_message.Message):
     __slots__ = ("token_ids", "has_logprobs", "logprobs", "num_draft_tokens")

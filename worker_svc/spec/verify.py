@@ -1,0 +1,60 @@
+"""The verify pass's sampling rows (docs/spec_decode.md, "Verification").
+
+A request with m drafts gets m + 1 logits rows in the verify pass: row j is the
+target's distribution after its tokens and the first j drafts. Each row is sampled by
+the ordinary sampler (worker_svc/sampler.py) as the request would be sampled at that
+output position if the j drafts before it had been accepted: `DraftRow` is the
+request's state seen from there (its output count, and with penalties its output
+counts, include those drafts). Then the drafts are accepted while each equals the
+token sampled at its row, and the committed tokens are the sampled ones up to and
+including the first that differs (or the bonus row's, when all were accepted).
+
+For a greedy row the sample is the argmax: greedy verification. For a sampled row the
+sampler's exponential race with the position's own noise is `coupled_verify`'s rule
+(worker_svc/spec/rejection.py): Leviathan et al.'s rejection rule for one-hot drafts
+(n-gram and greedy draft models propose one-hot), so the output distribution is the
+target's; and a seeded request's noise is a pure function of (seed, output position),
+so its tokens are exactly the ones sampling without drafts gives.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from shared.types import SamplingParams
+from worker_svc.worker_request import WorkerRequest
+
+
+@dataclass(slots=True)
+class DraftRow:
+    """A request's state as the sampler sees it at its verify row j > 0."""
+    params: SamplingParams
+    num_output_tokens: int
+    prompt_mask: torch.Tensor | None
+    output_counts: torch.Tensor | None
+    has_penalties: bool
+    grammar: None = None  # requests with a grammar get no draft slots
+
+
+def verify_rows(state: WorkerRequest, drafts: list[int]) -> list:
+    """The m + 1 sampling rows of a request with drafts: the state itself for row 0,
+    a DraftRow after each accepted-draft prefix for the others."""
+    rows: list = [state]
+    counts = state.output_counts
+    for j, draft in enumerate(drafts):
+        if counts is not None:  # penalties see the drafts before the row as output
+            counts = counts.clone()
+            counts[draft] += 1
+        rows.append(DraftRow(state.params, state.num_output_tokens + j + 1,
+                             state.prompt_mask, counts, state.has_penalties))
+    return rows
+
+
+def accepted(drafts: list[int], sampled: list[int]) -> int:
+    """How many drafts are accepted: the leading run equal to the row's sample."""
+    a = 0
+    while a < len(drafts) and drafts[a] == sampled[a]:
+        a += 1
+    return a
