@@ -14,6 +14,14 @@ in the events (docs/kv_events.md, "Limits"): two salts holding the same tokens a
 one key here, counted twice. Routing on it may send a request where its tokens sit
 under another salt: a missed hit there, never wrong KV, and nothing a client can see.
 
+A prompt routed here counts as held from that moment (`expect`), for as long as the
+request is open here and `GRACE_S` after it ended (`settle`), unless the replica's
+events confirm its blocks first: a burst of users of one new prefix then lands
+together, as SGLang's router does by inserting the routed text into its tree, and a
+slow first prefill (seconds on a loaded machine) cannot make the hold run out while
+the prefix is still being computed. The blocks held this way also count in `size`,
+the cache size a miss compares (frontend_svc/replica_router.py, rule 3).
+
 Sequence numbers: the subscriber (frontend_svc/kv_subscriber.py) feeds batches in
 order through `accept_seq`, which says whether the batch is the next one, a gap
 to replay, a repeat to skip, or a restarted publisher (numbers from 0 again).
@@ -23,10 +31,12 @@ from __future__ import annotations
 
 import hashlib
 from array import array
+from collections import deque
 from dataclasses import dataclass, field
 
 ROOT_KEY = hashlib.sha256(b"gapserve-frontend-block-keys").digest()[:16]
-PENDING_S = 5.0  # how long a prefix routed here counts as held before events confirm it
+GRACE_S = 5.0  # after its request ended, how long a routed prefix waits for its events
+OPEN = float("inf")  # held while a request routed here with the block is open
 
 
 def block_keys(token_ids: list[int], block_size: int) -> list[bytes]:
@@ -48,7 +58,11 @@ class KvIndex:
     block_size: int
     key_of: dict[int, bytes] = field(default_factory=dict)  # the replica's hash -> our key
     count: dict[bytes, int] = field(default_factory=dict)  # our key -> hashes holding it
-    pending: dict[bytes, float] = field(default_factory=dict)  # routed here: until when
+    # routed here, not yet in an event: until when it counts as held (OPEN while a
+    # request routed here holds it)
+    expected: dict[bytes, float] = field(default_factory=dict)
+    holders: dict[bytes, int] = field(default_factory=dict)  # key -> open requests routed here
+    _grace: deque = field(default_factory=deque)  # (until, key), in order of settling
     last_seq: int | None = None
     num_unplaced: int = 0  # stored blocks whose parent we never saw (a lost event)
     num_resets: int = 0
@@ -72,7 +86,7 @@ class KvIndex:
                 continue
             self.key_of[h] = key
             self.count[key] = self.count.get(key, 0) + 1
-            self.pending.pop(key, None)
+            self.expected.pop(key, None)  # confirmed
 
     def removed(self, block_hashes: list) -> None:
         for h in block_hashes:
@@ -86,10 +100,12 @@ class KvIndex:
                 del self.count[key]
 
     def cleared(self) -> None:
-        """AllBlocksCleared, a restarted replica, or a gap replay cannot fill."""
+        """AllBlocksCleared, a restarted replica, or a gap replay cannot fill. Prompts
+        of requests still open here stay expected: they are (re)computed here."""
         self.key_of.clear()
         self.count.clear()
-        self.pending.clear()
+        self.expected = dict.fromkeys(self.holders, OPEN)
+        self._grace.clear()
         self.num_resets += 1
 
     def accept_seq(self, seq: int) -> str:
@@ -111,23 +127,49 @@ class KvIndex:
 
     def match(self, keys: list[bytes], now: float) -> int:
         """How many leading blocks of a prompt this replica holds (or was just sent)."""
+        self._expire(now)
         n = 0
         for key in keys:
-            if key not in self.count and self.pending.get(key, 0.0) <= now:
+            if key not in self.count and key not in self.expected:
                 break
             n += 1
         return n
 
-    def expect(self, keys: list[bytes], now: float) -> None:
-        """A prompt was routed here: count its blocks as held until its events come (a
-        burst of one prefix then lands together, as SGLang's router does by inserting
-        the routed text into its tree). Expired entries are dropped on the way."""
-        if len(self.pending) > 4 * (len(keys) + 64):
-            self.pending = {k: t for k, t in self.pending.items() if t > now}
-        until = now + PENDING_S
+    def expect(self, keys: list[bytes]) -> None:
+        """A request with this prompt was routed here: its blocks count as held until
+        its events come, for as long as it is open (settle() ends that)."""
         for key in keys:
+            self.holders[key] = self.holders.get(key, 0) + 1
             if key not in self.count:
-                self.pending[key] = until
+                self.expected[key] = OPEN
+
+    def settle(self, keys: list[bytes], now: float) -> None:
+        """The request expect() was called for ended here (finished, aborted, moved):
+        blocks its events have not confirmed yet stay expected GRACE_S longer (the
+        events of its last step may still be on their way), then no more."""
+        until = now + GRACE_S
+        for key in keys:
+            left = self.holders.get(key, 0) - 1
+            if left > 0:
+                self.holders[key] = left
+                continue
+            self.holders.pop(key, None)
+            if key in self.expected:
+                self.expected[key] = until
+                self._grace.append((until, key))
+
+    def _expire(self, now: float) -> None:
+        grace = self._grace
+        while grace and grace[0][0] <= now:
+            until, key = grace.popleft()
+            if self.expected.get(key) == until:
+                del self.expected[key]
+
+    def size(self, now: float) -> int:
+        """Blocks held here, as its events say, plus the expected ones of prompts
+        routed here: what a miss compares (SGLang's tree size)."""
+        self._expire(now)
+        return len(self.key_of) + len(self.expected)
 
     @property
     def num_blocks(self) -> int:

@@ -1,9 +1,10 @@
 """Which replica (scheduler + workers) a request goes to: the routing rule of the
-frontend's data parallelism (docs/deploy.md, "Data parallelism and routing").
+frontend's data parallelism (docs/scale_out.md, "The built-in rule").
 Pure logic over what the caller measured; no network, tested on its own.
 
-`kv-aware` is SGLang's cache-aware rule (sglang-router's `cache_aware` policy, the
-same defaults), with the prefix match read from each replica's KV cache events
+`kv-aware` is SGLang's cache-aware rule (sglang-router's `cache_aware` policy, with
+the defaults of the pinned sglang-router 0.3.2, `python -m sglang_router.launch_router
+--help`), with the prefix match read from each replica's KV cache events
 (frontend_svc/kv_index.py) instead of a tree of the texts routed so far:
 
 1. Imbalance first: when the busiest and the idlest replica differ by more than
@@ -13,15 +14,23 @@ same defaults), with the prefix match read from each replica's KV cache events
 2. Otherwise the replica holding the longest cached prefix of the prompt takes it,
    if that prefix covers more than `cache_threshold` of the prompt's tokens (among
    equal prefixes, the less loaded; then the lower index).
-3. Otherwise the least loaded; among equally loaded the one with the fewest cached
-   blocks (SGLang's "smallest tree": the most room for a new prefix); then in turn
-   (so short prompts one at a time do not all land on replica 0).
+3. Otherwise (a miss) the replica with the fewest cached blocks, those its events
+   report plus those of prompts just routed there (SGLang's "smallest tree": the most
+   room for a new prefix); among equal caches the less loaded; then in turn (so
+   short prompts one at a time do not all land on replica 0).
+
+Rule 3 is where this rule used to differ from SGLang's: a miss went to the least
+loaded replica, and at a few requests in flight that count says nothing about where
+a new prefix fits. With 4 users in flight and 4 long system prompts on 2 replicas
+the first user of the last prompt went wherever a request had just finished, often
+the replica already holding two prompts: three prompts in a pool sized for two
+evicted one, whose users then matched nothing and split over both replicas
+(docs/scale_out.md, "Why a miss goes to the smaller cache").
 
 Load is the requests this frontend has in flight on the replica plus what the
 other frontends had there at the last poll of its scheduler (frontend_svc/replicas.py,
-`Replica.load`). `round-robin`
-takes the replicas in turn. Only replicas in routing (session open, SERVING) are
-candidates; the caller filters.
+`Replica.load`). `round-robin` takes the replicas in turn. Only replicas in routing
+(session open, SERVING) are candidates; the caller filters.
 """
 
 from __future__ import annotations
@@ -29,15 +38,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 POLICIES = ("kv-aware", "round-robin")
+# why a replica was chosen: the `reason` of gapserve:requests_routed and the log line
+REASONS = ("prefix", "balance", "smallest-cache", "least-loaded", "tie", "round-robin")
 _TURNS = 1 << 30  # more than any number of replicas: ties go round from the last winner
+
+# sglang-router 0.3.2's own defaults (sglang_router/router_args.py; its Router class
+# docstring still names older ones, 0.5 / 32 / 1.0001, which its CLI no longer uses)
+CACHE_THRESHOLD = 0.3
+BALANCE_ABS_THRESHOLD = 64
+BALANCE_REL_THRESHOLD = 1.5
 
 
 @dataclass(frozen=True, slots=True)
 class RoutingRule:
     policy: str = "kv-aware"
-    cache_threshold: float = 0.5  # sglang-router's defaults
-    balance_abs_threshold: int = 32
-    balance_rel_threshold: float = 1.0001
+    cache_threshold: float = CACHE_THRESHOLD
+    balance_abs_threshold: int = BALANCE_ABS_THRESHOLD
+    balance_rel_threshold: float = BALANCE_REL_THRESHOLD
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -60,21 +77,24 @@ class Candidate:
 
     index: int
     load: int  # requests in flight there (ours, plus the other frontends' as last polled)
-    matched_blocks: int = 0  # leading prompt blocks its prefix cache holds
-    cached_blocks: int = 0  # blocks in its prefix cache
+    matched_blocks: int = 0  # leading prompt blocks its prefix cache holds (or was sent)
+    cached_blocks: int = 0  # blocks in its prefix cache, and those of prompts just sent
 
 
 @dataclass(frozen=True, slots=True)
 class Decision:
     index: int
     matched_tokens: int  # of the prompt, cached at the chosen replica (0 for round-robin)
-    reason: str  # "prefix" | "balance" | "least-loaded" | "round-robin"
+    reason: str  # one of REASONS
+
+    def matched_blocks(self, block_size: int) -> int:
+        return self.matched_tokens // block_size if block_size else 0
 
 
 class ReplicaRouter:
     def __init__(self, rule: RoutingRule = RoutingRule()) -> None:
         self.rule = rule
-        self._turn = 0  # round-robin: the index to try next
+        self._turn = 0  # the index to try next among equals (and for round-robin)
 
     def choose(self, candidates: list[Candidate], num_prompt_tokens: int,
                block_size: int) -> Decision | None:
@@ -84,19 +104,33 @@ class ReplicaRouter:
         if self.rule.policy == "round-robin":
             return self._round_robin(candidates)
         rule = self.rule
-        idlest = min(candidates, key=lambda c: (c.load, c.cached_blocks,
-                                                (c.index - self._turn) % _TURNS))
-        self._turn = idlest.index + 1  # the next tie starts after it
+        idlest = min(candidates, key=lambda c: (c.load, self._order(c)))
         busiest = max(c.load for c in candidates)
         if busiest - idlest.load > rule.balance_abs_threshold \
                 and busiest > idlest.load * rule.balance_rel_threshold:
-            return _decision(idlest, block_size, "balance")
+            return self._took(idlest, block_size, "balance")
         best = max(c.matched_blocks for c in candidates)
         if best and best * block_size > rule.cache_threshold * max(num_prompt_tokens, 1):
             holder = min((c for c in candidates if c.matched_blocks == best),
                          key=lambda c: (c.load, c.index))
             return _decision(holder, block_size, "prefix")
-        return _decision(idlest, block_size, "least-loaded")
+        # a miss: the most room for a new prefix, then the least loaded, then in turn
+        fewest = min(c.cached_blocks for c in candidates)
+        room = [c for c in candidates if c.cached_blocks == fewest]
+        if len(room) == 1:
+            return self._took(room[0], block_size, "smallest-cache")
+        least = min(c.load for c in room)
+        idle = [c for c in room if c.load == least]
+        if len(idle) == 1:
+            return self._took(idle[0], block_size, "least-loaded")
+        return self._took(min(idle, key=self._order), block_size, "tie")
+
+    def _order(self, c: Candidate) -> int:
+        return (c.index - self._turn) % _TURNS
+
+    def _took(self, c: Candidate, block_size: int, reason: str) -> Decision:
+        self._turn = c.index + 1  # the next tie starts after it
+        return _decision(c, block_size, reason)
 
     def _round_robin(self, candidates: list[Candidate]) -> Decision:
         ordered = sorted(candidates, key=lambda c: c.index)

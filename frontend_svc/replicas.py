@@ -16,8 +16,9 @@ the APIs, the drain and /metrics do not know there are several.
 - Observability: `gapserve:requests_routed{replica,reason}`,
   `gapserve:routed_prefix_tokens`, `gapserve:replicas_in_routing`,
   `gapserve:replica_failovers{replica}`; a `route` span in the request's trace with
-  `gapserve.replica` and `gapserve.routing.matched_prefix_tokens`; the
-  `replica_failover` log line; per-replica rows in /v1/status (`describe`).
+  `gapserve.replica` and `gapserve.routing.matched_prefix_tokens`; a `routed` log
+  line per request (the replica, the reason, what each candidate held and carried);
+  the `replica_failover` log line; per-replica rows in /v1/status (`describe`).
 """
 
 from __future__ import annotations
@@ -120,6 +121,9 @@ class ReplicaSet:
             replay_endpoint=replay_endpoints[i] if replay_endpoints else None)
             for i, address in enumerate(addresses)]
         self._start_tasks: list[asyncio.Task] = []
+        # request id -> (the replica its prompt was routed to, the prompt's block keys):
+        # held in that replica's index while the request is open there (kv_index.expect)
+        self._holds: dict[str, tuple[Replica, list[bytes]]] = {}
         self._in_routing = IN_ROUTING.labels(model_name)
         self._prefix_hist = ROUTED_PREFIX.labels(model_name)
         if rule.policy == "kv-aware" and not kv_endpoints:
@@ -163,6 +167,7 @@ class ReplicaSet:
         put there enters the load (a round trip per request would cost more)."""
         while True:
             await asyncio.sleep(LOAD_POLL_S)
+            self._settle_ended()
             await self._read_statuses(LOAD_POLL_S)
 
     async def close(self) -> None:
@@ -178,10 +183,11 @@ class ReplicaSet:
             cache_salt: str | None = None) -> asyncio.Queue[Item]:
         if any(r.client.holds(req_id) for r in self.replicas):
             raise EngineError(grpc.StatusCode.ALREADY_EXISTS, f"request {req_id!r} is running")
-        replica, decision = self._route(prompt_token_ids)
+        replica, decision, candidates = self._route(prompt_token_ids)
         queue = replica.client.add(req_id, prompt_token_ids, params, priority,
                                    trace_context, cache_salt)
-        self._record(replica, decision, req_id, trace_context)
+        self._hold(req_id, replica, prompt_token_ids)
+        self._record(replica, decision, req_id, trace_context, candidates)
         return queue
 
     def abort(self, req_ids: list[str]) -> int:
@@ -190,44 +196,72 @@ class ReplicaSet:
             mine = [i for i in req_ids if r.client.holds(i)]
             if mine:
                 found += r.client.abort(mine)
+        for req_id in req_ids:
+            self._settle(req_id)
         return found
 
     def release(self, req_id: str) -> None:
         for r in self.replicas:
             if r.client.holds(req_id):
                 r.client.release(req_id)
+        self._settle(req_id)
 
     def shutdown(self, error: EngineError) -> int:
         return sum(r.client.shutdown(error) for r in self.replicas)
 
     # ---- routing
 
-    def _route(self, prompt: list[int]) -> tuple[Replica, Decision]:
+    def _route(self, prompt: list[int]) -> tuple[Replica, Decision, list[Candidate]]:
         candidates = self.in_routing()
         if not candidates:  # none in routing: one that was up holds it until it is back
             candidates = [r for r in self.replicas if r.client.model_info is not None] \
                 or self.replicas
         return self._choose(prompt, candidates)
 
-    def _choose(self, prompt: list[int], candidates: list[Replica]) -> tuple[Replica, Decision]:
-        """The routing rule over `candidates` for `prompt` (a new request's, or a moved
-        continuation's prompt + output); the chosen replica is expected to hold the
-        prompt's blocks from now on (kv_index.expect), so a burst lands together."""
+    @property
+    def _block_size(self) -> int:
         info = self.model_info
-        block_size = info.block_size if info is not None else 16
-        keys = block_keys(prompt, block_size) if self.router.rule.policy == "kv-aware" else []
+        return info.block_size if info is not None else 16
+
+    def _keys(self, prompt: list[int]) -> list[bytes]:
+        if self.router.rule.policy != "kv-aware":
+            return []
+        return block_keys(prompt, self._block_size)
+
+    def _choose(self, prompt: list[int], candidates: list[Replica]
+                ) -> tuple[Replica, Decision, list[Candidate]]:
+        """The routing rule over `candidates` for `prompt` (a new request's, or a moved
+        continuation's prompt + output), and what it saw of each candidate."""
+        keys = self._keys(prompt)
         now = time.monotonic()
-        decision = self.router.choose([
-            Candidate(r.index, r.load,
-                      r.kv.index.match(keys, now) if r.kv is not None else 0, r.cached_blocks)
-            for r in candidates], len(prompt), block_size)
-        replica = self.replicas[decision.index]
-        if replica.kv is not None and keys:
-            replica.kv.index.expect(keys, now)
-        return replica, decision
+        seen = [Candidate(r.index, r.load, r.kv.index.match(keys, now) if r.kv else 0,
+                          r.kv.index.size(now) if r.kv else 0) for r in candidates]
+        decision = self.router.choose(seen, len(prompt), self._block_size)
+        return self.replicas[decision.index], decision, seen
+
+    def _hold(self, req_id: str, replica: Replica, prompt: list[int]) -> None:
+        """The chosen replica is expected to hold the prompt's blocks while the request
+        is open there (kv_index.expect), so a burst of one new prefix lands together."""
+        if replica.kv is None:
+            return
+        keys = self._keys(prompt)
+        if keys:
+            replica.kv.index.expect(keys)
+            self._holds[req_id] = (replica, keys)
+
+    def _settle(self, req_id: str) -> None:
+        held = self._holds.pop(req_id, None)
+        if held is not None and held[0].kv is not None:
+            held[0].kv.index.settle(held[1], time.monotonic())
+
+    def _settle_ended(self) -> None:
+        """Requests that ended without release() or abort() (a rejection, an error,
+        a lost replica that gave up on them) let go of their holds here."""
+        for req_id in [i for i, (r, _) in self._holds.items() if not r.client.holds(i)]:
+            self._settle(req_id)
 
     def _record(self, replica: Replica, decision: Decision, req_id: str,
-                trace_context: dict[str, str] | None) -> None:
+                trace_context: dict[str, str] | None, candidates: list[Candidate]) -> None:
         replica.routed += 1
         ROUTED.labels(self.model_name, str(replica.index), decision.reason).inc()
         self._prefix_hist.observe(decision.matched_tokens)
@@ -237,8 +271,12 @@ class ReplicaSet:
                       "gapserve.routing.matched_prefix_tokens": decision.matched_tokens}
         _tracer.start_span("route", context=extract_context(trace_context or {}),
                            attributes=attributes).end()
-        log.debug("routed", request_id=req_id, replica=replica.index,
-                  reason=decision.reason, matched_prefix_tokens=decision.matched_tokens)
+        log.info("routed", request_id=req_id, replica=replica.index, reason=decision.reason,
+                 matched_blocks=decision.matched_blocks(self._block_size),
+                 matched_prefix_tokens=decision.matched_tokens,
+                 candidates=[{"replica": c.index, "load": c.load, "matched_blocks":
+                              c.matched_blocks, "cached_blocks": c.cached_blocks}
+                             for c in candidates])
 
     # ---- replicas coming and going
 
@@ -284,8 +322,11 @@ class ReplicaSet:
             return
         destinations: dict[int, int] = {}
         for open_ in moved:
-            target, _ = self._choose(open_.prompt_token_ids + open_.generated, targets)
+            prompt = open_.prompt_token_ids + open_.generated
+            target, _, _ = self._choose(prompt, targets)
             target.client.adopt(open_)
+            self._settle(open_.req_id)
+            self._hold(open_.req_id, target, prompt)
             destinations[target.index] = destinations.get(target.index, 0) + 1
         source.failovers += len(moved)
         FAILOVERS.labels(self.model_name, str(source.index)).inc(len(moved))

@@ -587,15 +587,16 @@ def add_data_parallel_routing_flags(parser: argparse.ArgumentParser, *,
                    help="kv-aware: the replica holding the longest cached prefix unless "
                         "the load is imbalanced (SGLang's cache-aware rule); round-robin: "
                         "in turn")
-    g.add_argument("--routing-cache-threshold", type=routing_threshold, default=0.5,
+    g.add_argument("--routing-cache-threshold", type=routing_threshold, default=0.3,
                    help="kv-aware: the share of the prompt a replica's cached prefix must "
-                        "exceed to win; below it the least-loaded replica takes the request")
-    g.add_argument("--routing-balance-abs-threshold", type=non_negative_int, default=32,
+                        "exceed to win; below it the replica with the fewest cached blocks "
+                        "takes the request (default: sglang-router 0.3.2's --cache-threshold)")
+    g.add_argument("--routing-balance-abs-threshold", type=non_negative_int, default=64,
                    help="kv-aware: in-flight requests by which the busiest replica must "
-                        "exceed the idlest (and ...)")
-    g.add_argument("--routing-balance-rel-threshold", type=relative_threshold, default=1.0001,
+                        "exceed the idlest (and ...; default: sglang-router 0.3.2's)")
+    g.add_argument("--routing-balance-rel-threshold", type=relative_threshold, default=1.5,
                    help="... this many times the idlest's) for the idlest to take the "
-                        "request whatever the caches hold")
+                        "request whatever the caches hold (default: sglang-router 0.3.2's)")
 
 
 def add_data_parallel_serve_flags(parser: argparse.ArgumentParser) -> None:

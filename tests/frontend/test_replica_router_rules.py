@@ -46,7 +46,47 @@ def test_equal_load_without_a_prefix_prefers_the_replica_with_fewer_cached_block
     router = ReplicaRouter()
     d = router.choose([Candidate(0, 0, 0, cached_blocks=50), Candidate(1, 0, 0, cached_blocks=3)],
                       16, BS)
-    assert d.index == 1
+    assert (d.index, d.reason) == (1, "smallest-cache")
+
+
+def test_a_miss_goes_to_the_smaller_cache_even_when_that_replica_is_busier():
+    """The decision that split benchmarks/data_parallel.py's runs (22/10, 14/18) at 4
+    users in flight, with the numbers it was taken on (tests/frontend/
+    test_replica_router_workload.py, seed 2): the first user of the fourth system
+    prompt (432 tokens, no replica holds any of it). Replica 1 holds two prompts (57
+    blocks) and had just finished a request; replica 0 holds one (40 blocks). The old
+    rule sent it to the less loaded, replica 1: three prompts in a pool for two.
+    SGLang's rule, and ours now, send it to the smaller cache; the load decides only
+    between equal caches, and the balance rule (64 and 1.5x) cannot fire at 2 vs 1."""
+    router = ReplicaRouter()
+    seen = [Candidate(0, load=2, matched_blocks=0, cached_blocks=40),
+            Candidate(1, load=1, matched_blocks=0, cached_blocks=57)]
+    d = router.choose(seen, num_prompt_tokens=432, block_size=16)
+    assert (d.index, d.reason) == (0, "smallest-cache")
+    # equal caches: the load decides, then the turn
+    assert router.choose([Candidate(0, 2, 0, 40), Candidate(1, 1, 0, 40)], 432, 16).reason \
+        == "least-loaded"
+    d = router.choose([Candidate(0, 1, 0, 40), Candidate(1, 1, 0, 40)], 432, 16)
+    assert d.reason == "tie"
+
+
+def test_the_defaults_are_the_pinned_sglang_routers_own():
+    """sglang-router 0.3.2's launch_router defaults (its router_args.py; the Rust
+    Router's docstring still names 0.5 / 32 / 1.0001, which its CLI does not use)."""
+    from sglang_router.router_args import RouterArgs
+
+    from shared.config import add_data_parallel_routing_flags
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    add_data_parallel_routing_flags(parser)
+    args = parser.parse_args([])
+    ours = RoutingRule.from_args(args)
+    theirs = RouterArgs()
+    assert (ours.cache_threshold, ours.balance_abs_threshold, ours.balance_rel_threshold) == \
+        (theirs.cache_threshold, theirs.balance_abs_threshold, theirs.balance_rel_threshold) \
+        == (RoutingRule().cache_threshold, RoutingRule().balance_abs_threshold,
+            RoutingRule().balance_rel_threshold)
 
 
 def test_an_imbalance_beyond_both_thresholds_overrides_the_prefix():
@@ -164,15 +204,37 @@ def test_events_of_another_block_size_are_not_indexed():
     assert index.num_blocks == 0 and index.num_unplaced == 1
 
 
-def test_a_routed_prefix_counts_as_held_until_it_expires_or_events_confirm_it():
+def test_a_routed_prefix_is_held_while_its_request_is_open_and_a_grace_after():
+    """No clock runs out on a request still open there (a first prefill can take
+    longer than any fixed hold on a loaded machine); once it ended, its blocks wait
+    GRACE_S for their events, then are no longer assumed."""
+    from frontend_svc.kv_index import GRACE_S
+
     index = KvIndex(BS)
     keys = block_keys(list(range(12)), BS)
-    index.expect(keys, now=100.0)
-    assert index.match(keys, now=101.0) == 3
-    assert index.match(keys, now=200.0) == 0  # never confirmed: expired
-    index.expect(keys, now=300.0)
+    index.expect(keys)
+    assert index.match(keys, now=100.0) == 3 and index.size(100.0) == 3
+    assert index.match(keys, now=1e6) == 3  # still open: still held
+    index.expect(keys[:2])  # a second request with the first two blocks
+    index.settle(keys, now=1e6)
+    assert index.match(keys, now=1e6 + GRACE_S + 1) == 2  # the other request holds two
+    index.settle(keys[:2], now=2e6)
+    assert index.match(keys, now=2e6 + GRACE_S - 1) == 3 - 1  # third block: expired
+    assert index.match(keys, now=2e6 + GRACE_S) == 0 and index.size(2e6 + GRACE_S) == 0
+    index.expect(keys)
     feed(index, 0, batch(stored([1, 2, 3], None, list(range(12)))))
-    assert not index.pending and index.match(keys, now=1e9) == 3
+    assert not index.expected and index.match(keys, now=1e9) == 3  # confirmed
+    index.settle(keys, now=1e9)
+    assert index.match(keys, now=1e10) == 3 and index.size(1e10) == 3
+
+
+def test_a_cleared_index_still_expects_the_prompts_of_requests_open_there():
+    index = KvIndex(BS)
+    keys = block_keys(list(range(8)), BS)
+    feed(index, 0, batch(stored([1], None, list(range(4)))))
+    index.expect(keys)
+    feed(index, 1, batch(AllBlocksCleared()))
+    assert index.match(keys, now=0.0) == 2  # recomputed there: its request is open
 
 
 def test_the_frontend_refuses_kv_endpoints_that_do_not_pair_with_the_schedulers(capsys):
