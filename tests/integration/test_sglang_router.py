@@ -27,9 +27,11 @@ from pathlib import Path
 import openai
 import pytest
 
-from tests.integration.conftest import TINY_FLAGS, Stack, free_ports, start_stack
+# a pinned test dependency (pyproject.toml's test extra): missing, this module fails
+# to import, as any missing dependency would, rather than skipping quietly
+import sglang_router  # noqa: F401
 
-pytest.importorskip("sglang_router")
+from tests.integration.conftest import TINY_FLAGS, Stack, free_ports, start_stack
 
 # the router's health checker every second, one failure marks a replica unhealthy
 # (defaults: 60 s and 3), so the kill test waits seconds, not minutes
