@@ -3,8 +3,9 @@ a ZMQ SUB socket read by an asyncio task on the frontend's loop, so the index it
 feeds (frontend_svc/kv_index.py) is only ever touched by that loop.
 
 It decodes vLLM's wire layout (vllm/distributed/kv_events.py, declared once in
-shared/kv_event_wire.py for the publisher and this subscriber) and keeps the index exact across what goes
-wrong on the way:
+shared/kv_event_wire.py for the publisher and this subscriber), current vLLM's maps or
+the positional arrays of vLLM up to 0.23, whichever the publisher was set to send, and
+keeps the index exact across what goes wrong on the way:
 - a gap in the sequence numbers (the publisher dropped batches, or this socket
   joined late) is asked of the replay socket when there is one; a gap replay cannot
   fill means events are lost for good, so the index starts over (`reset`);
@@ -20,7 +21,8 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from shared.kv_event_wire import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
+from shared.kv_event_wire import (AllBlocksCleared, ArrayBlockRemoved, ArrayBlockStored,
+                                  BlockRemoved, BlockStored, KVEventBatch, decode_batch)
 from shared.telemetry import get_logger
 
 from frontend_svc.kv_index import KvIndex
@@ -30,17 +32,17 @@ REPLAY_TIMEOUT_MS = 2000  # per reply of a replay; a silent replay socket is giv
 END_SEQ = -1
 RESUBSCRIBE_S = 1.0  # after a subscriber socket failed
 
-
-_DECODER = msgspec.msgpack.Decoder(KVEventBatch)
+__all__ = ["AllBlocksCleared", "BlockRemoved", "BlockStored", "KVEventBatch", "KvSubscriber",
+           "apply_batch", "feed"]
 
 
 def apply_batch(index: KvIndex, payload: bytes) -> None:
     """One batch's events, in order, onto the index."""
-    for event in _DECODER.decode(payload).events:
-        if isinstance(event, BlockStored):
+    for event in decode_batch(payload).events:
+        if isinstance(event, (BlockStored, ArrayBlockStored)):
             index.stored(event.block_hashes, event.parent_block_hash, event.token_ids,
                          event.block_size)
-        elif isinstance(event, BlockRemoved):
+        elif isinstance(event, (BlockRemoved, ArrayBlockRemoved)):
             index.removed(event.block_hashes)
         else:
             index.cleared()

@@ -12,6 +12,10 @@ a batch that does not fit is dropped and counted (its sequence number stays unus
 so subscribers see the gap). A thread encodes and sends each batch on a ZMQ PUB
 socket as (topic, 8-byte big-endian sequence number, msgpack KVEventBatch), and
 keeps the last `buffer_steps` of them for the ROUTER replay socket.
+
+The layout is current vLLM's (events as tagged maps, vLLM 0.24 and later); the key
+`"event_layout": "array"`, ours, not vLLM's, sends vLLM 0.23's positional events to
+routers whose decoders were written for those (docs/kv_events.md).
 """
 
 from __future__ import annotations
@@ -30,7 +34,9 @@ import zmq
 from scheduler_svc.core.block_pool import BlocksRemoved, BlocksStored, CacheCleared
 from scheduler_svc.core.config import ConfigError
 from scheduler_svc.metrics import KV_EVENTS_DROPPED, KV_EVENTS_PUBLISHED
-from shared.kv_event_wire import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
+from shared.kv_event_wire import (LAYOUTS, AllBlocksCleared, ArrayAllBlocksCleared,
+                                  ArrayBlockRemoved, ArrayBlockStored, ArrayKVEventBatch,
+                                  BlockRemoved, BlockStored, KVEventBatch)
 from shared.telemetry import get_logger
 
 log = get_logger(service="scheduler")
@@ -45,21 +51,28 @@ def external_hash(digest: bytes) -> int:
     return int.from_bytes(digest, "big") & 0xFFFF_FFFF_FFFF_FFFF
 
 
-def to_wire(event, block_size: int):
+# per layout: the structs of BlockStored, BlockRemoved, AllBlocksCleared and the batch
+_STRUCTS = {"map": (BlockStored, BlockRemoved, AllBlocksCleared, KVEventBatch),
+            "array": (ArrayBlockStored, ArrayBlockRemoved, ArrayAllBlocksCleared,
+                      ArrayKVEventBatch)}
+
+
+def to_wire(event, block_size: int, layout: str = "map"):
     """One core event (scheduler_svc/core/block_pool.py) as vLLM's struct."""
+    stored, removed, cleared, _ = _STRUCTS[layout]
     if isinstance(event, BlocksStored):
         parent = event.parent_block_hash
-        return BlockStored(
+        return stored(
             block_hashes=[external_hash(h) for h in event.block_hashes],
             parent_block_hash=None if parent is None else external_hash(parent),
             token_ids=event.token_ids, block_size=block_size, lora_id=None,
             medium=MEDIUM_GPU, lora_name=None, group_idx=0,
             kv_cache_spec_kind="full_attention")
     if isinstance(event, BlocksRemoved):
-        return BlockRemoved(block_hashes=[external_hash(h) for h in event.block_hashes],
-                            medium=MEDIUM_GPU, group_idx=0)
+        return removed(block_hashes=[external_hash(h) for h in event.block_hashes],
+                       medium=MEDIUM_GPU, group_idx=0)
     if isinstance(event, CacheCleared):
-        return AllBlocksCleared()
+        return cleared()
     raise TypeError(f"not a KV cache event: {event!r}")
 
 
@@ -75,6 +88,8 @@ class KVEventsConfig:
     hwm: int = 100_000
     max_queue_size: int = 100_000
     topic: str = ""
+    # ours, not vLLM's: "map" (current vLLM, 0.24 on) or "array" (vLLM up to 0.23)
+    event_layout: str = "map"
 
     @property
     def enabled(self) -> bool:
@@ -120,6 +135,8 @@ class KVEventsConfig:
             want(name, isinstance(value, int) and not isinstance(value, bool) and value > 0,
                  "a positive integer")
         want("topic", isinstance(self.topic, str), "a string")
+        want("event_layout", self.event_layout in LAYOUTS,
+             '"map" (vLLM 0.24 and later) or "array" (vLLM up to 0.23)')
 
 
 # --- the publisher
@@ -131,6 +148,7 @@ class ZmqEventPublisher:
 
     def __init__(self, cfg: KVEventsConfig, block_size: int, model_name: str = "") -> None:
         self.block_size = block_size
+        self.layout = cfg.event_layout
         self._topic = cfg.topic.encode()
         self._queue: queue.Queue = queue.Queue(maxsize=cfg.max_queue_size)
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=cfg.buffer_steps)  # (seq, payload)
@@ -160,7 +178,8 @@ class ZmqEventPublisher:
     def start(self) -> ZmqEventPublisher:
         self._thread.start()
         log.info("kv_events_publishing", endpoint=self.endpoint,
-                 replay_endpoint=self.replay_endpoint, block_size=self.block_size)
+                 replay_endpoint=self.replay_endpoint, block_size=self.block_size,
+                 event_layout=self.layout)
         return self
 
     def publish(self, events: list) -> None:
@@ -189,6 +208,7 @@ class ZmqEventPublisher:
 
     def _run(self) -> None:
         encoder = msgspec.msgpack.Encoder()
+        batch_struct = _STRUCTS[self.layout][3]
         while True:
             if self._replay is not None:
                 while self._replay.poll(0):
@@ -200,8 +220,9 @@ class ZmqEventPublisher:
                     return
                 continue
             try:
-                batch = KVEventBatch(ts=ts, events=[to_wire(e, self.block_size) for e in events],
-                                     data_parallel_rank=0)
+                batch = batch_struct(
+                    ts=ts, events=[to_wire(e, self.block_size, self.layout) for e in events],
+                    data_parallel_rank=0)
                 payload = encoder.encode(batch)
                 self._pub.send_multipart((self._topic, seq.to_bytes(8, "big"), payload))
             except Exception as e:  # noqa: BLE001 - never take the scheduler down

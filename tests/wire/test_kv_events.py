@@ -1,6 +1,8 @@
 """KV cache events on a real ZMQ socket, decoded with vLLM's own struct layout
-(vllm/distributed/kv_events.py, declared here as vLLM declares it), from a real
-scheduler on the tiny model: what a prefix-aware router subscribed to gapserve sees."""
+(vllm/distributed/kv_events.py of vLLM 0.33.0, the current release, written out here
+as vLLM declares it, not imported from our wire module), from a real scheduler on the
+tiny model: what a prefix-aware router subscribed to gapserve sees. The older layout
+(`"event_layout": "array"`) is decoded with vLLM 0.23.0's declarations."""
 
 from __future__ import annotations
 
@@ -20,7 +22,8 @@ from tests.wire.session_client import SessionClient
 TIMEOUT_MS = 10_000  # a bound on waiting for a message, never a pause
 
 
-# --- vLLM's structs (current vLLM: the batch an array, each event a map tagged "type")
+# --- vLLM 0.33.0's structs: the batch an array, each event a map tagged "type"
+# (ExternalBlockHash is `bytes | int` there)
 
 class EventBatch(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     ts: float
@@ -44,12 +47,18 @@ class BlockStored(KVCacheEvent):
     group_idx: int | None = None
     kv_cache_spec_kind: str | None = None
     kv_cache_spec_sliding_window: int | None = None
+    locality: str | None = None
+    ownership: str | None = None
+    session_id: str | None = None
+    lookahead_token_ids: list[list[int]] | None = None
 
 
 class BlockRemoved(KVCacheEvent):
     block_hashes: list[bytes | int]
     medium: str | None
     group_idx: int | None = None
+    locality: str | None = None
+    ownership: str | None = None
 
 
 class AllBlocksCleared(KVCacheEvent):
@@ -60,7 +69,43 @@ class KVEventBatch(EventBatch):
     events: list[BlockStored | BlockRemoved | AllBlocksCleared]
 
 
+# strict: a field of ours that vLLM 0.33.0 does not declare fails the decode
 DECODER = msgspec.msgpack.Decoder(KVEventBatch)
+
+
+# --- vLLM 0.23.0's: the events positional arrays too, the class name first
+
+class OldKVCacheEvent(msgspec.Struct, array_like=True, omit_defaults=True, gc=False,
+                      tag=True):
+    pass
+
+
+class OldBlockStored(OldKVCacheEvent, tag="BlockStored"):
+    block_hashes: list[bytes | int]
+    parent_block_hash: bytes | int | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None
+    medium: str | None
+    lora_name: str | None
+    extra_keys: list[tuple[Any, ...] | None] | None = None
+    group_idx: int | None = None
+    kv_cache_spec_kind: str | None = None
+    kv_cache_spec_sliding_window: int | None = None
+
+
+class OldBlockRemoved(OldKVCacheEvent, tag="BlockRemoved"):
+    block_hashes: list[bytes | int]
+    medium: str | None
+    group_idx: int | None = None
+
+
+class OldAllBlocksCleared(OldKVCacheEvent, tag="AllBlocksCleared"):
+    pass
+
+
+class OldKVEventBatch(EventBatch):
+    events: list[OldBlockStored | OldBlockRemoved | OldAllBlocksCleared]
 
 
 def low64(digest: bytes) -> int:  # vLLM's maybe_convert_block_hash, int mode (its default)
@@ -92,7 +137,7 @@ def subscribe_ready(publisher, topic: bytes = b"", first: int = 0) -> tuple[zmq.
         if sub.poll(100):  # a bounded wait per probe; the loop ends on the first arrival
             break
         assert probes < 100, "the subscription never took effect"
-    while receive(sub)[1] != first + probes - 1:
+    while receive_raw(sub)[1] != first + probes - 1:
         pass
     return sub, first + probes
 
@@ -105,11 +150,16 @@ def receive_until(sub: zmq.Socket, last: int) -> list[int]:
     return seqs
 
 
-def receive(sub: zmq.Socket) -> tuple[bytes, int, KVEventBatch]:
+def receive_raw(sub: zmq.Socket) -> tuple[bytes, int, bytes]:
     assert sub.poll(TIMEOUT_MS), "no KV event batch arrived"
     topic, seq, payload = sub.recv_multipart()
     assert len(seq) == 8
-    return topic, int.from_bytes(seq, "big"), DECODER.decode(payload)
+    return topic, int.from_bytes(seq, "big"), payload
+
+
+def receive(sub: zmq.Socket) -> tuple[bytes, int, KVEventBatch]:
+    topic, seq, payload = receive_raw(sub)
+    return topic, seq, DECODER.decode(payload)
 
 
 def replay(endpoint: str, start: int) -> list[tuple[int, bytes]]:
@@ -216,6 +266,73 @@ def test_every_event_kind_decodes_with_vllms_structs_and_hashes_are_the_low_64_b
     assert publisher.num_published == next_seq + 3
 
 
+def test_the_payload_is_byte_for_byte_what_vllm_0_33_would_encode():
+    """Not only decodable: the same bytes vLLM's own structs encode for these values,
+    and on the wire a positional 3-array whose events are maps with exactly the
+    fields set (defaults omitted, as vLLM's omit_defaults does)."""
+    publisher = ZmqEventPublisher(local_config(), block_size=4).start()
+    sub, _ = subscribe_ready(publisher)
+    h1, h2 = bytes(range(32)), bytes(range(32, 64))
+    try:
+        publisher.publish([BlocksStored([h2], h1, [9, 8, 7, 6]), BlocksRemoved([h1])])
+        assert sub.poll(TIMEOUT_MS)
+        _, _, payload = sub.recv_multipart()
+    finally:
+        sub.close(linger=0)
+        publisher.close()
+    batch = DECODER.decode(payload)
+    expected = KVEventBatch(ts=batch.ts, data_parallel_rank=0, events=[
+        BlockStored(block_hashes=[low64(h2)], parent_block_hash=low64(h1),
+                    token_ids=[9, 8, 7, 6], block_size=4, lora_id=None, medium="GPU",
+                    lora_name=None, group_idx=0, kv_cache_spec_kind="full_attention"),
+        BlockRemoved(block_hashes=[low64(h1)], medium="GPU", group_idx=0)])
+    assert payload == msgspec.msgpack.encode(expected)
+    raw = msgspec.msgpack.decode(payload)
+    assert isinstance(raw, list) and len(raw) == 3 and raw[2] == 0
+    assert [sorted(e) for e in raw[1]] == [
+        sorted(["type", "block_hashes", "parent_block_hash", "token_ids", "block_size",
+                "lora_id", "medium", "lora_name", "group_idx", "kv_cache_spec_kind"]),
+        sorted(["type", "block_hashes", "medium", "group_idx"])]
+    assert [e["type"] for e in raw[1]] == ["BlockStored", "BlockRemoved"]
+
+
+def test_the_array_layout_is_vllm_0_23s_and_the_frontend_reads_both():
+    """`"event_layout": "array"`: for routers whose decoders predate vLLM 0.24 (events
+    as positional arrays, class name first). Decoded with vLLM 0.23.0's structs; the
+    frontend's own subscriber takes either layout."""
+    from frontend_svc.kv_index import KvIndex, block_keys
+    from frontend_svc.kv_subscriber import apply_batch
+
+    publisher = ZmqEventPublisher(local_config(event_layout="array"), block_size=4).start()
+    sub, _ = subscribe_ready(publisher)
+    h1, h2 = bytes(range(32)), bytes(range(32, 64))
+    try:
+        publisher.publish([BlocksStored([h1, h2], None, list(range(8))), BlocksRemoved([h2]),
+                           CacheCleared()])
+        assert sub.poll(TIMEOUT_MS)
+        _, _, payload = sub.recv_multipart()
+    finally:
+        sub.close(linger=0)
+        publisher.close()
+    batch = msgspec.msgpack.Decoder(OldKVEventBatch).decode(payload)
+    assert batch.events == [
+        OldBlockStored(block_hashes=[low64(h1), low64(h2)], parent_block_hash=None,
+                       token_ids=list(range(8)), block_size=4, lora_id=None, medium="GPU",
+                       lora_name=None, group_idx=0, kv_cache_spec_kind="full_attention"),
+        OldBlockRemoved(block_hashes=[low64(h2)], medium="GPU", group_idx=0),
+        OldAllBlocksCleared()]
+    raw = msgspec.msgpack.decode(payload)
+    assert raw[1][0][:1] == ["BlockStored"] and raw[1][1] == ["BlockRemoved", [low64(h2)],
+                                                             "GPU", 0]
+    with pytest.raises(msgspec.ValidationError):
+        DECODER.decode(payload)  # a current-vLLM decoder cannot read it, and vice versa
+    index = KvIndex(4)
+    apply_batch(index, msgspec.msgpack.encode(OldKVEventBatch(ts=1.0, events=batch.events[:2])))
+    assert index.match(block_keys(list(range(8)), 4), 0.0) == 1  # stored two, removed one
+    apply_batch(index, payload)  # the whole batch, as sent: cleared at its end
+    assert index.num_blocks == 0 and index.num_resets == 1
+
+
 def test_a_full_queue_drops_and_counts_and_leaves_a_sequence_gap_subscribers_can_see():
     publisher = ZmqEventPublisher(local_config(max_queue_size=2), block_size=4)
     sub = None
@@ -223,6 +340,8 @@ def test_a_full_queue_drops_and_counts_and_leaves_a_sequence_gap_subscribers_can
         for _ in range(3):  # the thread is not started yet: the third does not fit
             publisher.publish([CacheCleared()])
         assert publisher.num_dropped == 1
+        # the probes below must not be dropped too when the thread lags on a busy machine
+        publisher._queue.maxsize = 0
         publisher.start()
         sub, next_seq = subscribe_ready(publisher, first=3)  # probes numbered 3, 4, ...
         assert [s for s, _ in replay(publisher.replay_endpoint, 0)] == \
@@ -257,6 +376,7 @@ def test_the_flag_takes_vllms_keys_and_defaults():
     assert cfg.enabled and cfg.publisher == "zmq"
     assert (cfg.endpoint, cfg.replay_endpoint, cfg.topic, cfg.buffer_steps, cfg.hwm,
             cfg.max_queue_size) == ("tcp://*:5557", None, "", 10_000, 100_000, 100_000)
+    assert cfg.event_layout == "map"  # ours: current vLLM's layout unless asked
     off = KVEventsConfig.from_json('{"enable_kv_cache_events": true, "publisher": "null"}')
     assert not off.enabled
 
@@ -269,6 +389,7 @@ def test_the_flag_takes_vllms_keys_and_defaults():
     ('{"publisher": "kafka"}', 'publisher must be "zmq" or "null"'),
     ('{"hwm": 0}', "hwm must be a positive integer"),
     ('{"endpoint": "5557"}', "endpoint must be a ZMQ endpoint"),
+    ('{"event_layout": "tuple"}', 'event_layout must be "map"'),
 ])
 def test_a_bad_config_is_refused_with_the_reason(text, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
