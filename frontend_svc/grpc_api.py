@@ -3,33 +3,36 @@ translation between protobuf and the frontend's choices."""
 
 from __future__ import annotations
 
+import time
 from contextlib import aclosing
 
 import grpc
 
 from shared import proto_convert as convert
 from shared.proto import generate_pb2, generate_pb2_grpc
-from shared.structured_output import StructuredOutputError, validate_for_model
-from shared.types import FinishReason, InvalidRequestError, SamplingParams
+from shared.structured_output import CompileCapacityError, StructuredOutputError, validate
+from shared.types import FinishReason, InvalidRequestError
 
 from frontend_svc import generation
 from frontend_svc.auth import Forbidden, Unauthenticated, bearer
+from frontend_svc.caps import REJECTED
 from frontend_svc.context import Frontend
 from frontend_svc.errors import EngineError
 from frontend_svc.generation import Choice
 from frontend_svc.output_stream import OutputStream
-from frontend_svc.translate import GenerationInput, check_prompt, encode, stop_strings
+from frontend_svc.translate import (
+    GenerationInput, ModelLimits, check_prompt, encode, stop_strings)
 
 SERVICE_NAME = "gapserve.v1.Generation"
 
 
 def generate_input(req: generate_pb2.GenerateRequest, fe: Frontend) -> GenerationInput:
     """Validate and tokenize (call it on fe.pool); raises InvalidRequestError
-    naming the problem."""
+    naming the problem. The grammar is compiled next, on the grammar pool
+    (check_structured_output)."""
     limits = fe.limits
     params = convert.sampling_from_proto(req.sampling_params)
     params.validate(limits.vocab_size)
-    check_structured_output(params, fe)
     stops = stop_strings(list(req.stop), limits.caps, params.stop_token_ids)
     add_special = req.add_special_tokens if req.HasField("add_special_tokens") else True
     which = req.WhichOneof("input")
@@ -48,19 +51,31 @@ def generate_input(req: generate_pb2.GenerateRequest, fe: Frontend) -> Generatio
         req.priority, req.cache_salt if req.HasField("cache_salt") else None)
 
 
-def check_structured_output(params: SamplingParams, fe: Frontend) -> None:
-    """Compile the request's grammar (cached; bounded by the compile timeout) before
-    anything is queued: a bad schema, regex, choice list or grammar is an
-    InvalidRequestError naming the part at fault (INVALID_ARGUMENT / HTTP 400)."""
-    spec = params.structured_output
+def check_structured_output(inp: GenerationInput, limits: ModelLimits) -> GenerationInput:
+    """Compile the request's grammar before anything is queued, as the HTTP path
+    does: on the frontend's grammar pool (call it there), through the same cache,
+    within the same --structured-outputs-compile-timeout-s. A bad schema, regex,
+    choice list or grammar is an InvalidRequestError naming the part at fault
+    (INVALID_ARGUMENT); no compile possible now (too many stuck past the timeout)
+    is RESOURCE_EXHAUSTED."""
+    spec = inp.params.structured_output
     if spec is None:
-        return
-    info = fe.engine.model_info
+        return inp
+    start = time.perf_counter()
     try:
-        validate_for_model(spec, fe.model_path, info.vocab_size if info else None,
-                           list(info.eos_token_ids) if info else None)
+        if limits.grammar_vocab is None:
+            raise StructuredOutputError("structured outputs are not available on this "
+                                        "frontend")
+        inp.cache_hit = validate(spec, limits.grammar_vocab(), limits.compile_timeout_s)
+    except CompileCapacityError as exc:
+        REJECTED.labels("compile_capacity").inc()
+        raise EngineError(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"structured_output: {exc.message}") from None
     except StructuredOutputError as exc:
-        raise InvalidRequestError(f"structured_output.{exc.field}: {exc.message}") from exc
+        REJECTED.labels("structured_output").inc()
+        raise InvalidRequestError(f"structured_output.{exc.field}: {exc.message}") from None
+    inp.compile_s = time.perf_counter() - start
+    return inp
 
 
 def tokenize_reply(req: generate_pb2.TokenizeRequest, fe: Frontend
@@ -118,6 +133,9 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
                 try:
                     self.fe.keys.check_priority(caller, request.priority)
                     inp = await self.fe.offload(generate_input, request, self.fe)
+                    if inp.params.structured_output is not None:  # not behind a compile
+                        inp = await self.fe.offload_grammar(check_structured_output, inp,
+                                                            self.fe.limits)
                 except Forbidden as exc:
                     await context.abort(grpc.StatusCode.PERMISSION_DENIED, str(exc))
                 except InvalidRequestError as exc:

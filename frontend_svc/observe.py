@@ -43,7 +43,8 @@ class Observer:
                  structured_output=attrs.get("gapserve.request.structured_output"),
                  source=inp.constraint.source if inp.constraint else None,
                  tool_choice=attrs.get("gapserve.request.tool_choice"),
-                 compile_ms=round(inp.compile_s * 1e3, 2))
+                 compile_ms=round(inp.compile_s * 1e3, 2),
+                 cache_hit=attrs.get("gapserve.request.structured_output.cache_hit"))
 
     def finish(self, tracker: RequestTracker, state) -> None:
         tracker.finish(state.finish_reason, num_preemptions=state.num_preemptions,
@@ -57,14 +58,22 @@ class Observer:
                             message=message)
 
 
-def constraint_attributes(inp) -> dict[str, str]:
-    """Span attributes naming a request's structured-output kind and tool_choice."""
-    out = {}
+def constraint_attributes(inp) -> dict[str, str | float | bool]:
+    """Span attributes naming a request's structured-output kind and tool_choice,
+    and what compiling its grammar at the frontend cost: the milliseconds (the
+    request waited that long before it was queued) and whether the compiled-grammar
+    cache had it. (The time it then waits deferred while rank 0 compiles is known
+    only to the scheduler: it is part of the request's queue time there,
+    gapserve:request_queue_time_seconds.)"""
+    out: dict[str, str | float | bool] = {}
     constraint = getattr(inp, "constraint", None)
     plan = getattr(inp, "tool_plan", None)
     if constraint is not None:
         out["gapserve.request.structured_output"] = constraint.spec.kind
         out["gapserve.request.structured_output.source"] = constraint.source
+        out["gapserve.request.structured_output.compile_ms"] = round(inp.compile_s * 1e3, 3)
+        if inp.cache_hit is not None:
+            out["gapserve.request.structured_output.cache_hit"] = inp.cache_hit
     if plan is not None:
         out["gapserve.request.tool_choice"] = plan.label
     return out

@@ -223,7 +223,8 @@ def generation_router(fe: Frontend) -> APIRouter:
         ids = response_ids("cmpl", request, req)
         resp_id = ids[0]
         inputs = await fe.offload(completion_inputs, req, fe.tokenizer, fe.limits)
-        inputs = await fe.offload_grammar(check_constraints, inputs, fe.limits)
+        if inputs and inputs[0].constraint is not None:  # a free request never waits there
+            inputs = await fe.offload_grammar(check_constraints, inputs, fe.limits)
         width = choices_per_prompt(req)
         choices = choices_for(inputs, width, ids, request, "text_completion")
         echo = [c.inp.prompt_text if req.echo else None for c in choices]
@@ -247,7 +248,8 @@ def generation_router(fe: Frontend) -> APIRouter:
         ids = response_ids("chatcmpl", request, req)
         resp_id = ids[0]
         inp = await fe.offload(chat_input, req, fe.tokenizer, fe.limits, fe.tools)
-        [inp] = await fe.offload_grammar(check_constraints, [inp], fe.limits)
+        if inp.constraint is not None:  # a free request never queues behind a compile
+            [inp] = await fe.offload_grammar(check_constraints, [inp], fe.limits)
         width = choices_per_prompt(req)
         choices = choices_for([inp], width, ids, request, "chat")
         if req.stream:

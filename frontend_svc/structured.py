@@ -16,11 +16,14 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import grpc
+
 from shared.structured_output import (
-    DEFAULT_COMPILE_TIMEOUT_S, StructuredOutputError, StructuredOutputSpec, validate)
+    DEFAULT_COMPILE_TIMEOUT_S, CompileCapacityError, StructuredOutputError,
+    StructuredOutputSpec, validate)
 
 from frontend_svc.caps import REJECTED
-from frontend_svc.errors import FieldError
+from frontend_svc.errors import EngineError, FieldError
 
 # structured_outputs' kinds (vLLM's StructuredOutputsParams), exactly one per request
 KIND_FIELDS = ("json", "regex", "choice", "grammar", "json_object")
@@ -151,16 +154,22 @@ def _spec(kind: str, value: Any, param: str,
 
 
 def check(constraint: Constraint, vocab_of, timeout_s: float = DEFAULT_COMPILE_TIMEOUT_S
-          ) -> float:
+          ) -> tuple[float, bool]:
     """Compile the constraint's grammar (a cache hit after the first time) within
-    timeout_s; a 400 naming its field if it does not compile or takes too long.
-    Returns the seconds it took. Call it off the event loop (the tokenizer pool)."""
+    timeout_s; a 400 naming its field if it does not compile or takes too long; a
+    503 if no grammar can be compiled now (the compiles stuck past the timeout are
+    at their cap: shared/structured_output.py CompileCache). Returns the seconds it
+    took and whether it was a cache hit. Call it off the event loop (the grammar pool)."""
     if vocab_of is None:  # a frontend built without the model's grammar vocabulary
         raise _refuse(f"{constraint.param}: structured outputs are not available on this "
                       "frontend", constraint.param)
     start = time.perf_counter()
     try:
-        validate(constraint.spec, vocab_of(), timeout_s)
+        hit = validate(constraint.spec, vocab_of(), timeout_s)
+    except CompileCapacityError as exc:
+        REJECTED.labels("compile_capacity").inc()
+        raise EngineError(grpc.StatusCode.UNAVAILABLE,
+                          f"{constraint.param}: {exc.message}") from None
     except StructuredOutputError as exc:
         raise _refuse(f"{constraint.param}: {exc.message}", constraint.param) from None
-    return time.perf_counter() - start
+    return time.perf_counter() - start, hit

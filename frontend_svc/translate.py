@@ -52,6 +52,7 @@ class GenerationInput:
     constraint: Constraint | None = None  # its structured output (params carry the spec)
     tool_plan: ToolPlan | None = None  # chat with tools: how the reply is parsed
     compile_s: float = 0.0  # validating the constraint took this long (a cache hit: ~0)
+    cache_hit: bool | None = None  # that compile was a cache hit (None: no constraint)
 
 
 def fan_out(params: SamplingParams, n: int) -> list[SamplingParams]:
@@ -214,9 +215,10 @@ def check_constraints(inputs: list[GenerationInput], limits: ModelLimits
     neither the event loop nor a tokenizer thread."""
     constraint = inputs[0].constraint if inputs else None
     if constraint is not None:
-        compile_s = structured.check(constraint, limits.grammar_vocab, limits.compile_timeout_s)
+        compile_s, hit = structured.check(constraint, limits.grammar_vocab,
+                                          limits.compile_timeout_s)
         for inp in inputs:
-            inp.compile_s = compile_s
+            inp.compile_s, inp.cache_hit = compile_s, hit
     return inputs
 
 
