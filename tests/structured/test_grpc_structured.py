@@ -94,11 +94,20 @@ def slow_schema(n: int = 5000) -> str:
 
 
 class Stream(threading.Thread):
-    """One unconstrained greedy stream; the arrival time of every message."""
+    """One unconstrained greedy stream; the arrival time of every message. `warm` is
+    set once WARM messages arrived (the stream is decoding) or it ended."""
+
+    WARM = 20
 
     def __init__(self, stub, i: int) -> None:
         super().__init__(daemon=True)
         self.stub, self.i, self.times, self.error = stub, i, [], None
+        self.warm = threading.Event()
+
+    def arrived(self) -> None:
+        self.times.append(time.monotonic())
+        if len(self.times) == self.WARM:
+            self.warm.set()
 
     def run(self) -> None:
         try:
@@ -106,9 +115,16 @@ class Stream(threading.Thread):
             request = generate_pb2.GenerateRequest(
                 text=f"Stream {self.i} says", sampling_params=pc.sampling_to_proto(params))
             for _ in self.stub.Generate(request, timeout=120):
-                self.times.append(time.monotonic())
+                self.arrived()
         except BaseException as e:  # noqa: BLE001 - asserted by the test
             self.error = e
+        finally:
+            self.warm.set()  # a waiter never hangs on a stream that ended early
+
+
+def wait_decoding(streams) -> None:
+    for s in streams:
+        assert s.warm.wait(60) and s.error is None and len(s.times) >= s.WARM, s.error
 
 
 def add_directly(stack, spec: Spec) -> tuple[float, list[int]]:
@@ -150,29 +166,35 @@ def test_other_streams_keep_their_pace_while_a_large_grammar_compiles(start_stac
     streams = [Stream(stub, i) for i in range(4)]
     for s in streams:
         s.start()
-    deadline = time.monotonic() + 60
-    while min(len(s.times) for s in streams) < 20:  # all four are decoding
-        assert time.monotonic() < deadline and not any(s.error for s in streams)
-        time.sleep(0.01)
+    wait_decoding(streams)  # all four are decoding
     sent = time.monotonic()
     first, tokens = add_directly(stack, Spec("json", slow_schema()))
-    window = first - sent
     for s in streams:
         s.join(120)
         assert s.error is None
-    gaps = [b - a for s in streams for a, b in zip(s.times, s.times[1:])
-            if sent <= a and b <= first]
-    assert window > 0.4, f"the compile took {window:.2f} s: too fast to show anything"
-    assert len(gaps) > 20, "the other streams made no progress while it compiled"
-    # a compile on the step path would stall every stream for about `window`
-    print(f"compile window {window:.3f} s, max gap {max(gaps):.3f} s, {len(gaps)} gaps")
-    assert max(gaps) < 0.3 * window, (max(gaps), window)
     assert tokens and tokens[0] == tokenizer_id(stack, "{")
     worker = httpx.get(f"http://127.0.0.1:{worker_metrics}/metrics").text
     assert metric(worker, "gapserve:structured_output_compile_seconds_count") >= 1
     assert metric(worker, 'gapserve:structured_output_cache_total{result="miss"}') >= 1
     scheduler = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics").text
     assert metric(scheduler, "gapserve:structured_output_mask_seconds_count") >= 1
+    check_pace(streams, sent, first)
+
+
+def check_pace(streams, sent: float, first: float) -> None:
+    """The other streams' largest token gap while the grammar compiled (from `sent`
+    to the constrained request's first token) stays under 0.3 of that window: a
+    compile on the step path (or holding the event loop) would stall them for about
+    all of it. Skipped when the window is too short to tell the two apart."""
+    window = first - sent
+    if window <= 0.4:
+        pytest.skip(f"the compile took {window:.2f} s: too fast on this machine to tell a "
+                    "stall from the streams' own pace (needs over 0.4 s)")
+    gaps = [b - a for s in streams for a, b in zip(s.times, s.times[1:])
+            if sent <= a and b <= first]
+    assert len(gaps) > 20, "the other streams made no progress while it compiled"
+    print(f"compile window {window:.3f} s, max gap {max(gaps):.3f} s, {len(gaps)} gaps")
+    assert max(gaps) < 0.3 * window, (max(gaps), window)
 
 
 def tokenizer_id(stack, text: str) -> int:
