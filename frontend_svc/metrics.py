@@ -169,6 +169,7 @@ class RequestTracker:
         continuation went to a second one)."""
         if out.queue_time_s is not None and self.queue_time_s is None:
             self.queue_time_s, self.prefill_time_s = out.queue_time_s, out.prefill_time_s
+        self.vllm = vllm_metrics.for_request(self.req_id, self.vllm)  # its replica's engine
 
     def on_tokens(self, num_new_tokens: int, now_s: float | None = None) -> None:
         """New output tokens arrived from the scheduler (0 is allowed: ignored)."""
@@ -211,7 +212,7 @@ class RequestTracker:
         self.vllm.finished(name, e2e, None if first is None else first - self.arrival_s,
                            0.0 if first is None else self.last_token_s - first,
                            self.num_prompt_tokens, self.num_output_tokens,
-                           self.queue_time_s, self.prefill_time_s)
+                           self.queue_time_s, self.prefill_time_s, num_cached_tokens)
         self.span.add_event("finished", {"reason": name})
         self.span.set_attributes({
             "gen_ai.usage.output_tokens": self.num_output_tokens,

@@ -37,6 +37,7 @@ from shared.proto import engine_pb2
 from shared.telemetry import extract_context, get_logger, get_tracer
 from shared.types import ModelInfo, SamplingParams
 
+from frontend_svc import vllm_metrics
 from frontend_svc.continuation import OpenRequest
 from frontend_svc.engine_client import EngineClient, Item
 from frontend_svc.errors import EngineError
@@ -187,6 +188,7 @@ class ReplicaSet:
         queue = replica.client.add(req_id, prompt_token_ids, params, priority,
                                    trace_context, cache_salt)
         self._hold(req_id, replica, prompt_token_ids)
+        vllm_metrics.routed(req_id, replica.index)  # its vllm:* series: that engine's
         self._record(replica, decision, req_id, trace_context, candidates)
         return queue
 
@@ -198,6 +200,7 @@ class ReplicaSet:
                 found += r.client.abort(mine)
         for req_id in req_ids:
             self._settle(req_id)
+            vllm_metrics.ended(req_id)
         return found
 
     def release(self, req_id: str) -> None:
@@ -205,6 +208,7 @@ class ReplicaSet:
             if r.client.holds(req_id):
                 r.client.release(req_id)
         self._settle(req_id)
+        vllm_metrics.ended(req_id)
 
     def shutdown(self, error: EngineError) -> int:
         return sum(r.client.shutdown(error) for r in self.replicas)
@@ -259,6 +263,7 @@ class ReplicaSet:
         a lost replica that gave up on them) let go of their holds here."""
         for req_id in [i for i, (r, _) in self._holds.items() if not r.client.holds(i)]:
             self._settle(req_id)
+            vllm_metrics.ended(req_id)
 
     def _record(self, replica: Replica, decision: Decision, req_id: str,
                 trace_context: dict[str, str] | None, candidates: list[Candidate]) -> None:
@@ -327,6 +332,7 @@ class ReplicaSet:
             target.client.adopt(open_)
             self._settle(open_.req_id)
             self._hold(open_.req_id, target, prompt)
+            vllm_metrics.routed(open_.req_id, target.index)
             destinations[target.index] = destinations.get(target.index, 0) + 1
         source.failovers += len(moved)
         FAILOVERS.labels(self.model_name, str(source.index)).inc(len(moved))

@@ -10,11 +10,16 @@ Two sources:
     scheduler sees them; RequestOutput.queue_time_s). Ordinary prometheus_client
     metrics; with --api-server-count N they live in PROMETHEUS_MULTIPROC_DIR and a
     scrape sums them over all frontend processes (gapserve/serve.py sets it up).
-  * the scheduler's state: running, waiting, KV usage, preemptions, prefix cache.
-    Read with GetStatus when /metrics is scraped, so whichever frontend answers
-    reports the one scheduler's values; its counters are the scheduler's cumulative
-    totals (monotonic; they reset only when the scheduler restarts, as any counter
-    of a restarted process does).
+  * the scheduler's state: running, waiting (by reason), KV usage, preemptions,
+    prefix cache, the cache configuration. Read with GetStatus when /metrics is
+    scraped, so whichever frontend answers reports the scheduler's values; its
+    counters are the scheduler's cumulative totals (monotonic; they reset only when
+    the scheduler restarts, as any counter of a restarted process does).
+
+Under data parallelism each replica is its own `engine` label value, its index, as
+vLLM labels its data-parallel engines: the scheduler-fed series come per replica,
+and a request's series follow the replica that serves it (ReplicaSet calls routed();
+the tracker picks the series up with the request's next output, for_request()).
 """
 
 from __future__ import annotations
@@ -56,6 +61,13 @@ def build_1_2_5_buckets(max_value: int) -> list[int]:
         scale *= 10
 
 
+PROMPT_SOURCES = ("local_compute", "local_cache_hit", "external_kv_transfer")  # vLLM's
+# vLLM's cache tiers (vllm/v1/metrics/cache_hit_source.py): here only the engine's own
+# pool, vLLM's "device", holds cached prompt tokens
+CACHE_SOURCES = ("device", "host", "p2p", "disk", "external_unspecified")
+WAITING_REASONS = ("capacity", "deferred")
+
+
 @dataclass(slots=True)
 class VllmSeries:
     """One model's vLLM-named children, observed by frontend_svc.metrics.RequestTracker."""
@@ -73,12 +85,17 @@ class VllmSeries:
     request_generation_tokens: Any
     request_max_generation_tokens: Any
     max_tokens: Any
+    prefill_kv_computed: Any
+    prompt_tokens_cached: Any
     success: Any  # the request_success Counter: labelled per finish reason on use
+    by_source: Any  # the prompt_tokens_by_source Counter: labelled per source on use
     model_name: str
+    engine: str = ENGINE
 
     def finished(self, reason: str, e2e_s: float, ttft_s: float | None,
                  decode_s: float, num_prompt_tokens: int, num_output_tokens: int,
-                 queue_s: float | None = None, prefill_s: float | None = None) -> None:
+                 queue_s: float | None = None, prefill_s: float | None = None,
+                 num_cached_tokens: int = 0) -> None:
         self.e2e.observe(e2e_s)
         self.decode_time.observe(decode_s)
         if queue_s is not None:  # measured by the scheduler: known once it sent a token
@@ -93,7 +110,13 @@ class VllmSeries:
         self.request_generation_tokens.observe(num_output_tokens)
         # per choice: vLLM takes the max over a request's n completions
         self.request_max_generation_tokens.observe(num_output_tokens)
-        self.success.labels(self.model_name, ENGINE, reason).inc()
+        self.success.labels(self.model_name, self.engine, reason).inc()
+        cached = max(num_cached_tokens, 0)
+        self.prefill_kv_computed.observe(max(num_prompt_tokens - cached, 0))
+        if ttft_s is not None:  # its prefill ran: vLLM counts a prompt's sources then
+            self.prompt_tokens_cached.inc(cached)
+            for source, n in zip(PROMPT_SOURCES, (num_prompt_tokens - cached, cached, 0)):
+                self.by_source.labels(self.model_name, self.engine, source).inc(n)
 
 
 @functools.cache
@@ -132,8 +155,15 @@ def _families(max_model_len: int) -> tuple:
                   buckets=tokens),
         Histogram("vllm:request_params_max_tokens",
                   "Histogram of the max_tokens request parameter.", LABELS, buckets=tokens),
+        Histogram("vllm:request_prefill_kv_computed_tokens",
+                  "Histogram of new KV tokens computed during prefill (excluding cached "
+                  "tokens).", LABELS, buckets=tokens),
+        Counter("vllm:prompt_tokens_cached", "Number of cached prompt tokens (local + "
+                "external).", LABELS),
         Counter("vllm:request_success", "Count of successfully processed requests.",
                 LABELS + ["finished_reason"]),
+        Counter("vllm:prompt_tokens_by_source", "Number of prompt tokens by source.",
+                LABELS + ["source"]),
     )
 
 
@@ -141,49 +171,108 @@ DEFAULT_MAX_MODEL_LEN = 1 << 20  # before the scheduler told us (not reached in 
 _token_buckets_max: list[int] = []  # the first max_model_len seen in this process
 
 
-@functools.cache
-def series(model_name: str, max_model_len: int = 0) -> VllmSeries:
-    """The model's series; max_model_len (when known) sizes the token buckets."""
+def series(model_name: str, max_model_len: int = 0, engine: str = ENGINE) -> VllmSeries:
+    """The model's series at one engine; max_model_len (when known) sizes the token
+    buckets."""
     if not _token_buckets_max:
         _token_buckets_max.append(max_model_len or DEFAULT_MAX_MODEL_LEN)
-    *histograms, success = _families(_token_buckets_max[0])
-    return VllmSeries(*(h.labels(model_name, ENGINE) for h in histograms), success, model_name)
+    return _series(model_name, engine)
+
+
+@functools.cache
+def _series(model_name: str, engine: str) -> VllmSeries:
+    *children, success, by_source = _families(_token_buckets_max[0])
+    out = VllmSeries(*(c.labels(model_name, engine) for c in children), success, by_source,
+                     model_name, engine)
+    for source in PROMPT_SOURCES:  # present from the start, as vLLM's are
+        by_source.labels(model_name, engine, source)
+    return out
+
+
+# data parallelism: request id -> the engine label of the replica serving it
+_engine_of: dict[str, str] = {}
+
+
+def routed(req_id: str, replica: int) -> None:
+    """frontend_svc/replicas.py sent the request (or moved it) to that replica."""
+    _engine_of[req_id] = str(replica)
+
+
+def ended(req_id: str) -> None:
+    _engine_of.pop(req_id, None)
+
+
+def for_request(req_id: str, current: VllmSeries) -> VllmSeries:
+    """The series of the engine now serving the request (engine "0" without data
+    parallelism): the tracker's, or another engine's after routing or a failover."""
+    engine = _engine_of.get(req_id, current.engine)
+    return current if engine == current.engine else _series(current.model_name, engine)
 
 
 class SchedulerStatusCollector:
-    """The scheduler-fed series, from the EngineStatus read for this scrape (none
-    when the scheduler did not answer: no stale values)."""
+    """The scheduler-fed series, from the EngineStatus read for this scrape, one set
+    per engine (none when no scheduler answered: no stale values)."""
 
     def __init__(self) -> None:
         self.model_name = ""
-        self.status = None
+        self.status = None  # one scheduler's EngineStatus, as engine "0"
+        self.engines: list[tuple[str, object]] | None = None  # (engine, status) per replica
+        self.block_size = 0  # the engines' KV block size (from the handshake)
 
     def collect(self):
-        st, labels = self.status, [self.model_name, ENGINE]
-        if st is None:
+        engines = self.engines if self.engines is not None else \
+            ([] if self.status is None else [(ENGINE, self.status)])
+        if not engines:
             return
-        for name, doc, value in (
-                ("vllm:num_requests_running", "Number of requests in model execution batches.",
-                 st.num_running),
-                ("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
-                 st.num_waiting + st.num_waiting_not_ready),
-                ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
-                 st.kv_cache_usage)):
+        m = self.model_name
+        gauges = [("vllm:num_requests_running", "Number of requests in model execution "
+                   "batches.", lambda st: st.num_running),
+                  ("vllm:num_requests_waiting", "Number of requests waiting to be processed.",
+                   lambda st: st.num_waiting + st.num_waiting_not_ready),
+                  ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
+                   lambda st: st.kv_cache_usage)]
+        for name, doc, value in gauges:
             g = GaugeMetricFamily(name, doc, labels=LABELS)
-            g.add_metric(labels, value)
+            for engine, st in engines:
+                g.add_metric([m, engine], value(st))
             yield g
-        for name, doc, value in (
-                ("vllm:num_preemptions", "Cumulative number of preemption from the engine.",
-                 st.num_preemptions_total),
-                ("vllm:prefix_cache_queries",
-                 "Prefix cache queries, in terms of number of queried tokens.",
-                 st.prefix_cache_queries),
-                ("vllm:prefix_cache_hits",
-                 "Prefix cache hits, in terms of number of cached tokens.",
-                 st.prefix_cache_hits)):
+        g = GaugeMetricFamily(
+            "vllm:num_requests_waiting_by_reason", "Number of waiting requests by reason. "
+            "'capacity' = waiting for scheduling capacity; 'deferred' = not ready to be "
+            "scheduled (a grammar still compiling). Sum of all reasons equals "
+            "vllm:num_requests_waiting.", labels=LABELS + ["reason"])
+        for engine, st in engines:
+            g.add_metric([m, engine, "capacity"], st.num_waiting)
+            g.add_metric([m, engine, "deferred"], st.num_waiting_not_ready)
+        yield g
+        counters = [("vllm:num_preemptions", "Cumulative number of preemption from the engine.",
+                     lambda st: st.num_preemptions_total),
+                    ("vllm:prefix_cache_queries",
+                     "Prefix cache queries, in terms of number of queried tokens.",
+                     lambda st: st.prefix_cache_queries),
+                    ("vllm:prefix_cache_hits",
+                     "Prefix cache hits, in terms of number of cached tokens.",
+                     lambda st: st.prefix_cache_hits)]
+        for name, doc, value in counters:
             c = CounterMetricFamily(name, doc, labels=LABELS)
-            c.add_metric(labels, value)
+            for engine, st in engines:
+                c.add_metric([m, engine], value(st))
             yield c
+        c = CounterMetricFamily(
+            "vllm:prompt_tokens_cached_by_source", "Prefix-cache hit tokens by the cache "
+            "tier that supplied them: here always the engine's own pool (device). Counted "
+            "at admission; sums to vllm:prefix_cache_hits.", labels=LABELS + ["source"])
+        for engine, st in engines:
+            for source in CACHE_SOURCES:
+                c.add_metric([m, engine, source],
+                             st.prefix_cache_hits if source == "device" else 0)
+        yield c
+        info = GaugeMetricFamily("vllm:cache_config_info", "Information of the LLMEngine "
+                                 "CacheConfig (the fields known here)",
+                                 labels=["model_name", "engine", "block_size", "num_gpu_blocks"])
+        for engine, st in engines:
+            info.add_metric([m, engine, str(self.block_size), str(st.num_kv_blocks)], 1)
+        yield info
 
 
 _status = SchedulerStatusCollector()
@@ -207,12 +296,18 @@ async def scrape(engine, model_name: str) -> tuple[bytes, str]:
     from frontend_svc.errors import EngineError  # keeps this module free of grpc at import
 
     info = engine.model_info
-    series(model_name, info.max_model_len if info else 0)  # the series exist from the start
+    replicas = getattr(engine, "replicas", None)  # a ReplicaSet: data parallelism
+    for i in range(len(replicas) if replicas else 1):  # the series exist from the start
+        series(model_name, info.max_model_len if info else 0, str(i))
     _status.model_name = model_name
+    _status.block_size = info.block_size if info else 0
     try:
         _status.status = await engine.get_status(timeout_s=STATUS_TIMEOUT_S)
     except EngineError as exc:
         _status.status = None
         log.warning("scrape without the scheduler's series: no status", code=exc.code.name,
                     error=exc.message)
+    # per replica: the rows get_status just read (a replica that did not answer has none)
+    _status.engines = None if not replicas or _status.status is None else [
+        (str(r.index), r.status) for r in replicas if r.status is not None]
     return generate_latest(_registry()), CONTENT_TYPE_LATEST

@@ -1,6 +1,8 @@
 """vLLM's metric names on the frontend's /metrics (issue 32, item 2): every name
-vLLM's Grafana dashboard queries is there with its `model_name` label, and with
---api-server-count 2 the summed counters are right whichever frontend answers.
+vLLM's Grafana dashboards query that gapserve serves is there with its `model_name`
+and `engine` labels (the names it does not serve, and why, are listed beside them and
+checked absent); with --api-server-count 2 the summed counters are right whichever
+frontend answers; under data parallelism each replica is its own `engine`.
 
 The stack runs two frontends on one port (SO_REUSEPORT), the tiny model."""
 
@@ -26,13 +28,23 @@ from tests.observability.helpers import sample
 from tests.observability.test_scheduler_telemetry import Clock, Stats, new_step, telemetry
 
 DASHBOARD = Path(__file__).parent / "data" / "vllm_dashboard_metrics.txt"
-# vLLM's types for the dashboard's names (vllm/v1/metrics/loggers.py)
-GAUGES = {"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"}
-COUNTERS = {"vllm:prompt_tokens", "vllm:generation_tokens", "vllm:request_success"}
+NOT_SERVED = Path(__file__).parent / "data" / "vllm_dashboard_metrics_not_served.txt"
+# vLLM's types for the dashboards' names (vllm/v1/metrics/loggers.py)
+GAUGES = {"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+          "vllm:num_requests_waiting_by_reason", "vllm:cache_config_info"}
+COUNTERS = {"vllm:prompt_tokens", "vllm:generation_tokens", "vllm:request_success",
+            "vllm:num_preemptions", "vllm:prefix_cache_hits", "vllm:prefix_cache_queries",
+            "vllm:prompt_tokens_by_source", "vllm:prompt_tokens_cached",
+            "vllm:prompt_tokens_cached_by_source"}
 
 
 def dashboard_names() -> list[str]:
     return [line.strip() for line in DASHBOARD.read_text().splitlines()
+            if line.strip() and not line.startswith("#")]
+
+
+def not_served_names() -> list[str]:
+    return [line.split("\t", 1)[0] for line in NOT_SERVED.read_text().splitlines()
             if line.strip() and not line.startswith("#")]
 
 
@@ -66,8 +78,42 @@ def test_scheduler_series_are_its_status_gauges_and_cumulative_counters():
     assert value["vllm:prefix_cache_queries", "vllm:prefix_cache_queries_total"] == (labels, 90)
     assert value["vllm:prefix_cache_hits", "vllm:prefix_cache_hits_total"] == (labels, 32)
     assert {f.type for n, f in got.items() if n in GAUGES} == {"gauge"}
+    waiting = {s.labels["reason"]: s.value
+               for s in got["vllm:num_requests_waiting_by_reason"].samples}
+    assert waiting == {"capacity": 4, "deferred": 1}  # sums to num_requests_waiting
+    tiers = {s.labels["source"]: s.value
+             for s in got["vllm:prompt_tokens_cached_by_source"].samples}
+    assert tiers == {"device": 32, "host": 0, "p2p": 0, "disk": 0, "external_unspecified": 0}
     collector.status = None  # the scheduler did not answer: no stale values
     assert families(generate_latest(registry).decode()) == {}
+
+
+def test_under_data_parallelism_each_replica_is_its_own_engine():
+    collector = vllm_metrics.SchedulerStatusCollector()
+    collector.model_name, collector.block_size = "m", 16
+    collector.engines = [
+        ("0", engine_pb2.EngineStatus(num_running=3, num_kv_blocks=96, prefix_cache_hits=5)),
+        ("1", engine_pb2.EngineStatus(num_running=1, num_waiting=2, num_kv_blocks=69))]
+    registry = CollectorRegistry()
+    registry.register(collector)
+    got = families(generate_latest(registry).decode())
+    running = {s.labels["engine"]: s.value for s in got["vllm:num_requests_running"].samples}
+    assert running == {"0": 3, "1": 1}
+    info = {s.labels["engine"]: (s.labels["num_gpu_blocks"], s.labels["block_size"], s.value)
+            for s in got["vllm:cache_config_info"].samples}
+    assert info == {"0": ("96", "16", 1), "1": ("69", "16", 1)}
+    # a request's series follow the replica that serves it, from its next output on
+    t = RequestTracker.start("dp-1", "vllm-dp", SamplingParams(max_tokens=4), 5,
+                             max_model_len=512)
+    vllm_metrics.routed("dp-1", 1)
+    t.on_output(RequestOutput("dp-1", [7]))
+    t.on_tokens(1, now_s=t.arrival_s + 0.1)
+    t.finish(FinishReason.LENGTH)
+    vllm_metrics.ended("dp-1")
+    assert sample("vllm:generation_tokens_total", model_name="vllm-dp", engine="1") == 1
+    assert sample("vllm:request_success_total", model_name="vllm-dp", engine="1",
+                  finished_reason="length") == 1
+    assert sample("vllm:generation_tokens_total", model_name="vllm-dp", engine="0") == 0
 
 
 def test_a_tracked_request_feeds_the_vllm_series_as_vllm_counts_them():
@@ -95,6 +141,29 @@ def test_a_tracked_request_feeds_the_vllm_series_as_vllm_counts_them():
                   finished_reason="length") == 1
     assert sample("vllm:request_params_max_tokens_bucket", model_name=m, engine="0",
                   le="10.0") >= 1
+
+
+def test_a_prompts_sources_are_counted_once_its_prefill_ran():
+    """vLLM's split of prompt tokens: computed here, found in the prefix cache, loaded
+    through a KV connector (none here: 0); the per-request computed tokens."""
+    m = "vllm-sources"
+    t = RequestTracker.start("s1", m, SamplingParams(max_tokens=4), 40, max_model_len=512)
+    t.on_tokens(1, now_s=t.arrival_s + 0.1)
+    t.finish(FinishReason.LENGTH, num_cached_tokens=32)
+    by = {src: sample("vllm:prompt_tokens_by_source_total", model_name=m, engine="0",
+                      source=src) for src in vllm_metrics.PROMPT_SOURCES}
+    assert by == {"local_compute": 8, "local_cache_hit": 32, "external_kv_transfer": 0}
+    assert sample("vllm:prompt_tokens_cached_total", model_name=m, engine="0") == 32
+    assert sample("vllm:request_prefill_kv_computed_tokens_sum", model_name=m,
+                  engine="0") == 8
+    # aborted before its first token: its prompt was not prefilled, so no sources (as
+    # vLLM), but vLLM's per-request histogram counts it whole
+    t = RequestTracker.start("s2", m, SamplingParams(max_tokens=4), 10, max_model_len=512)
+    t.finish(FinishReason.ABORT)
+    assert sample("vllm:prompt_tokens_by_source_total", model_name=m, engine="0",
+                  source="local_compute") == 8
+    assert sample("vllm:request_prefill_kv_computed_tokens_sum", model_name=m,
+                  engine="0") == 18
 
 
 def test_the_scheduler_sends_queue_and_prefill_times_with_the_first_token_only(captured):
@@ -178,6 +247,10 @@ def total(fams: dict, family: str, sample_name: str) -> float:
     return sum(s.value for s in fams[family].samples if s.name == sample_name)
 
 
+# two full KV blocks and more: from the second request on, a prefix-cache hit
+PROMPT = "the cat sat on the mat and looked at the dog, " * 4
+
+
 @pytest.fixture(scope="module")
 def sent(stack):
     """Completions, each on a new connection, until both frontends served some."""
@@ -186,8 +259,7 @@ def sent(stack):
         assert usage["requests"] < 60, "the kernel sent every connection to one frontend"
         with stack.openai() as client:
             r = client.completions.create(model=stack.served_model_name,
-                                          prompt="the cat sat on the mat", max_tokens=4,
-                                          temperature=0.0)
+                                          prompt=PROMPT, max_tokens=4, temperature=0.0)
         usage["requests"] += 1
         usage["prompt"] += r.usage.prompt_tokens
         usage["completion"] += r.usage.completion_tokens
@@ -198,6 +270,8 @@ def test_every_vllm_name_the_dashboard_queries_is_served_with_model_name(stack, 
     fams = scrape(stack)
     missing = [n for n in dashboard_names() if n not in fams]
     assert not missing, f"not on the frontend's /metrics: {missing}"
+    served = [n for n in not_served_names() if n in fams]
+    assert not served, f"listed as not served, but served: {served}"
     for name in dashboard_names():
         assert fams[name].samples, name
         for s in fams[name].samples:
@@ -207,6 +281,26 @@ def test_every_vllm_name_the_dashboard_queries_is_served_with_model_name(stack, 
     assert {fams[n].type for n in COUNTERS} == {"counter"}
     assert {s.labels["finished_reason"] for s in fams["vllm:request_success"].samples} \
         <= {"stop", "length", "abort"}
+
+
+def test_the_prompt_token_sources_add_up_to_the_prompt_tokens(stack, sent):
+    """Every request of `sent` got tokens, so each prompt token is computed or cached;
+    the cache tier is the engine's own pool, and it agrees with the prefix-cache hits."""
+    fams = scrape(stack)
+    by = defaultdict(float)
+    for s in fams["vllm:prompt_tokens_by_source"].samples:
+        by[s.labels["source"]] += s.value
+    assert by["local_compute"] + by["local_cache_hit"] == sent["prompt"]
+    assert by["external_kv_transfer"] == 0
+    assert by["local_cache_hit"] == total(fams, "vllm:prompt_tokens_cached",
+                                          "vllm:prompt_tokens_cached_total") > 0
+    tiers = {s.labels["source"]: s.value
+             for s in fams["vllm:prompt_tokens_cached_by_source"].samples}
+    assert tiers["device"] == total(fams, "vllm:prefix_cache_hits",
+                                    "vllm:prefix_cache_hits_total")
+    [info] = fams["vllm:cache_config_info"].samples
+    status = stack.engine_status()
+    assert (info.labels["num_gpu_blocks"], info.value) == (str(status.num_kv_blocks), 1)
 
 
 def test_the_gapserve_series_stay_beside_the_vllm_ones(stack, sent):
