@@ -20,20 +20,24 @@ from shared.wire import worker as wire
 def run(runner, prompts: list[list[int]], params: list[SamplingParams], *,
         async_scheduling: bool = True, num_blocks: int | None = None,
         on_step: Callable[[Scheduler, int], None] | None = None,
-        **config) -> tuple[dict[str, list[int]], dict[str, FinishReason], Scheduler]:
+        record: list | None = None, priorities: list[int] | None = None,
+        on_output: Callable | None = None, **config) -> tuple[dict[str, list[int]], dict[str, FinishReason], Scheduler]:
     """Serve every prompt to its end. The scheduler adopts the runner's speculative
     config (as from the handshake). on_step(scheduler, step index) runs before each
-    schedule (a test may preempt there). Returns (tokens, finish reasons, scheduler)."""
+    schedule (a test may preempt there); record, if given, collects every step sent;
+    on_output(RequestOutput) sees every output.
+    Returns (tokens, finish reasons, scheduler)."""
     info = runner.model_info()
     config.setdefault("max_num_seqs", 8)
     config.setdefault("max_num_batched_tokens", 64)
-    cfg = SchedulerConfig(block_size=info.block_size, max_model_len=info.max_model_len,
-                          async_scheduling=async_scheduling, hash_seed="test",
+    config.setdefault("max_model_len", info.max_model_len)
+    cfg = SchedulerConfig(block_size=info.block_size, async_scheduling=async_scheduling, hash_seed="test",
                           speculative_config=parse_speculative_config(
                               info.speculative_config), **config)
     sched = Scheduler(cfg, num_blocks or info.num_kv_blocks)
     for i, (prompt, p) in enumerate(zip(prompts, params)):
-        sched.add_request(Request(f"r{i}", prompt, p, info.eos_token_ids, float(i)))
+        sched.add_request(Request(f"r{i}", prompt, p, info.eos_token_ids, float(i),
+                                  priorities[i] if priorities else 0))
     tokens: dict[str, list[int]] = {f"r{i}": [] for i in range(len(prompts))}
     reasons: dict[str, FinishReason] = {}
     in_flight: deque = deque()
@@ -47,6 +51,8 @@ def run(runner, prompts: list[list[int]], params: list[SamplingParams], *,
             so = sched.schedule()
             if so.num_scheduled_tokens or so.finished_req_ids:
                 sent = wire.scheduler_output_from_proto(wire.scheduler_output_to_proto(so))
+                if record is not None:
+                    record.append(sent)
                 answer = runner.execute(sent)
                 in_flight.append((so, wire.runner_output_from_proto(
                     wire.runner_output_to_proto(answer))))
@@ -55,6 +61,8 @@ def run(runner, prompts: list[list[int]], params: list[SamplingParams], *,
                 raise AssertionError("nothing scheduled and nothing in flight")
         so, answer = in_flight.popleft()
         for out in sched.update_from_output(so, answer):
+            if on_output is not None:
+                on_output(out)
             tokens[out.req_id] += out.new_token_ids
             if out.finish_reason is not None:
                 reasons[out.req_id] = out.finish_reason

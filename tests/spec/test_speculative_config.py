@@ -126,3 +126,26 @@ def test_any_json_object_parses_or_is_refused_with_a_named_error(obj):
         return
     assert c is not None and c.method in ("ngram", "draft_model")
     assert 1 <= c.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS
+
+
+@pytest.mark.parametrize("obj", [
+    {"method": "ngram", "num_speculative_tokens": 3},
+    {"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 1,
+     "prompt_lookup_max": 4, "disable_by_batch_size": 8},
+    {"method": "draft_model", "quantization": "int8", "num_speculative_tokens": 5},
+])
+def test_the_canonical_json_the_handshake_carries_parses_back_to_the_same_config(obj):
+    c = parse(obj)
+    assert parse_speculative_config(c.to_json()) == c
+    assert parse_speculative_config(c.to_json()).to_json() == c.to_json()
+
+
+def test_the_worker_flag_refuses_a_bad_config_naming_the_field():
+    from shared.config import parse_args, worker_parser
+    with pytest.raises(SystemExit):
+        parse_args(worker_parser(), ["--speculative-config",
+                                     '{"method": "ngram", "num_speculative_tokens": 0}'],
+                   environ={})
+    args = parse_args(worker_parser(), [], environ={
+        "GAPSERVE_SPECULATIVE_CONFIG": '{"method": "ngram", "num_speculative_tokens": 2}'})
+    assert args.speculative_config == SpeculativeConfig("ngram", 2, 5, 5)
