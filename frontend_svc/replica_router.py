@@ -5,7 +5,8 @@ Pure logic over what the caller measured; no network, tested on its own.
 `kv-aware` is SGLang's cache-aware rule (sglang-router's `cache_aware` policy, with
 the defaults of the pinned sglang-router 0.3.2, `python -m sglang_router.launch_router
 --help`), with the prefix match read from each replica's KV cache events
-(frontend_svc/kv_index.py) instead of a tree of the texts routed so far:
+(frontend_svc/kv_index.py) instead of a tree of the texts routed so far, and one
+condition of ours on a miss (3a):
 
 1. Imbalance first: when the busiest and the idlest replica differ by more than
    `balance_abs_threshold` requests AND the busiest holds more than
@@ -14,18 +15,25 @@ the defaults of the pinned sglang-router 0.3.2, `python -m sglang_router.launch_
 2. Otherwise the replica holding the longest cached prefix of the prompt takes it,
    if that prefix covers more than `cache_threshold` of the prompt's tokens (among
    equal prefixes, the less loaded; then the lower index).
-3. Otherwise (a miss) the replica with the fewest cached blocks, those its events
-   report plus those of prompts just routed there (SGLang's "smallest tree": the most
-   room for a new prefix); among equal caches the less loaded; then in turn (so
-   short prompts one at a time do not all land on replica 0).
+3. Otherwise (a miss):
+   a. if the prompt's full blocks fit in the free room of some replicas' pools but
+      not of others (room: the pool's blocks less those its events report cached and
+      those of prompts just routed there), only those with room are considered: a new
+      prefix does not evict another where it need not;
+   b. among them the least loaded (SGLang's miss rule since sgl-project/sglang#14650;
+      before it, the smallest tree, which sent every miss to a busy replica whose
+      cache happened to be small); among equally loaded, the one with the fewest
+      cached blocks (the smallest tree); then in turn (so short prompts one at a time
+      do not all land on replica 0).
 
-Rule 3 is where this rule used to differ from SGLang's: a miss went to the least
-loaded replica, and at a few requests in flight that count says nothing about where
-a new prefix fits. With 4 users in flight and 4 long system prompts on 2 replicas
-the first user of the last prompt went wherever a request had just finished, often
-the replica already holding two prompts: three prompts in a pool sized for two
-evicted one, whose users then matched nothing and split over both replicas
-(docs/scale_out.md, "Why a miss goes to the smaller cache").
+Without 3a a miss went by load alone, and at a few requests in flight that count
+says nothing about where a new prefix fits: with 4 users in flight and 4 long system
+prompts on 2 replicas, the first user of the last prompt went wherever a request had
+just finished, often the replica already holding two prompts; three prompts in a pool
+sized for two evicted one, whose users then matched nothing and split over both
+replicas (docs/scale_out.md, "Where a new prefix goes"). Once every pool is full
+(cached blocks are freed lazily, so a busy pool stays full) no replica has room and
+3b decides alone.
 
 Load is the requests this frontend has in flight on the replica plus what the
 other frontends had there at the last poll of its scheduler (frontend_svc/replicas.py,
@@ -39,7 +47,8 @@ from dataclasses import dataclass
 
 POLICIES = ("kv-aware", "round-robin")
 # why a replica was chosen: the `reason` of gapserve:requests_routed and the log line
-REASONS = ("prefix", "balance", "smallest-cache", "least-loaded", "tie", "round-robin")
+REASONS = ("prefix", "balance", "room", "least-loaded", "smallest-cache", "tie",
+           "round-robin")
 _TURNS = 1 << 30  # more than any number of replicas: ties go round from the last winner
 
 # sglang-router 0.3.2's own defaults (sglang_router/router_args.py; its Router class
@@ -79,6 +88,7 @@ class Candidate:
     load: int  # requests in flight there (ours, plus the other frontends' as last polled)
     matched_blocks: int = 0  # leading prompt blocks its prefix cache holds (or was sent)
     cached_blocks: int = 0  # blocks in its prefix cache, and those of prompts just sent
+    room: int | None = None  # its pool's blocks less cached_blocks (None: unknown)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,16 +124,24 @@ class ReplicaRouter:
             holder = min((c for c in candidates if c.matched_blocks == best),
                          key=lambda c: (c.load, c.index))
             return _decision(holder, block_size, "prefix")
-        # a miss: the most room for a new prefix, then the least loaded, then in turn
-        fewest = min(c.cached_blocks for c in candidates)
-        room = [c for c in candidates if c.cached_blocks == fewest]
-        if len(room) == 1:
-            return self._took(room[0], block_size, "smallest-cache")
-        least = min(c.load for c in room)
-        idle = [c for c in room if c.load == least]
-        if len(idle) == 1:
+        # a miss: where the prompt's blocks fit without evicting, then by load, then
+        # the smallest cache, then in turn
+        need = num_prompt_tokens // block_size if block_size else 0
+        fit = [c for c in candidates if c.room is not None and c.room >= need]
+        if fit and len(fit) < len(candidates):
+            if len(fit) == 1:
+                return self._took(fit[0], block_size, "room")
+            candidates = fit
+        least = min(c.load for c in candidates)
+        idle = [c for c in candidates if c.load == least]
+        if len(idle) < len(candidates) and len(idle) == 1:
             return self._took(idle[0], block_size, "least-loaded")
-        return self._took(min(idle, key=self._order), block_size, "tie")
+        fewest = min(c.cached_blocks for c in idle)
+        small = [c for c in idle if c.cached_blocks == fewest]
+        if len(small) == 1:
+            reason = "least-loaded" if len(idle) < len(candidates) else "smallest-cache"
+            return self._took(small[0], block_size, reason)
+        return self._took(min(small, key=self._order), block_size, "tie")
 
     def _order(self, c: Candidate) -> int:
         return (c.index - self._turn) % _TURNS

@@ -238,8 +238,15 @@ class ReplicaSet:
         continuation's prompt + output), and what it saw of each candidate."""
         keys = self._keys(prompt)
         now = time.monotonic()
-        seen = [Candidate(r.index, r.load, r.kv.index.match(keys, now) if r.kv else 0,
-                          r.kv.index.size(now) if r.kv else 0) for r in candidates]
+        seen = []
+        for r in candidates:
+            size = r.kv.index.size(now) if r.kv else 0
+            info = r.client.model_info
+            # the pool less what it caches (block 0 is the pool's own); unknown without
+            # the replica's events or handshake
+            room = max(info.num_kv_blocks - 1 - size, 0) if r.kv and info else None
+            seen.append(Candidate(r.index, r.load, r.kv.index.match(keys, now) if r.kv else 0,
+                                  size, room))
         decision = self.router.choose(seen, len(prompt), self._block_size)
         return self.replicas[decision.index], decision, seen
 
@@ -280,8 +287,8 @@ class ReplicaSet:
                  matched_blocks=decision.matched_blocks(self._block_size),
                  matched_prefix_tokens=decision.matched_tokens,
                  candidates=[{"replica": c.index, "load": c.load, "matched_blocks":
-                              c.matched_blocks, "cached_blocks": c.cached_blocks}
-                             for c in candidates])
+                              c.matched_blocks, "cached_blocks": c.cached_blocks,
+                              "room": c.room} for c in candidates])
 
     # ---- replicas coming and going
 
@@ -410,6 +417,10 @@ def merge_status(replies: list[engine_pb2.EngineStatus]) -> engine_pb2.EngineSta
             out.kv_cache_usage = used / total if total else 0.0
         elif f.type in (f.TYPE_STRING,):
             setattr(out, f.name, getattr(busiest, f.name))
+        elif f.is_repeated:  # a numeric column (per position): summed per index
+            width = max(len(v) for v in values)
+            getattr(out, f.name).extend(sum(v[i] for v in values if i < len(v))
+                                        for i in range(width))
         else:
             setattr(out, f.name, sum(values))
     return out

@@ -49,23 +49,33 @@ def test_equal_load_without_a_prefix_prefers_the_replica_with_fewer_cached_block
     assert (d.index, d.reason) == (1, "smallest-cache")
 
 
-def test_a_miss_goes_to_the_smaller_cache_even_when_that_replica_is_busier():
+def test_a_new_prefix_goes_where_it_fits_without_evicting_even_if_that_replica_is_busier():
     """The decision that split benchmarks/data_parallel.py's runs (22/10, 14/18) at 4
     users in flight, with the numbers it was taken on (tests/frontend/
     test_replica_router_workload.py, seed 2): the first user of the fourth system
-    prompt (432 tokens, no replica holds any of it). Replica 1 holds two prompts (57
-    blocks) and had just finished a request; replica 0 holds one (40 blocks). The old
-    rule sent it to the less loaded, replica 1: three prompts in a pool for two.
-    SGLang's rule, and ours now, send it to the smaller cache; the load decides only
-    between equal caches, and the balance rule (64 and 1.5x) cannot fire at 2 vs 1."""
+    prompt (432 tokens, 27 full blocks; no replica holds any of it), pools of 68
+    usable blocks. Replica 1 holds two prompts (57 blocks, room for 11) and had just
+    finished a request; replica 0 holds one (40, room for 28). The old rule, by load
+    alone, sent it to replica 1, where it evicted a prompt other users were about to
+    ask for. The balance rule (64 and 1.5x) cannot fire at 2 vs 1."""
     router = ReplicaRouter()
-    seen = [Candidate(0, load=2, matched_blocks=0, cached_blocks=40),
-            Candidate(1, load=1, matched_blocks=0, cached_blocks=57)]
+    seen = [Candidate(0, load=2, matched_blocks=0, cached_blocks=40, room=28),
+            Candidate(1, load=1, matched_blocks=0, cached_blocks=57, room=11)]
     d = router.choose(seen, num_prompt_tokens=432, block_size=16)
-    assert (d.index, d.reason) == (0, "smallest-cache")
-    # equal caches: the load decides, then the turn
-    assert router.choose([Candidate(0, 2, 0, 40), Candidate(1, 1, 0, 40)], 432, 16).reason \
-        == "least-loaded"
+    assert (d.index, d.reason) == (0, "room")
+    # room for it at both (or at neither, or unknown): the load decides, as SGLang's
+    for rooms in ((40, 30), (5, 11), (None, None)):
+        d = router.choose([Candidate(0, 2, 0, 40, rooms[0]), Candidate(1, 1, 0, 57, rooms[1])],
+                          432, 16)
+        assert (d.index, d.reason) == (1, "least-loaded"), rooms
+    # a short prompt needs no room: many at once spread by load, not onto the emptier
+    router = ReplicaRouter()
+    loads = [0, 0]
+    for _ in range(8):
+        d = router.choose([Candidate(0, loads[0], 0, 0, 68), Candidate(1, loads[1], 0, 60, 8)],
+                          12, 16)
+        loads[d.index] += 1
+    assert loads == [4, 4]
     d = router.choose([Candidate(0, 1, 0, 40), Candidate(1, 1, 0, 40)], 432, 16)
     assert d.reason == "tie"
 

@@ -63,8 +63,10 @@ def run(seed: int, *, seconds_per_token: float, kv_blocks: int = 69, users: int 
         for t in range(turn + 1):
             prompt += asks[t] + (replies[t] if t < turn else [])
         keys = block_keys(prompt, BS)
-        d = router.choose([Candidate(i, load[i], index[i].match(keys, now), index[i].size(now))
-                           for i in range(2)], len(prompt), BS)
+        sizes = [index[i].size(now) for i in range(2)]  # as ReplicaSet._choose measures
+        d = router.choose([Candidate(i, load[i], index[i].match(keys, now), sizes[i],
+                                     max(kv_blocks - 1 - sizes[i], 0)) for i in range(2)],
+                          len(prompt), BS)
         index[d.index].expect(keys)  # as ReplicaSet._hold does
         req_id = f"{user}-{turn}"
         cores[d.index].add_request(Request(req_id, prompt, SamplingParams(
@@ -127,15 +129,16 @@ def test_every_run_places_the_prompts_two_and_two(seconds_per_token):
 
 def test_no_first_user_of_a_prompt_goes_to_a_replica_holding_two():
     """Seed 2 is a run the old rule split 14/18: user 11, the first of the fourth
-    prompt, went to the replica holding two prompts (57 blocks, 1 request in flight)
-    rather than the one holding one (40 blocks, 2 in flight), because it was the less
-    loaded at that instant (tests/frontend/test_replica_router_rules.py has that
-    decision alone). Each later user of a prompt follows it by prefix."""
+    prompt, went to the replica holding two prompts (57 of 68 blocks, 1 request in
+    flight) rather than the one holding one (40, 2 in flight), because it was the less
+    loaded at that instant, and evicted a prompt there (tests/frontend/
+    test_replica_router_rules.py has that decision alone). Each later user of a
+    prompt follows it by prefix."""
     served, decisions = run(2, seconds_per_token=0.004)
     held: list[set[int]] = [set(), set()]
     for user, prompt, turn, replica, reason in decisions:
         if not any(prompt in h for h in held):
-            assert reason in ("smallest-cache", "least-loaded", "tie"), (user, reason)
+            assert reason in ("room", "least-loaded", "smallest-cache", "tie"), (user, reason)
             assert len(held[replica]) < 2, (user, prompt, replica, held)
         else:
             assert reason == "prefix" and prompt in held[replica], (user, prompt, replica)
