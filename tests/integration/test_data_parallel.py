@@ -5,7 +5,9 @@ scheduler Service per replica would be, and one frontend given their addresses.
 
 Greedy tokens through the two equal transformers'; a shared prefix goes to the
 replica whose KV events say it holds it (the routing counters and cached_tokens
-say so) although the fallback rule would pick the other; killing one replica's
+say so) although the fallback rule would pick the other; with the overload rule's
+thresholds set low (a second frontend on the same replicas), a request whose prefix
+one replica holds goes to the other while the holder is busy; killing one replica's
 scheduler mid-stream loses no stream (every stream ends with the text of the
 no-fault run, the failover is counted) and the replica rejoins when it is back;
 /v1/status and `gapserve status` list the replicas."""
@@ -15,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import tempfile
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -63,37 +66,46 @@ class DataParallel:
                     f.result().stop()
             raise failed[0]
         self.replicas = [f.result() for f in futures]
+        self.model_dir, self.root = model_dir, root
+        self.front = self.frontend("frontend")
+        wait_for(lambda: all(r["in_routing"] for r in self.status()["replicas"]),
+                 timeout_s=60, what="both replicas in routing")
+
+    def frontend(self, name: str, *flags: str) -> Stack:
+        """A frontend over both replicas (their schedulers and KV events)."""
         http, grpc_port = free_ports(2)
         front = Child("frontend", [
-            "frontend", "--model", str(model_dir), "--http-port", str(http),
+            "frontend", "--model", str(self.model_dir), "--http-port", str(http),
             "--grpc-port", str(grpc_port), "--log-format", "json",
             "--scheduler-addresses", ",".join(r.scheduler_address for r in self.replicas),
             "--kv-events-endpoints", ",".join(self.kv),
-            "--kv-events-replay-endpoints", ",".join(self.replay)],
+            "--kv-events-replay-endpoints", ",".join(self.replay), *flags],
             f"127.0.0.1:{grpc_port}", f"http://127.0.0.1:{http}/health")
         supervisor = Supervisor([front])
         env = {k: v for k, v in os.environ.items() if not k.startswith("GAPSERVE_")}
         env["OMP_NUM_THREADS"] = "1"
-        (root / "frontend").mkdir(parents=True, exist_ok=True)
-        supervisor.start(root / "frontend", env)
-        self.front = Stack(model_dir, root / "frontend", http, grpc_port,
-                           self.replicas[0].scheduler_port, self.replicas[0].worker_port,
-                           supervisor)
+        (self.root / name).mkdir(parents=True, exist_ok=True)
+        supervisor.start(self.root / name, env)
+        stack = Stack(self.model_dir, self.root / name, http, grpc_port,
+                      self.replicas[0].scheduler_port, self.replicas[0].worker_port, supervisor)
         problem = supervisor.wait_healthy(STARTUP_TIMEOUT_S)
         if problem is not None:
+            stack.stop()
             self.stop()
-            raise RuntimeError(f"the frontend did not start: {problem}\n{self.front.logs()}")
-        wait_for(lambda: all(r["in_routing"] for r in self.status()["replicas"]),
-                 timeout_s=60, what="both replicas in routing")
+            raise RuntimeError(f"the frontend did not start: {problem}\n{stack.logs()}")
+        return stack
 
-    def status(self) -> dict:
-        return httpx.get(self.front.http_url + "/v1/status", timeout=30).json()
+    def status(self, front: Stack | None = None) -> dict:
+        front = front or self.front
+        return httpx.get(front.http_url + "/v1/status", timeout=30).json()
 
-    def routed(self) -> dict[str, float]:
-        """gapserve:requests_routed_total by replica (every reason summed)."""
+    def routed(self, front: Stack | None = None, reason: str | None = None) -> dict[str, float]:
+        """gapserve:requests_routed_total by replica (every reason summed, or one)."""
         out: dict[str, float] = {}
-        for line in httpx.get(self.front.http_url + "/metrics", timeout=30).text.splitlines():
-            if line.startswith("gapserve:requests_routed_total{"):
+        front = front or self.front
+        for line in httpx.get(front.http_url + "/metrics", timeout=30).text.splitlines():
+            if line.startswith("gapserve:requests_routed_total{") and (
+                    reason is None or f'reason="{reason}"' in line):
                 replica = line.split('replica="', 1)[1].split('"', 1)[0]
                 out[replica] = out.get(replica, 0.0) + float(line.rsplit(" ", 1)[1])
         return out
@@ -165,6 +177,73 @@ def test_a_shared_prefix_goes_to_the_replica_whose_events_hold_it(dp):
     assert gained.get(str(holder["replica"])) == 4 and gained.get(str(other["replica"]), 0) == 0
     assert dp.metric("gapserve:routed_prefix_tokens_count") >= 4
     assert dp.metric("gapserve:replicas_in_routing") == 2
+
+
+@pytest.fixture(scope="module")
+def low_balance(dp):
+    """A second frontend on the same replicas whose overload rule fires at any
+    difference: the busiest has more in flight than the idlest (by more than 0, and
+    more than 1.0 times it)."""
+    front = dp.frontend("frontend-balance", "--routing-balance-abs-threshold", "0",
+                        "--routing-balance-rel-threshold", "1.0")
+    wait_for(lambda: all(r["in_routing"] for r in dp.status(front)["replicas"]),
+             timeout_s=60, what="both replicas in routing behind the second frontend")
+    yield front
+    front.stop()
+
+
+def test_the_overload_rule_sends_a_held_prefix_to_the_idle_replica(dp, low_balance):
+    """Through 2 real replicas: the replica holding a prompt's prefix has a request in
+    flight (its worker is stopped, so that request cannot finish under the test) and
+    the other none, so the next request with that prefix goes to the other, reason
+    `balance`, although its prefix match there is 0."""
+    front = low_balance
+    client = front.openai(timeout=120.0)
+    system = " ".join(f"clause {i}: reply as the archive of volume {i * 11} would." for i in
+                      range(12))
+
+    def complete(q: int, max_tokens: int = 2):
+        return client.completions.create(model=front.served_model_name,
+                                         prompt=system + f" Query {q}?", max_tokens=max_tokens,
+                                         temperature=0.0, extra_body={"ignore_eos": True})
+
+    before = {r["replica"]: r["cached_blocks"] or 0 for r in dp.status(front)["replicas"]}
+    assert complete(0).usage.prompt_tokens > 64
+    wait_for(lambda: any((r["cached_blocks"] or 0) >= before[r["replica"]] + 4
+                         for r in dp.status(front)["replicas"]),
+             timeout_s=30, what="the prefix's KV events at the second frontend")
+    holder = max(dp.status(front)["replicas"],
+                 key=lambda r: (r["cached_blocks"] or 0) - before[r["replica"]])["replica"]
+    other = 1 - holder
+    worker = next(c for c in dp.replicas[holder].supervisor.children
+                  if c.name.startswith("worker"))
+    balance_before = dp.routed(front, "balance")
+    prefix_before = dp.routed(front, "prefix")
+    busy: list = []
+    os.kill(worker.process.pid, signal.SIGSTOP)
+    try:
+        pinned = threading.Thread(target=lambda: busy.append(complete(1, max_tokens=4)))
+        pinned.start()  # -> the holder, by prefix: it cannot finish while its worker stops
+        wait_for(lambda: dp.status(front)["replicas"][holder]["in_flight"] == 1,
+                 timeout_s=30, what="a request in flight at the holder")
+        assert dp.routed(front, "prefix").get(str(holder), 0) \
+            == prefix_before.get(str(holder), 0) + 1
+        reply = complete(2)  # the holder 1 in flight, the other 0: the other takes it
+        assert reply.choices[0].finish_reason == "length"
+    finally:
+        os.kill(worker.process.pid, signal.SIGCONT)
+    pinned.join(120)
+    assert busy and busy[0].choices[0].finish_reason == "length"
+    after = dp.routed(front, "balance")
+    assert after.get(str(other), 0) == balance_before.get(str(other), 0) + 1
+    assert after.get(str(holder), 0) == balance_before.get(str(holder), 0)
+    log = (front.log_dir / "frontend.log").read_text()
+    routed = [json.loads(line) for line in log.splitlines() if '"routed"' in line]
+    last = routed[-1]
+    assert (last["replica"], last["reason"], last["matched_blocks"]) == (other, "balance", 0)
+    seen = {c["replica"]: c for c in last["candidates"]}
+    assert seen[holder]["load"] == 1 and seen[holder]["matched_blocks"] >= 4
+    assert seen[other]["load"] == 0
 
 
 def test_status_and_the_status_command_list_the_replicas(dp, capsys):
