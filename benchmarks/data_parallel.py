@@ -11,7 +11,9 @@ Modes (each on two replicas, started fresh for every run so every cache is cold)
 - `kv-aware`: the same with `--data-parallel-routing kv-aware` (the frontend routes
   by the replicas' KV events, docs/deploy.md);
 - `sglang-router`: two full `gapserve serve` stacks (a frontend each) behind
-  sglang-router's cache_aware policy with its documented defaults.
+  sglang-router's cache_aware policy with its own defaults (the installed version's
+  `RouterArgs`: 0.3 / 64 / 1.5 for 0.3.2), passed explicitly; the built-in routing
+  runs with the same three thresholds, so the rules, not their settings, differ.
 
 The workload: --users users, each bound to one of a few long system prompts
 (--system-prompts, --system-words words each), each holding a --turns-turn chat
@@ -173,6 +175,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def router_thresholds() -> dict[str, float]:
+    """sglang-router's own defaults for cache_aware, as the installed version's CLI
+    has them (its `--help`); given to it explicitly and to the built-in routing."""
+    from sglang_router.router_args import RouterArgs
+    d = RouterArgs()
+    return {"cache_threshold": d.cache_threshold,
+            "balance_abs_threshold": d.balance_abs_threshold,
+            "balance_rel_threshold": d.balance_rel_threshold}
+
+
 def serve_argv(args: argparse.Namespace, base: int, extra: list[str]) -> list[str]:
     return [sys.executable, "-m", "gapserve", "serve", "--model", args.model,
             "--http-port", str(base), "--grpc-port", str(base + 51),
@@ -233,11 +245,15 @@ def ready(url: str) -> bool:
 
 
 def start(mode: str, args: argparse.Namespace, log_dir: Path) -> Deployment:
+    t = router_thresholds()
     if mode in ("round-robin", "kv-aware"):
         base = free_port_block()
-        proc = spawn(serve_argv(args, base, ["--data-parallel-size", "2",
-                                             "--data-parallel-routing", mode]),
-                     log_dir / f"{mode}.log")
+        proc = spawn(serve_argv(args, base, [
+            "--data-parallel-size", "2", "--data-parallel-routing", mode,
+            "--routing-cache-threshold", str(t["cache_threshold"]),
+            "--routing-balance-abs-threshold", str(t["balance_abs_threshold"]),
+            "--routing-balance-rel-threshold", str(t["balance_rel_threshold"])]),
+            log_dir / f"{mode}.log")
         url = f"http://127.0.0.1:{base}"
         dep = Deployment(url, [url], [proc])
         wait_until(f"{mode} ready", lambda: ready(url), dep.procs, args.start_timeout_s, log_dir)
@@ -255,6 +271,9 @@ def start(mode: str, args: argparse.Namespace, log_dir: Path) -> Deployment:
         port = free_port()
         procs.append(spawn([sys.executable, "-m", "sglang_router.launch_router",
                             "--worker-urls", *fronts, "--policy", "cache_aware",
+                            "--cache-threshold", str(t["cache_threshold"]),
+                            "--balance-abs-threshold", str(t["balance_abs_threshold"]),
+                            "--balance-rel-threshold", str(t["balance_rel_threshold"]),
                             "--host", "127.0.0.1", "--port", str(port),
                             "--prometheus-host", "127.0.0.1",
                             "--prometheus-port", str(free_port()), "--log-level", "warn"],
@@ -298,6 +317,18 @@ def split(dep: Deployment, mode: str) -> list[int]:
     return [row["routed"] for row in status["replicas"]]
 
 
+def reasons(dep: Deployment, mode: str) -> dict[str, int]:
+    """The built-in routing's decisions by reason (gapserve:requests_routed_total)."""
+    if mode == "sglang-router":
+        return {}
+    out: dict[str, int] = {}
+    for line in httpx.get(dep.url + "/metrics", timeout=10).text.splitlines():
+        if line.startswith("gapserve:requests_routed_total{"):
+            reason = line.split('reason="', 1)[1].split('"', 1)[0]
+            out[reason] = out.get(reason, 0) + int(float(line.rsplit(" ", 1)[1]))
+    return out
+
+
 def served_model(url: str) -> str:
     return httpx.get(url + "/v1/models", timeout=10).json()["data"][0]["id"]
 
@@ -313,13 +344,14 @@ def run_once(mode: str, args: argparse.Namespace, users: list[User], log_dir: Pa
         loadavg = os.getloadavg()  # the machine's 1-minute load at the run's end
         after = counters(dep.frontends)
         per_replica = split(dep, mode)
+        by_reason = reasons(dep, mode)
     finally:
         dep.stop()
     queries = after["queries"] - before["queries"]
     ttfts = sorted(out.ttfts_s)
     hits = after["hits"] - before["hits"]
     return {"mode": mode, "wall_s": wall, "requests": len(ttfts), "errors": out.errors[:5],
-            "num_errors": len(out.errors), "per_replica": per_replica,
+            "num_errors": len(out.errors), "per_replica": per_replica, "reasons": by_reason,
             "hit_rate": hits / queries if queries else 0.0, "output_tokens": out.output_tokens,
             "tok_s_per_core": out.output_tokens / wall / args.cores,
             "ttft_p50_ms": 1000 * percentile(ttfts, 50),
@@ -420,13 +452,18 @@ def markdown(summary: dict[str, dict], args: argparse.Namespace) -> str:
                     f"{cell(s['tok_s_per_core'], '.1f')} | {cell(s['ttft_p50_ms'], '.0f')} | "
                     f"{cell(s['ttft_p99_ms'], '.0f')} | {', '.join(s['splits'])} | "
                     f"{s['errors']} |")
+    t = getattr(args, "thresholds", None) or router_thresholds()
     rows.append("")
     rows.append(f"Medians (min-max) over {args.repeats} alternating runs; two replicas and this "
                 f"client share {args.cores} cores (tok/s is divided by {args.cores}). "
                 f"{args.users} users x {args.turns} turns, {args.system_prompts} system prompts "
                 f"of {args.system_words} words, {args.max_tokens} tokens a reply, "
                 f"{args.concurrency} users in flight, {args.kv_blocks} KV blocks of "
-                f"{args.block_size} tokens a replica. {condition(args)}")
+                f"{args.block_size} tokens a replica. sglang-router and the built-in routing "
+                f"both with cache threshold {t['cache_threshold']}, balance "
+                f"thresholds {t['balance_abs_threshold']} and "
+                f"{t['balance_rel_threshold']}x (sglang-router's own "
+                f"defaults). {condition(args)}")
     return "\n".join(rows)
 
 
@@ -475,6 +512,7 @@ def main(argv: list[str] | None = None) -> int:
     log_dir.mkdir(parents=True, exist_ok=True)
     users, runs = workload(args), []
     args.prompt_blocks = prompt_blocks(args, users)
+    args.thresholds = router_thresholds()
     print(condition(args), file=sys.stderr, flush=True)
     for repeat in range(args.repeats):
         for mode in order(repeat, args.modes):
@@ -483,6 +521,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"repeat {repeat} {mode}: hit rate {run['hit_rate']:.3f}, "
                   f"{run['tok_s_per_core']:.1f} tok/s/core, TTFT p50 {run['ttft_p50_ms']:.0f} "
                   f"ms p99 {run['ttft_p99_ms']:.0f} ms, per replica {run['per_replica']}, "
+                  f"reasons {run['reasons']}, "
                   f"{run['num_errors']} errors, "
                   f"{run['wall_s']:.1f} s, load {run['loadavg'][0]:.2f}", file=sys.stderr,
                   flush=True)
@@ -493,6 +532,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps({"runs": runs, "summary": summary,
                                                "goal": goal(summary),
+                                               "thresholds": args.thresholds,
                                                "condition": condition(args)}, indent=1))
     return 1 if any(r["num_errors"] for r in runs) else 0
 
