@@ -34,6 +34,7 @@ from frontend_svc.output_stream import OutputStream
 from frontend_svc.translate import (
     GenerationInput, ModelLimits, chat_input, chat_prompt, check_constraints,
     choices_per_prompt, completion_inputs, encode, fan_out)
+from shared.speculative_config import spec_decode_summary
 
 # slack for the other fields' commas when counting /detokenize's ids before parsing
 DETOKENIZE_COMMA_SLACK = 16
@@ -102,7 +103,10 @@ def operator_router(fe: Frontend) -> APIRouter:
     async def status() -> dict:
         reply = await fe.engine.get_status()
         # every field, with 64-bit counters as JSON numbers (MessageToDict makes them strings)
-        out = {f.name: getattr(reply, f.name) for f in reply.DESCRIPTOR.fields}
+        out = {f.name: list(getattr(reply, f.name)) if f.is_repeated else getattr(reply, f.name)
+               for f in reply.DESCRIPTOR.fields}
+        if reply.speculative_config:  # docs/spec_decode.md: what an operator reads first
+            out["spec_decode"] = spec_decode_summary(reply)
         # the rate the diagnosis reads: preemptions per second over its window
         if out.get("window_s"):
             out["preemption_rate_per_s"] = out["num_preemptions_in_window"] / out["window_s"]

@@ -58,10 +58,37 @@ def render(status: dict) -> str:
         if status.get(key):
             lines.append(f"  {key}: {status[key]}")
     for key, value in status.items():
-        if key not in ("diagnosis", "summary", "lever", "replicas"):
+        if key not in ("diagnosis", "summary", "lever", "replicas", "spec_decode") \
+                and not key.startswith("spec_") and key != "speculative_config":
             lines.append(f"{key}: {json.dumps(value) if isinstance(value, dict) else value}")
+    lines += _spec_lines(status)
     lines += _replica_lines(status.get("replicas"))
     return "\n".join(lines)
+
+
+def _spec_lines(status: dict) -> list[str]:
+    """Speculative decoding (docs/spec_decode.md): the config and vLLM's acceptance
+    figures, from the frontend's summary or the scheduler's raw counters."""
+    if not status.get("speculative_config"):
+        return ["speculative decoding: off"]
+    from types import SimpleNamespace
+
+    from shared.speculative_config import spec_decode_summary
+    raw = {k: status.get(k, 0) for k in ("spec_num_drafts", "spec_num_draft_tokens",
+                                         "spec_num_accepted_tokens")}
+    s = status.get("spec_decode") or spec_decode_summary(SimpleNamespace(
+        speculative_config=status["speculative_config"],
+        spec_num_accepted_tokens_per_pos=[int(n) for n in
+                                          status.get("spec_num_accepted_tokens_per_pos", [])],
+        **{k: int(v) for k, v in raw.items()}))
+    lines = [f"speculative decoding: {s['config']}"]
+    if s["acceptance_rate"] is None:
+        return lines + ["  no drafts proposed yet"]
+    per_pos = " ".join(f"{r:.2f}" for r in s["acceptance_rate_per_position"])
+    lines.append(f"  acceptance rate {s['acceptance_rate']:.3f} ({s['num_accepted_tokens']} "
+                 f"of {s['num_draft_tokens']} drafts), {s['mean_acceptance_length']:.2f} "
+                 f"tokens per draft step; by position {per_pos}")
+    return lines
 
 
 def _replica_lines(rows: list[dict] | None) -> list[str]:

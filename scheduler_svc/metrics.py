@@ -31,6 +31,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from prometheus_client import Counter, Gauge, Histogram
 
 from scheduler_svc.diagnosis import CapacityMonitor, CapacityReading, Diagnosis, diagnose
+from scheduler_svc.spec_metrics import SpecTelemetry
 from shared.telemetry import (
     context_carrier, extract_context, finish_reason_name, get_logger, get_tracer,
     tracing_enabled)
@@ -202,6 +203,7 @@ class SchedulerTelemetry:
     model_name: str
     max_num_seqs: int
     max_num_batched_tokens: int = 0
+    num_speculative_tokens: int = 0  # k of --speculative-config; 0: no speculation
     diagnosis_window_s: float = 30.0
     clock: Any = time.monotonic
     # the SDK keeps at most this many links per span anyway
@@ -216,11 +218,14 @@ class SchedulerTelemetry:
     _log: Any = None
     _series: _Series | None = None
     _worker_group: str | None = None  # the active group's label of worker_group_active
+    _spec: SpecTelemetry | None = None
 
     def __post_init__(self) -> None:
         self._monitor = CapacityMonitor(self.max_num_seqs, self.diagnosis_window_s)
         self._log = get_logger()
         self._series = _Series.of(self.model_name)
+        if self.num_speculative_tokens:
+            self._spec = SpecTelemetry(self.model_name, self.num_speculative_tokens)
         # made at start, so dashboards see 0 rather than no series
         WORKER_RECONNECTS.labels(self.model_name)
         WORKER_FAILOVERS.labels(self.model_name)
@@ -343,6 +348,8 @@ class SchedulerTelemetry:
             "gapserve.scheduler.waiting": reading.waiting + reading.waiting_not_ready,
             "gapserve.scheduler.kv_cache_usage": reading.kv_cache_usage,
         }
+        if output.num_draft_slots:
+            attributes["gapserve.step.num_draft_slots"] = sum(output.num_draft_slots.values())
         if self.max_num_batched_tokens:
             attributes["gapserve.step.budget_used"] = (
                 output.total_num_scheduled_tokens / self.max_num_batched_tokens)
@@ -379,6 +386,7 @@ class SchedulerTelemetry:
         if result is not None and result.timings.mask_ms:
             STRUCTURED_OUTPUT_MASK_TIME.labels(self.model_name).observe(
                 result.timings.mask_ms / 1e3)
+        spec = {} if result is None or self._spec is None else self._spec.step_finished(result)
         if step.span is None:
             return
         if result is not None:
@@ -388,7 +396,7 @@ class SchedulerTelemetry:
                 "gapserve.worker.forward_ms": t.forward_ms,
                 "gapserve.worker.sample_ms": t.sample_ms,
                 "gapserve.worker.idle_ms": t.idle_ms,
-                "gapserve.worker.mask_ms": t.mask_ms,
+                "gapserve.worker.mask_ms": t.mask_ms, **spec,
             })
         else:
             step.span.set_status(Status(StatusCode.ERROR, "step dropped"))
@@ -441,6 +449,8 @@ class SchedulerTelemetry:
         if hits > seen_h:
             c.prefix_hits.inc(hits - seen_h)
         self._prefix_seen = (max(queries, seen_q), max(hits, seen_h))
+        if self._spec is not None:
+            self._spec.observe(stats)
         self._monitor.observe(reading, now)
         self._set_diagnosis(diagnose(reading.running, self.max_num_seqs, reading.waiting,
                                      self._monitor.preemptions_in_window(now),

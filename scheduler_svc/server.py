@@ -208,7 +208,12 @@ def engine_status(engine: Engine, scheduler: Scheduler,
         admission_blocked_by=diag["admission_blocked_by"] or "",
         worker_addresses=",".join(engine.worker_addresses),
         num_worker_reconnects_total=engine.num_worker_reconnects,
-        num_worker_failovers_total=engine.num_worker_failovers)
+        num_worker_failovers_total=engine.num_worker_failovers,
+        speculative_config=engine.model_info.speculative_config,
+        spec_num_drafts=stats.spec_num_drafts,
+        spec_num_draft_tokens=stats.spec_num_draft_tokens,
+        spec_num_accepted_tokens=stats.spec_num_accepted_tokens,
+        spec_num_accepted_tokens_per_pos=stats.spec_num_accepted_tokens_per_pos)
 
 
 # ---------------------------------------------------------------------------
@@ -274,8 +279,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         cfg = scheduler_config(args, info)
         scheduler = Scheduler(cfg, info.num_kv_blocks)
+        spec = cfg.speculative_config
         telemetry = SchedulerTelemetry(info.model_name, cfg.max_num_seqs,
-                                       cfg.max_num_batched_tokens)
+                                       cfg.max_num_batched_tokens,
+                                       spec.num_speculative_tokens if spec else 0)
+        if spec is not None:
+            log.info("speculative_decoding", config=spec.to_json())
         engine = Engine(scheduler, group, info, cfg.max_model_len, telemetry=telemetry,
                         on_failure=lambda e: (failed.set(), stop.set()),
                         on_serving=server.set_serving)

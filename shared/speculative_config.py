@@ -196,3 +196,19 @@ def speculative_config_arg(text: str) -> SpeculativeConfig | None:
         return parse_speculative_config(text)
     except SpeculativeConfigError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def spec_decode_summary(status) -> dict:
+    """What /v1/status and `gapserve status` show of speculative decoding, from an
+    EngineStatus (or anything with its spec_* fields): vLLM's acceptance rate
+    (accepted / proposed drafts), the mean tokens a draft step commits (1 + accepted /
+    drafts) and the acceptance by draft position."""
+    drafts, proposed = status.spec_num_drafts, status.spec_num_draft_tokens
+    accepted = status.spec_num_accepted_tokens
+    return {"config": status.speculative_config, "num_drafts": drafts,
+            "num_draft_tokens": proposed, "num_accepted_tokens": accepted,
+            "acceptance_rate": accepted / proposed if proposed else None,
+            "mean_acceptance_length": 1 + accepted / drafts if drafts else None,
+            "acceptance_rate_per_position": [n / drafts for n in
+                                             status.spec_num_accepted_tokens_per_pos]
+            if drafts else []}

@@ -97,7 +97,7 @@ class GetStatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class EngineStatus(_message.Message):
-    __slots__ = ("num_running", "num_waiting", "num_waiting_not_ready", "max_num_seqs", "kv_cache_usage", "num_kv_blocks", "num_free_blocks", "num_preemptions_total", "num_preemptions_in_window", "window_s", "prefix_cache_queries", "prefix_cache_hits", "num_steps_total", "num_sessions", "diagnosis", "summary", "lever", "admission_blocked_by", "worker_addresses", "num_worker_reconnects_total", "num_worker_failovers_total", "num_forward_passes_total")
+    __slots__ = ("num_running", "num_waiting", "num_waiting_not_ready", "max_num_seqs", "kv_cache_usage", "num_kv_blocks", "num_free_blocks", "num_preemptions_total", "num_preemptions_in_window", "window_s", "prefix_cache_queries", "prefix_cache_hits", "num_steps_total", "num_sessions", "diagnosis", "summary", "lever", "admission_blocked_by", "worker_addresses", "num_worker_reconnects_total", "num_worker_failovers_total", "num_forward_passes_total", "speculative_config", "spec_num_drafts", "spec_num_draft_tokens", "spec_num_accepted_tokens", "spec_num_accepted_tokens_per_pos")
     NUM_RUNNING_FIELD_NUMBER: _ClassVar[int]
     NUM_WAITING_FIELD_NUMBER: _ClassVar[int]
     NUM_WAITING_NOT_READY_FIELD_NUMBER: _ClassVar[int]
@@ -120,6 +120,11 @@ class EngineStatus(_message.Message):
     NUM_WORKER_RECONNECTS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     NUM_WORKER_FAILOVERS_TOTAL_FIELD_NUMBER: _ClassVar[int]
     NUM_FORWARD_PASSES_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    SPECULATIVE_CONFIG_FIELD_NUMBER: _ClassVar[int]
+    SPEC_NUM_DRAFTS_FIELD_NUMBER: _ClassVar[int]
+    SPEC_NUM_DRAFT_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SPEC_NUM_ACCEPTED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    SPEC_NUM_ACCEPTED_TOKENS_PER_POS_FIELD_NUMBER: _ClassVar[int]
     num_running: int
     num_waiting: int
     num_waiting_not_ready: int
@@ -142,4 +147,9 @@ class EngineStatus(_message.Message):
     num_worker_reconnects_total: int
     num_worker_failovers_total: int
     num_forward_passes_total: int
-    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_waiting_not_ready: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., num_kv_blocks: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_preemptions_total: _Optional[int] = ..., num_preemptions_in_window: _Optional[int] = ..., window_s: _Optional[float] = ..., prefix_cache_queries: _Optional[int] = ..., prefix_cache_hits: _Optional[int] = ..., num_steps_total: _Optional[int] = ..., num_sessions: _Optional[int] = ..., diagnosis: _Optional[str] = ..., summary: _Optional[str] = ..., lever: _Optional[str] = ..., admission_blocked_by: _Optional[str] = ..., worker_addresses: _Optional[str] = ..., num_worker_reconnects_total: _Optional[int] = ..., num_worker_failovers_total: _Optional[int] = ..., num_forward_passes_total: _Optional[int] = ...) -> None: ...
+    speculative_config: str
+    spec_num_drafts: int
+    spec_num_draft_tokens: int
+    spec_num_accepted_tokens: int
+    spec_num_accepted_tokens_per_pos: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, num_running: _Optional[int] = ..., num_waiting: _Optional[int] = ..., num_waiting_not_ready: _Optional[int] = ..., max_num_seqs: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., num_kv_blocks: _Optional[int] = ..., num_free_blocks: _Optional[int] = ..., num_preemptions_total: _Optional[int] = ..., num_preemptions_in_window: _Optional[int] = ..., window_s: _Optional[float] = ..., prefix_cache_queries: _Optional[int] = ..., prefix_cache_hits: _Optional[int] = ..., num_steps_total: _Optional[int] = ..., num_sessions: _Optional[int] = ..., diagnosis: _Optional[str] = ..., summary: _Optional[str] = ..., lever: _Optional[str] = ..., admission_blocked_by: _Optional[str] = ..., worker_addresses: _Optional[str] = ..., num_worker_reconnects_total: _Optional[int] = ..., num_worker_failovers_total: _Optional[int] = ..., num_forward_passes_total: _Optional[int] = ..., speculative_config: _Optional[str] = ..., spec_num_drafts: _Optional[int] = ..., spec_num_draft_tokens: _Optional[int] = ..., spec_num_accepted_tokens: _Optional[int] = ..., spec_num_accepted_tokens_per_pos: _Optional[_Iterable[int]] = ...) -> None: ...

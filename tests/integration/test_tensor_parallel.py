@@ -189,3 +189,38 @@ def test_gapserve_serve_with_two_ranks_answers_greedy_like_transformers(tiny_mod
 def hf_tiny(tiny_model_dir):
     from transformers import LlamaForCausalLM
     return LlamaForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+
+
+@pytest.mark.parametrize("spec", [
+    '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, '
+    '"prompt_lookup_max": 3}',
+    '{"method": "draft_model", "quantization": "int8", "num_speculative_tokens": 4}'],
+    ids=["ngram", "int8_self_draft"])
+def test_speculative_decoding_on_two_ranks_is_greedy_equal_to_transformers(tmp_path, spec):
+    """Both ranks find the same drafts (prompt lookup in the same tokens; the self-draft's
+    passes run split like the model, rank 0 picking and broadcasting each token), verify
+    them in one pass and commit what rank 0 sampled; async scheduling with a small pool
+    (preemption), through the real scheduler core. The 256-token checkpoint of
+    tests/spec repeats itself, so drafts are accepted."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from tests.spec.engine_loop import run
+    from tests.worker.conftest import _write_checkpoint
+    model_dir = _write_checkpoint(tmp_path / "tiny256", LlamaConfig, LlamaForCausalLM,
+                                  tie_word_embeddings=True, rope_theta=10000.0)
+    stack = _ranks(model_dir, tmp_path / "logs",
+                   flags=[*SMALL_POOL, "--speculative-config", spec])
+    try:
+        group = RankGroupClient(_addresses(stack))
+        assert all(i.model_info.speculative_config for i in group.infos)
+        prompts = [[1, 50, 32, 28, 253, 48, 99], [7, 8, 9, 10, 11] * 4, [42] * 3]
+        params = [SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)] * 3
+        got, _, sched = run(group, prompts, params, num_blocks=8, max_model_len=96)
+        group.close()
+    finally:
+        stack.stop()
+    hf = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    for i, prompt in enumerate(prompts):
+        assert got[f"r{i}"] == hf_greedy(hf, prompt, 40)
+    st = sched.stats()
+    assert st.spec_num_accepted_tokens > 0 and st.num_preemptions_total > 0

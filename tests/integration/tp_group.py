@@ -10,7 +10,7 @@ import grpc
 
 from shared import proto_convert as pc
 from shared.proto import worker_pb2, worker_pb2_grpc
-from shared.types import ModelRunnerOutput, SchedulerOutput
+from shared.types import ModelInfo, ModelRunnerOutput, SchedulerOutput
 
 
 class RankGroupClient:
@@ -26,6 +26,10 @@ class RankGroupClient:
         self.outboxes = [queue.SimpleQueue() for _ in stubs]
         self.replies = [stub.Step(iter(box.get, None)) for stub, box in
                         zip(stubs, self.outboxes)]
+
+    def model_info(self) -> ModelInfo:
+        """Rank 0's, as the scheduler reads it at the handshake."""
+        return pc.model_info_from_proto(self.infos[0].model_info)
 
     def submit(self, step: SchedulerOutput) -> None:
         msg = pc.scheduler_output_to_proto(step)

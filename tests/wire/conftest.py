@@ -15,6 +15,7 @@ from scheduler_svc.metrics import SchedulerTelemetry
 from scheduler_svc.server import EngineServicer, WorkerGroup, engine_status
 from shared.grpc_server import ServiceServer
 from shared.proto import engine_pb2_grpc, worker_pb2_grpc
+from shared.speculative_config import parse_speculative_config
 from tests.integration.tiny_model import tiny_llama_dir
 from worker_svc.config import WorkerConfig
 from worker_svc.server import WorkerServicer
@@ -69,10 +70,13 @@ def start_wire_stack(runner, **scheduler_flags) -> WireStack:
     worker, worker_port = start_worker(runner)
     group = WorkerGroup([f"127.0.0.1:{worker_port}"])
     info = group.handshake(timeout_s=10)
+    spec = parse_speculative_config(info.speculative_config)  # adopted, as the server does
     cfg = SchedulerConfig(block_size=info.block_size, max_model_len=info.max_model_len,
-                          max_num_seqs=16, max_num_batched_tokens=256, **scheduler_flags)
+                          max_num_seqs=16, max_num_batched_tokens=256,
+                          speculative_config=spec, **scheduler_flags)
     core = Scheduler(cfg, info.num_kv_blocks)
-    telemetry = SchedulerTelemetry(info.model_name, cfg.max_num_seqs, cfg.max_num_batched_tokens)
+    telemetry = SchedulerTelemetry(info.model_name, cfg.max_num_seqs, cfg.max_num_batched_tokens,
+                                   spec.num_speculative_tokens if spec else 0)
     engine = Engine(core, group, info, cfg.max_model_len, telemetry=telemetry)
     group.open_streams()
     engine.start()

@@ -128,7 +128,7 @@ def test_engine_status_sets_every_field():
     engine = SimpleNamespace(
         run_on_loop=lambda fn: fn(), counters=SimpleNamespace(num_steps=7, num_forward_passes=9),
         num_sessions=lambda: 2, worker_addresses=["w0:1", "w1:2"], num_worker_reconnects=1,
-        num_worker_failovers=1)
+        num_worker_failovers=1, model_info=model_info())
     status = engine_status(engine, scheduler, telemetry)
     assert_all_set([status], "engine_status (scheduler_svc/server.py)")
     assert (status.num_running, status.kv_cache_usage, status.worker_addresses) == \
