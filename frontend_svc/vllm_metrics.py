@@ -267,12 +267,40 @@ class SchedulerStatusCollector:
                 c.add_metric([m, engine, source],
                              st.prefix_cache_hits if source == "device" else 0)
         yield c
+        yield from self._spec_decode(m, [(e, st) for e, st in engines
+                                         if st.speculative_config])
         info = GaugeMetricFamily("vllm:cache_config_info", "Information of the LLMEngine "
                                  "CacheConfig (the fields known here)",
                                  labels=["model_name", "engine", "block_size", "num_gpu_blocks"])
         for engine, st in engines:
             info.add_metric([m, engine, str(self.block_size), str(st.num_kv_blocks)], 1)
         yield info
+
+
+    @staticmethod
+    def _spec_decode(m: str, engines):
+        """vLLM's spec-decode counters, only where speculation is configured (as vLLM
+        exports them only then): the scheduler's cumulative totals (docs/spec_decode.md)."""
+        if not engines:
+            return
+        counters = [("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.",
+                     lambda st: st.spec_num_drafts),
+                    ("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.",
+                     lambda st: st.spec_num_draft_tokens),
+                    ("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.",
+                     lambda st: st.spec_num_accepted_tokens)]
+        for name, doc, value in counters:
+            c = CounterMetricFamily(name, doc, labels=LABELS)
+            for engine, st in engines:
+                c.add_metric([m, engine], value(st))
+            yield c
+        c = CounterMetricFamily("vllm:spec_decode_num_accepted_tokens_per_pos",
+                                "Accepted tokens per draft position.",
+                                labels=LABELS + ["position"])
+        for engine, st in engines:
+            for pos, n in enumerate(st.spec_num_accepted_tokens_per_pos):
+                c.add_metric([m, engine, str(pos)], n)
+        yield c
 
 
 _status = SchedulerStatusCollector()

@@ -35,7 +35,9 @@ GAUGES = {"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cac
 COUNTERS = {"vllm:prompt_tokens", "vllm:generation_tokens", "vllm:request_success",
             "vllm:num_preemptions", "vllm:prefix_cache_hits", "vllm:prefix_cache_queries",
             "vllm:prompt_tokens_by_source", "vllm:prompt_tokens_cached",
-            "vllm:prompt_tokens_cached_by_source"}
+            "vllm:prompt_tokens_cached_by_source", "vllm:spec_decode_num_drafts",
+            "vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_accepted_tokens",
+            "vllm:spec_decode_num_accepted_tokens_per_pos"}
 
 
 def dashboard_names() -> list[str]:
@@ -84,8 +86,29 @@ def test_scheduler_series_are_its_status_gauges_and_cumulative_counters():
     tiers = {s.labels["source"]: s.value
              for s in got["vllm:prompt_tokens_cached_by_source"].samples}
     assert tiers == {"device": 32, "host": 0, "p2p": 0, "disk": 0, "external_unspecified": 0}
+    assert not any(n.startswith("vllm:spec_decode") for n in got)  # none configured
     collector.status = None  # the scheduler did not answer: no stale values
     assert families(generate_latest(registry).decode()) == {}
+
+
+def test_spec_decode_series_are_the_schedulers_totals_when_it_speculates():
+    collector = vllm_metrics.SchedulerStatusCollector()
+    collector.model_name = "m"
+    collector.status = engine_pb2.EngineStatus(
+        speculative_config='{"method":"ngram","num_speculative_tokens":2}', spec_num_drafts=5,
+        spec_num_draft_tokens=9, spec_num_accepted_tokens=6,
+        spec_num_accepted_tokens_per_pos=[4, 2])
+    registry = CollectorRegistry()
+    registry.register(collector)
+    got = families(generate_latest(registry).decode())
+    value = {s.name: s.value for n, f in got.items() if n.startswith("vllm:spec")
+             for s in f.samples if "position" not in s.labels}
+    assert value == {"vllm:spec_decode_num_drafts_total": 5,
+                     "vllm:spec_decode_num_draft_tokens_total": 9,
+                     "vllm:spec_decode_num_accepted_tokens_total": 6}
+    per_pos = {s.labels["position"]: s.value
+               for s in got["vllm:spec_decode_num_accepted_tokens_per_pos"].samples}
+    assert per_pos == {"0": 4, "1": 2}
 
 
 def test_under_data_parallelism_each_replica_is_its_own_engine():
@@ -215,7 +238,9 @@ def test_only_several_frontends_share_one_fresh_multiprocess_metrics_dir(count):
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     s = start_stack(tiny_llama_dir(), tmp_path_factory.mktemp("vllm-metrics-stack"),
-                    flags=[*TINY_FLAGS, "--api-server-count", "2"])
+                    flags=[*TINY_FLAGS, "--api-server-count", "2", "--speculative-config",
+                           '{"method": "draft_model", "quantization": "int8", '
+                           '"num_speculative_tokens": 2}'])
     yield s
     s.stop()
 
