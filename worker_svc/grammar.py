@@ -40,11 +40,12 @@ POLL_HOLD_S = 0.05
 class GrammarState:
     """One request's matcher, at the state after its output tokens so far."""
 
-    __slots__ = ("matcher", "failed")
+    __slots__ = ("matcher", "failed", "words")
 
-    def __init__(self, matcher) -> None:
+    def __init__(self, matcher, vocab_size: int = 0) -> None:
         self.matcher = matcher
         self.failed = False
+        self.words = (vocab_size + 31) // 32  # of a bitmask row over the model's logits
 
     def advance(self, token_id: int) -> None:
         """Consume a sampled (committed) token. A token the grammar refuses cannot
@@ -60,6 +61,23 @@ class GrammarState:
     def fill(self, row: np.ndarray) -> None:
         """Write the next token's allowed set into one int32 bitmask row."""
         self.matcher.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
+
+    # -- speculative decoding (worker_svc/spec/): drafts are consumed ahead, then
+    # rolled back, so the matcher always ends at the committed tokens
+
+    def valid_prefix(self, drafts: list[int]) -> int:
+        """How many leading drafts the grammar allows from here."""
+        if self.failed or self.matcher.is_stopped():
+            return 0
+        return self.matcher.validate_tokens(drafts)
+
+    def consume_draft(self, token_id: int) -> bool:
+        return not self.failed and not self.matcher.is_stopped() \
+            and self.matcher.consume_token(token_id)
+
+    def rollback(self, num_tokens: int) -> None:
+        if num_tokens:
+            self.matcher.rollback(num_tokens)
 
 
 class GrammarRuntime:
@@ -151,7 +169,7 @@ class GrammarRuntime:
         here only if the grammar was not compiled ahead (a fresh worker)."""
         compiled = so.compile_spec(params.structured_output, self.vocab(),
                                    self.compile_timeout_s)
-        state = GrammarState(compiled.new_matcher())
+        state = GrammarState(compiled.new_matcher(), self.vocab_size)
         for token_id in replay:
             state.advance(token_id)
         return state

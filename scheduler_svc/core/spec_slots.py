@@ -38,8 +38,8 @@ def add_draft_slots(sched: Scheduler, cap: int, budget: int, scheduled: list[Req
     budget left. Returns (budget left, {req_id: slots}) and extends the step's tables.
 
     Only a request whose one scheduled token is the last it has (a decode: it samples)
-    and that has no grammar (rank 0 masks the sampled token only, not drafts) gets
-    slots, and no step does while `disable_by_batch_size` or more requests run.
+    gets slots (one with a grammar too: the worker drafts and verifies under its
+    mask), and no step does while `disable_by_batch_size` or more requests run.
     Slots take only free blocks: a step that had to preempt gets none (its memory is
     short, and a slot would hold a block a preempted request needs to resume), and no
     slot ever causes a preemption. They come before pass 2's admissions, as vLLM's spec
@@ -56,8 +56,6 @@ def add_draft_slots(sched: Scheduler, cap: int, budget: int, scheduled: list[Req
         req_id = request.req_id
         if num_scheduled[req_id] != 1 or request.gap != 1:
             continue  # a prefill chunk, or a token that does not sample
-        if request.sampling_params.structured_output is not None:
-            continue  # drafts are not masked by the grammar yet (docs/spec_decode.md)
         held = len(kv.req_to_blocks[req_id])
         fits = (held + kv.num_free_blocks) * kv.block_size - request.num_computed_tokens - 1
         d = min(draft_slots(sched, request, k, cap, budget), fits)

@@ -49,7 +49,10 @@ def run(runner, prompts: list[list[int]], params: list[SamplingParams], *,
                 on_step(sched, step)
             step += 1
             so = sched.schedule()
-            if so.num_scheduled_tokens or so.finished_req_ids:
+            # an empty step too when nothing is in flight: the poll that collects the
+            # grammars the worker compiled for deferred requests
+            if so.num_scheduled_tokens or so.finished_req_ids or so.grammar_compiles \
+                    or not in_flight:
                 sent = wire.scheduler_output_from_proto(wire.scheduler_output_to_proto(so))
                 if record is not None:
                     record.append(sent)
@@ -57,8 +60,6 @@ def run(runner, prompts: list[list[int]], params: list[SamplingParams], *,
                 in_flight.append((so, wire.runner_output_from_proto(
                     wire.runner_output_to_proto(answer))))
                 continue
-            if not in_flight:
-                raise AssertionError("nothing scheduled and nothing in flight")
         so, answer = in_flight.popleft()
         for out in sched.update_from_output(so, answer):
             if on_output is not None:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from shared.structured_output import StructuredOutputSpec as Spec
 from shared.types import SamplingParams, SchedulerOutput
 from tests.integration.tp_group import RankGroupClient
@@ -49,3 +51,28 @@ def test_rank_0_masks_and_the_group_gives_one_ranks_constrained_output(tiny_mode
         group.close()
     finally:
         stack.stop()
+
+
+@pytest.mark.parametrize("spec", [
+    '{"method": "draft_model", "quantization": "int8", "num_speculative_tokens": 3}',
+    '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}'],
+    ids=["int8_self_draft", "ngram"])
+def test_drafts_under_a_grammar_on_two_ranks_give_one_ranks_constrained_output(
+        tiny_model_dir, tmp_path, spec):
+    """Speculative decoding with grammars on two ranks: rank 0 drafts under the masks
+    (the self-draft) or cuts each request's drafts to what its grammar allows (prompt
+    lookup) and sends the lengths, so both ranks verify the same positions; the
+    output is one unsplit rank's without drafts (docs/spec_decode.md)."""
+    from tests.spec.engine_loop import run as serve
+    params = [SamplingParams(temperature=0.0, max_tokens=60, structured_output=s)
+              for s in SPECS]
+    whole, _, _ = serve(tiny_cpu_runner(tiny_model_dir), PROMPTS, params)
+    stack = _ranks(tiny_model_dir, tmp_path, flags=[*SMALL_POOL, "--speculative-config", spec])
+    try:
+        group = RankGroupClient(_addresses(stack))
+        got, _, sched = serve(group, PROMPTS, params)
+        group.close()
+    finally:
+        stack.stop()
+    assert got == whole
+    assert sched.stats().spec_num_draft_tokens > 0

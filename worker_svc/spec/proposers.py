@@ -33,6 +33,7 @@ import torch
 
 from shared.speculative_config import SpeculativeConfig
 from worker_svc.inputs import sequence_inputs
+from worker_svc.grammar import apply_masks
 from worker_svc.model import small_linear
 from worker_svc.model.decode_layers import MATMULS
 from worker_svc.model.weights import ModelWeights
@@ -83,8 +84,10 @@ class DraftModelProposer:
     computes one position a request (after pass 0's catch-up) and proposes the next."""
 
     def __init__(self, model, block_size: int, device: torch.device, *, shares_kv: bool,
-                 kv_caches: list | None = None, tp=None) -> None:
+                 kv_caches: list | None = None, tp=None,
+                 eos_token_ids: list[int] = ()) -> None:
         self.model = model
+        self.eos_token_ids = list(eos_token_ids)
         self.block_size = block_size
         self.device = device
         self.shares_kv = shares_kv
@@ -97,6 +100,9 @@ class DraftModelProposer:
         drafts: list[list[int]] = [[] for _ in states]
         active = [i for i, d in enumerate(slots) if d]
         kv = target_kv if self.shares_kv else self.kv_caches
+        # a request with a grammar drafts under its mask (rank 0 holds the matchers):
+        # each pass's token is consumed, and all are rolled back at the end
+        consumed = {i: 0 for i in active if states[i].grammar is not None}
         chunks, starts = [], []
         for i in active:
             s = states[i]
@@ -106,13 +112,20 @@ class DraftModelProposer:
         while active:
             inputs = sequence_inputs(chunks, starts, [states[i].block_ids for i in active],
                                      self.block_size, self.device, [1] * len(active))
+            masked = [states[i] for i in active] if consumed else None
             logits = self.model.forward(inputs.input_ids, inputs.positions, kv, inputs.meta,
-                                        inputs.logits_indices, argmax_only=True)
+                                        inputs.logits_indices, argmax_only=not consumed)
+            if masked is not None and logits is not None:
+                apply_masks(logits, masked, self.eos_token_ids)
             for i, token in zip(active, self._pick(logits, len(active))):
                 drafts[i].append(token)
+                if i in consumed:
+                    consumed[i] += states[i].grammar.consume_draft(token)
             active = [i for i in active if len(drafts[i]) < slots[i]]
             chunks = [[drafts[i][-1]] for i in active]
             starts = [len(states[i].token_ids) - 1 + len(drafts[i]) for i in active]
+        for i, n in consumed.items():
+            states[i].grammar.rollback(n)
         return drafts
 
     def _pick(self, logits: torch.Tensor | None, rows: int) -> list[int]:

@@ -57,7 +57,29 @@ class Speculator:
 
     def propose(self, states: list[WorkerRequest], slots: list[int],
                 target_kv: list) -> list[list[int]]:
-        """At most slots[i] drafts for states[i], the same on every rank."""
+        """At most slots[i] drafts for states[i], the same on every rank; a request
+        with a grammar keeps only the drafts its grammar allows (rank 0 decides)."""
+        drafts = self._propose(states, slots, target_kv)
+        if any(s.params.structured_output is not None for s in states):
+            drafts = self._grammar_valid(states, drafts)
+        return drafts
+
+    def _grammar_valid(self, states: list[WorkerRequest],
+                       drafts: list[list[int]]) -> list[list[int]]:
+        """Each constrained request's drafts cut to the prefix its grammar allows: a
+        draft past it could never be sampled (its row is masked) and the verify rows'
+        masks need the drafts before them consumed (spec/verify.py). Rank 0 holds
+        the matchers; under tensor parallelism it sends the lengths."""
+        lengths = [len(d) if s.grammar is None or not d else s.grammar.valid_prefix(d)
+                   for s, d in zip(states, drafts)]
+        if self.tp is not None:
+            t = torch.tensor(lengths, dtype=torch.long, device=self.device)
+            self.tp.broadcast_from_first(t)
+            lengths = t.tolist()
+        return [d[:n] for d, n in zip(drafts, lengths)]
+
+    def _propose(self, states: list[WorkerRequest], slots: list[int],
+                 target_kv: list) -> list[list[int]]:
         proposer = self.proposer
         if not proposer.rank0_only or self.tp is None:
             return proposer.propose(states, slots, target_kv) \
@@ -106,7 +128,9 @@ def build_speculator(spec: SpeculativeConfig | None, *, config, device: torch.de
                              plan=draft_plan, tp=tp)
         log.info("speculator", method="int8_self_draft", k=spec.num_speculative_tokens)
         return Speculator(spec, DraftModelProposer(model, block_size, device,
-                                                   shares_kv=True, tp=tp), tp, device)
+                                                   shares_kv=True, tp=tp,
+                                                   eos_token_ids=model_cfg.eos_token_ids),
+                          tp, device)
     draft_cfg = load_model_config(Path(spec.model))
     if draft_cfg.vocab_size != model_cfg.vocab_size:
         raise ValueError(f"draft model {spec.model} has a vocabulary of "
@@ -131,5 +155,6 @@ def build_speculator(spec: SpeculativeConfig | None, *, config, device: torch.de
                          max_positions=max_model_len, plan=draft_plan, tp=None)
     log.info("speculator", method="draft_model", model=spec.model,
              k=spec.num_speculative_tokens, draft_layers=draft_cfg.num_layers)
-    return Speculator(spec, DraftModelProposer(model, block_size, device, shares_kv=False),
+    return Speculator(spec, DraftModelProposer(model, block_size, device, shares_kv=False,
+                                               eos_token_ids=model_cfg.eos_token_ids),
                       tp, device, draft_model=model, draft_cfg=draft_cfg)

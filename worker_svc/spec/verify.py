@@ -21,10 +21,25 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from shared.types import SamplingParams
 from worker_svc.worker_request import WorkerRequest
+
+
+class DraftMask:
+    """The grammar's allowed set at a verify row j > 0: the request's matcher after
+    its drafts before the row, computed while they were consumed (then rolled back)."""
+
+    __slots__ = ("mask",)
+    failed = False
+
+    def __init__(self, mask: np.ndarray) -> None:
+        self.mask = mask
+
+    def fill(self, row: np.ndarray) -> None:
+        row[:] = self.mask
 
 
 @dataclass(slots=True)
@@ -35,21 +50,39 @@ class DraftRow:
     prompt_mask: torch.Tensor | None
     output_counts: torch.Tensor | None
     has_penalties: bool
-    grammar: None = None  # requests with a grammar get no draft slots
+    grammar: DraftMask | None = None
 
 
 def verify_rows(state: WorkerRequest, drafts: list[int]) -> list:
     """The m + 1 sampling rows of a request with drafts: the state itself for row 0,
-    a DraftRow after each accepted-draft prefix for the others."""
+    a DraftRow after each accepted-draft prefix for the others. With a grammar (rank
+    0), row j's mask is the matcher's after drafts[:j], which are valid (the
+    speculator keeps only a grammar-valid prefix: speculator.py); the matcher is
+    rolled back to the committed tokens before anything samples."""
     rows: list = [state]
     counts = state.output_counts
+    masks = _draft_masks(state.grammar, drafts) if state.grammar is not None else None
     for j, draft in enumerate(drafts):
         if counts is not None:  # penalties see the drafts before the row as output
             counts = counts.clone()
             counts[draft] += 1
         rows.append(DraftRow(state.params, state.num_output_tokens + j + 1,
-                             state.prompt_mask, counts, state.has_penalties))
+                             state.prompt_mask, counts, state.has_penalties,
+                             None if masks is None else masks[j]))
     return rows
+
+
+def _draft_masks(grammar, drafts: list[int]) -> list[DraftMask | None]:
+    if grammar.failed:  # row 0 allows only EOS (apply_masks): no later row commits
+        return [None] * len(drafts)
+    masks, consumed = [], 0
+    for draft in drafts:
+        consumed += grammar.consume_draft(draft)
+        row = np.zeros(grammar.words, dtype=np.int32)
+        grammar.fill(row)
+        masks.append(DraftMask(row))
+    grammar.rollback(consumed)
+    return masks
 
 
 def accepted(drafts: list[int], sampled: list[int]) -> int:
