@@ -56,15 +56,24 @@ TICKS = os.sysconf("SC_CLK_TCK")
 LLAMA_SERVERS = ("/opt/peers/llama-native/build/bin/llama-server",
                  "/opt/peers/llama/bin/llama-server")
 SERVERS = ("gapserve", "gapserve-steps8", "gapserve-bf16", "gapserve-int8",
-           "gapserve-int8-steps8", "vllm", "vllm-bf16", "vllm-default", "llamacpp",
-           "llamacpp-q8_0")
+           "gapserve-int8-steps8", "gapserve-ngram", "gapserve-int8draft", "vllm",
+           "vllm-bf16", "vllm-default", "llamacpp", "llamacpp-q8_0", "llamacpp-ngram",
+           "llamacpp-draft")
 # each gapserve row against the peers' rows of the same kind: fp32 against fp32, and
 # best dtype against best dtype
 PAIRS = {"gapserve": ("vllm", "vllm-default", "llamacpp"),
          "gapserve-steps8": ("vllm", "llamacpp"),
          "gapserve-bf16": ("vllm-bf16", "llamacpp-q8_0"),
          "gapserve-int8": ("vllm", "vllm-bf16", "llamacpp-q8_0"),
-         "gapserve-int8-steps8": ("vllm", "llamacpp-q8_0")}
+         "gapserve-int8-steps8": ("vllm", "llamacpp-q8_0"),
+         # speculative decoding (benchmarks/spec_decode.py has the fuller comparison)
+         "gapserve-ngram": ("gapserve", "llamacpp-ngram"),
+         "gapserve-int8draft": ("gapserve", "llamacpp-draft")}
+# speculative decoding as spec_decode.py runs it (docs/spec_decode.md, "Measured")
+NGRAM = ('{"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 2, '
+         '"prompt_lookup_max": 5, "disable_by_batch_size": 16}')
+INT8_DRAFT = ('{"method": "draft_model", "quantization": "int8", '
+              '"num_speculative_tokens": 4, "disable_by_batch_size": 16}')
 # multi-step decode, as docs/scheduling.md advises for throughput-bound CPU serving
 STEPS8 = ("--num-scheduler-steps", "8")
 
@@ -101,14 +110,22 @@ def server_commands(args: argparse.Namespace) -> dict[str, dict]:
         "gapserve-int8-steps8": gapserve("float32", "--quantization", "int8", *STEPS8),
         "vllm": vllm("float32", True), "vllm-bf16": vllm("bfloat16", True),
         "vllm-default": vllm("float32", False),
+        "gapserve-ngram": gapserve("float32", "--speculative-config", NGRAM),
+        "gapserve-int8draft": gapserve("float32", "--speculative-config", INT8_DRAFT),
         "llamacpp": llama_server_spec(args, args.llama_gguf),
         "llamacpp-q8_0": llama_server_spec(args, args.llama_gguf_q8),
+        # llama.cpp's docs' ngram-simple example; its Q8_0 as the f32's draft model
+        "llamacpp-ngram": llama_server_spec(args, args.llama_gguf, "--spec-type",
+                                            "ngram-simple", "--spec-draft-n-max", "64"),
+        "llamacpp-draft": llama_server_spec(args, args.llama_gguf, "--spec-type",
+                                            "draft-simple", "-md", args.llama_gguf_q8,
+                                            "--spec-draft-n-max", "8"),
     }
 
 
-def llama_server_spec(args: argparse.Namespace, gguf: str) -> dict:
+def llama_server_spec(args: argparse.Namespace, gguf: str, *extra: str) -> dict:
     """llama-server on a GGUF: one slot per concurrent request, continuous batching,
-    every core (-t, -tb), CPU only (--device none)."""
+    every core (-t, -tb), CPU only (--device none); extra: more of its flags."""
     slots = args.concurrency
     # per-slot context: the essay prompt (~41 tokens) plus the output, in steps of 256
     slot_ctx = 256 * math.ceil((args.max_tokens + 128) / 256)
@@ -117,7 +134,7 @@ def llama_server_spec(args: argparse.Namespace, gguf: str) -> dict:
         "argv": [args.llama_server, "-m", gguf, "--host", "127.0.0.1",
                  "--port", str(args.port + 200), "-a", Path(args.model).name,
                  "-np", str(slots), "-c", str(slots * slot_ctx), "-cb",
-                 "-t", threads, "-tb", threads, "--device", "none", "--no-webui"],
+                 "-t", threads, "-tb", threads, "--device", "none", "--no-webui", *extra],
         "env": {}, "port": args.port + 200,
         "kv_bytes": llama_kv_bytes(args.model, slots * slot_ctx)}
 
