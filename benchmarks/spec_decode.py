@@ -189,7 +189,7 @@ def run_row(name: str, spec: dict, args: argparse.Namespace, repeat: int, tmp: P
                 t0 = (time.monotonic(), sbs.busy_ticks())
                 report = run_load(base_url, workload, level, tmp)
                 wall = time.monotonic() - t0[0]
-                report["other_load_cores"] = (sbs.busy_ticks() - t0[1]) / sbs.TICKS / wall
+                report["busy_cores"] = (sbs.busy_ticks() - t0[1]) / sbs.TICKS / wall  # the whole machine
                 after = gapserve_spec(base_url)
                 if after is not None:
                     b = before or {"num_draft_tokens": 0, "num_accepted_tokens": 0}

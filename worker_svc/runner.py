@@ -40,7 +40,7 @@ from worker_svc.worker_request import WorkerRequest
 from worker_svc.grammar import GrammarRuntime, apply_masks
 from worker_svc.sampler import sample
 from worker_svc.spec.speculator import build_speculator
-from worker_svc.spec.verify import accepted, verify_rows
+from worker_svc.spec.verify import VerifyPass, accepted, verify_rows
 from worker_svc.step_check import check_step
 from worker_svc.zero_cost import zero_cost_step
 
@@ -195,8 +195,8 @@ class ModelRunner:
             out.num_draft_tokens = [0] * len(order)
             for i, dr in zip(live, drafts):
                 out.num_draft_tokens[i] = len(dr)
-            drafts = (drafts, slots, step.step_id)
-        inputs = self._prepare_inputs(running, num, None if drafts is None else drafts[0])
+            drafts = VerifyPass(drafts, slots, step.step_id)
+        inputs = self._prepare_inputs(running, num, None if drafts is None else drafts.drafts)
         t1 = time.perf_counter()
         if on_prepared is not None:
             on_prepared()
@@ -227,14 +227,14 @@ class ModelRunner:
         return out
 
     def _forward_and_sample(self, states: list[WorkerRequest], slots: list[int], inputs,
-                            out, drafts=None) -> float:
+                            out, verify: VerifyPass | None = None) -> float:
         """One forward pass over the prepared inputs of `states` (whose places in
         `out` are `slots`); the sampled tokens are appended to the requests' states
-        and to `out`. drafts: (drafts, draft slots, step id) of a verify pass. Returns
-        the forward pass's seconds."""
+        and to `out`. verify: the drafts of a verify pass (speculative decoding).
+        Returns the forward pass's seconds."""
         samplers = [states[i] for i in inputs.sample_rows]
-        rows = samplers if drafts is None else [
-            row for i in inputs.sample_rows for row in verify_rows(states[i], drafts[0][i])]
+        rows = samplers if verify is None else [
+            row for i in inputs.sample_rows for row in verify_rows(states[i], verify.drafts[i])]
         t0 = time.perf_counter()
         logits = self.model.forward(inputs.input_ids, inputs.positions, self.kv_caches,
                                     inputs.meta, inputs.logits_indices,
@@ -245,47 +245,50 @@ class ModelRunner:
         tokens, token_list, logprobs = self._sample(logits, rows)
         for state, n in zip(states, inputs.num_scheduled):
             state.num_computed_tokens += n
-        if drafts is not None:
-            tokens, token_list, logprobs = self._verify(states, inputs, token_list, logprobs,
-                                                        drafts)
+        if verify is not None:
+            self._commit_verified(states, slots, inputs, token_list, logprobs, verify, out)
+            return forward_s
         if samplers:
-            rows_ = torch.tensor([s.row for s in samplers], device=self.device)
-            self.last_sampled.index_copy_(0, rows_, tokens)
-        for i, state, committed, lp in zip(inputs.sample_rows, samplers, token_list, logprobs):
+            row_ids = torch.tensor([s.row for s in samplers], device=self.device)
+            self.last_sampled.index_copy_(0, row_ids, tokens)
+        for i, state, token, lp in zip(inputs.sample_rows, samplers, token_list, logprobs):
+            state.record_sampled(token, self._eos)
             slot = slots[i]
-            for j, token in enumerate(committed if drafts is not None else (committed,)):
+            out.sampled_token_ids[slot].append(token)
+            if lp is not None:
+                out.logprobs[slot].extend(lp)
+        return forward_s
+
+    def _commit_verified(self, states: list[WorkerRequest], slots: list[int], inputs,
+                         token_list: list[int], logprobs: list, verify: VerifyPass,
+                         out) -> None:
+        """Per sampling request of a verify pass: commit its rows' samples up to and
+        including the first that differs from its draft (worker_svc/spec/verify.py),
+        through the stop rule (a stop among them ends the answer there). A request with
+        slots computed 1 + accepted of its positions, and remembers the slots it
+        rejected, which the scheduler may still count in the next step (step_check)."""
+        last, at = [], 0
+        for i, n_rows in zip(inputs.sample_rows, inputs.num_logits):
+            sampled, row_lp = token_list[at:at + n_rows], logprobs[at:at + n_rows]
+            at += n_rows
+            state, drafts = states[i], verify.drafts[i]
+            a = accepted(drafts, sampled)
+            last.append(sampled[a])
+            if verify.slots[i]:
+                state.num_computed_tokens -= len(drafts) - a  # the rejected drafts' positions
+                state.last_rejection = (verify.step_id, verify.slots[i] - a)
+                self.speculator.verified(state, len(state.token_ids), len(drafts), a)
+            slot = slots[i]
+            for token, lp in zip(sampled[:a + 1], row_lp):
                 state.record_sampled(token, self._eos)
                 out.sampled_token_ids[slot].append(token)
                 if lp is not None:
-                    out.logprobs[slot].append(lp[j])
-                if state.stopped:  # a stop among the committed drafts ends the answer
+                    out.logprobs[slot].extend(lp)
+                if state.stopped:
                     break
-        return forward_s
-
-    def _verify(self, states: list[WorkerRequest], inputs, token_list: list[int],
-                logprobs: list, drafts) -> tuple[torch.Tensor, list[list[int]], list]:
-        """Per sampling request: its committed tokens (the verify rows' samples up to
-        the first that differs from its draft: worker_svc/spec/verify.py), their
-        logprobs, and its last committed token for last_sampled. A request with slots
-        computed 1 + accepted of its positions; it remembers the slots it rejected,
-        which the scheduler may still count in the next step (step_check)."""
-        proposals, slots, step_id = drafts
-        committed, committed_lp, last = [], [], []
-        at = 0
-        for i, n_rows in zip(inputs.sample_rows, inputs.num_logits):
-            sampled = token_list[at:at + n_rows]
-            row_lp = logprobs[at:at + n_rows]
-            at += n_rows
-            state, d = states[i], proposals[i]
-            a = accepted(d, sampled)
-            committed.append(sampled[:a + 1])
-            committed_lp.append(None if row_lp[0] is None else [x[0] for x in row_lp[:a + 1]])
-            last.append(sampled[a])
-            if slots[i]:
-                state.num_computed_tokens -= len(d) - a  # the rejected drafts' positions
-                state.last_rejection = (step_id, slots[i] - a)
-                self.speculator.verified(state, len(state.token_ids), len(d), a)
-        return torch.tensor(last, dtype=torch.long, device=self.device), committed, committed_lp
+        if last:
+            row_ids = torch.tensor([states[i].row for i in inputs.sample_rows], device=self.device)
+            self.last_sampled.index_copy_(0, row_ids, torch.tensor(last, device=self.device))
 
     def _sample(self, logits: torch.Tensor | None, samplers: list[WorkerRequest]):
         """Rank 0 samples from the gathered logits and sends the tokens to the other

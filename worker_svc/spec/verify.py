@@ -28,6 +28,15 @@ from shared.types import SamplingParams
 from worker_svc.worker_request import WorkerRequest
 
 
+@dataclass(slots=True)
+class VerifyPass:
+    """A step's drafts, as the runner verifies them: per request of the pass (in its
+    order) the drafts proposed and the slots the scheduler gave (at least as many)."""
+    drafts: list[list[int]]
+    slots: list[int]
+    step_id: int
+
+
 class DraftMask:
     """The grammar's allowed set at a verify row j > 0: the request's matcher after
     its drafts before the row, computed while they were consumed (then rolled back)."""
