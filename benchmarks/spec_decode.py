@@ -117,9 +117,9 @@ def requests_file(workload: str, count: int, tmp: Path) -> Path:
 
 
 def num_requests(workload: str, level: int) -> int:
-    """A lone stream: every prompt once (8); in flight: as many as the level, at least
-    16 so a run of 8 is not one wave."""
-    return 8 if level == 1 else max(level, 16)
+    """A lone stream: every prompt once (8); in flight: two waves of the level (at least
+    16), so a run is not one burst whose timing of arrival decides the throughput."""
+    return 8 if level == 1 else max(2 * level, 16)
 
 
 def run_load(base_url: str, workload: str, level: int, tmp: Path) -> dict:

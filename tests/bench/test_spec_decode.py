@@ -73,6 +73,7 @@ def test_the_workloads_requests_cycle_the_prompts(tmp_path):
     path = sd.requests_file("code", 20, tmp_path)
     items = json.loads(path.read_text())
     assert len(items) == 20 and items[0] == items[8]
+    assert sd.num_requests("copy", 1) == 8 and sd.num_requests("copy", 64) == 128
     assert all(i["max_tokens"] == sd.ANSWER_TOKENS for i in items)
     essay = json.loads(sd.requests_file("essay", 3, tmp_path).read_text())
     assert essay[2]["messages"][0]["content"].endswith("number 2.")

@@ -194,20 +194,28 @@ def hf_tiny(tiny_model_dir):
 @pytest.mark.parametrize("spec", [
     '{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1, '
     '"prompt_lookup_max": 3}',
-    '{"method": "draft_model", "quantization": "int8", "num_speculative_tokens": 4}'],
-    ids=["ngram", "int8_self_draft"])
+    '{"method": "draft_model", "quantization": "int8", "num_speculative_tokens": 4}',
+    '{"method": "draft_model", "model": "DRAFT", "num_speculative_tokens": 3}'],
+    ids=["ngram", "int8_self_draft", "draft_model"])
 def test_speculative_decoding_on_two_ranks_is_greedy_equal_to_transformers(tmp_path, spec):
     """Both ranks find the same drafts (prompt lookup in the same tokens; the self-draft's
-    passes run split like the model, rank 0 picking and broadcasting each token), verify
-    them in one pass and commit what rank 0 sampled; async scheduling with a small pool
-    (preemption), through the real scheduler core. The 256-token checkpoint of
-    tests/spec repeats itself, so drafts are accepted."""
+    passes run split like the model, rank 0 picking and broadcasting each token; a draft
+    checkpoint runs on rank 0, which broadcasts its drafts), verify them in one pass and
+    commit what rank 0 sampled; async scheduling with a small pool (preemption), through
+    the real scheduler core. The 256-token checkpoint of tests/spec repeats itself, so
+    drafts are accepted; the draft checkpoint is its first layer."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from tests.spec.engine_loop import run
     from tests.worker.conftest import _write_checkpoint
     model_dir = _write_checkpoint(tmp_path / "tiny256", LlamaConfig, LlamaForCausalLM,
                                   tie_word_embeddings=True, rope_theta=10000.0)
+    if "DRAFT" in spec:
+        draft = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+        draft.model.layers = draft.model.layers[:1]
+        draft.config.num_hidden_layers = 1
+        draft.save_pretrained(tmp_path / "draft")
+        spec = spec.replace("DRAFT", str(tmp_path / "draft"))
     stack = _ranks(model_dir, tmp_path / "logs",
                    flags=[*SMALL_POOL, "--speculative-config", spec])
     try:
