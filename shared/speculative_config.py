@@ -67,12 +67,14 @@ class SpeculativeConfig:
                 value[key] = getattr(self, key)
         return json.dumps(value, separators=(",", ":"))
 
-    def speculates(self, num_running: int) -> bool:
-        """vLLM's disable_by_batch_size: does a step with this many running requests
-        get draft slots? Above the size the verify pass's extra positions cost more
-        than the accepted tokens save (the batch is compute-bound, not bandwidth-bound)."""
+    def speculates(self, num_enqueued: int) -> bool:
+        """vLLM's disable_by_batch_size: does a step get draft slots while this many
+        requests are enqueued (running plus waiting, as vLLM's docs count them)? Above
+        the size the verify pass's extra positions cost more than the accepted tokens
+        save (the batch is compute-bound, not bandwidth-bound), and while a burst is
+        still being admitted its prompts need the budget more than guesses do."""
         limit = self.disable_by_batch_size
-        return limit is None or num_running < limit
+        return limit is None or num_enqueued < limit
 
 
 def parse_speculative_config(value: str | dict | None) -> SpeculativeConfig | None:

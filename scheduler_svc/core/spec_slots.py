@@ -39,13 +39,15 @@ def add_draft_slots(sched: Scheduler, cap: int, budget: int, scheduled: list[Req
 
     Only a request whose one scheduled token is the last it has (a decode: it samples)
     gets slots (one with a grammar too: the worker drafts and verifies under its
-    mask), and no step does while `disable_by_batch_size` or more requests run.
+    mask), and no step does while `disable_by_batch_size` or more requests are
+    enqueued (running or waiting: a burst being admitted needs the budget for its
+    prompts, and the batch it becomes is too large to gain from drafts).
     Slots take only free blocks: a step that had to preempt gets none (its memory is
     short, and a slot would hold a block a preempted request needs to resume), and no
     slot ever causes a preemption. They come before pass 2's admissions, as vLLM's spec
     tokens do (they are part of a running request's tokens there)."""
     spec = sched.config.speculative_config
-    if not spec.speculates(len(sched.running)):
+    if not spec.speculates(len(sched.running) + len(sched.waiting)):
         return budget, NO_DRAFTS
     kv = sched.kv
     k = spec.num_speculative_tokens

@@ -283,6 +283,18 @@ def test_disable_by_batch_size_turns_slots_off_while_that_many_run():
     assert so.num_draft_slots == {"d": 2, "e": 2}
 
 
+def test_disable_by_batch_size_counts_the_waiting_requests_too():
+    """vLLM's docs count enqueued requests: while a burst is being admitted its prompts
+    get the budget, not the first arrivals' drafts."""
+    s = spec_scheduler(k=2, limit=3, max_num_batched_tokens=16)
+    decoding(s, ("a",))
+    for r in ("w1", "w2"):
+        s.add_request(make_request(r, 30))  # 2 prompts larger than the step's budget
+    so = s.schedule()  # 1 running + 2 waiting: no slots, the budget goes to prefill
+    assert not so.num_draft_slots and so.num_scheduled_tokens["a"] == 1
+    assert sum(so.num_scheduled_tokens.values()) == 16
+
+
 @pytest.mark.parametrize("limit, steps, slots", [(3, 1, {"a": 2, "b": 2}), (2, 4, {})])
 def test_a_step_with_slots_is_one_pass_and_multi_step_runs_when_speculation_is_off(
         limit, steps, slots):
