@@ -438,12 +438,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def cpu_info() -> tuple[str, list[str]]:
+    """The CPU's model name and its flags (/proc/cpuinfo), for every figure's record."""
+    lines = Path("/proc/cpuinfo").read_text().splitlines()
+    name = next((line.split(":", 1)[1].strip() for line in lines
+                 if line.startswith("model name")), platform.processor())
+    flags = next((line.split(":", 1)[1].split() for line in lines
+                  if line.startswith("flags")), [])
+    return name, flags
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     specs = server_commands(args)
-    cpu = next((line.split(":", 1)[1].strip() for line in
-                Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
+    cpu, _ = cpu_info()
     results = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="minutes"),
                "machine": f"{os.cpu_count()} cores, {cpu}", "model": args.model,
                "kv_cache_gib": args.kv_cache_gib, "repeats": args.repeats, "servers": {}}

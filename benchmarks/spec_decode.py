@@ -33,7 +33,6 @@ import asyncio
 import datetime as dt
 import json
 import os
-import platform
 import re
 import subprocess
 import sys
@@ -297,12 +296,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     specs = server_commands(args)
-    cpu = next((line.split(":", 1)[1].strip() for line in
-                Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor())
-    flags = next((line.split(":", 1)[1].split() for line in
-                  Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.startswith("flags")), [])
+    cpu, flags = sbs.cpu_info()
     results = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="minutes"),
                "machine": f"{os.cpu_count()} cores, {cpu}",
                "cpu_flags": [f for f in flags if f.startswith(("avx", "amx", "fma"))],
