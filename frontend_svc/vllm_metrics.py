@@ -232,10 +232,7 @@ class SchedulerStatusCollector:
                   ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.",
                    lambda st: st.kv_cache_usage)]
         for name, doc, value in gauges:
-            g = GaugeMetricFamily(name, doc, labels=LABELS)
-            for engine, st in engines:
-                g.add_metric([m, engine], value(st))
-            yield g
+            yield _per_engine(GaugeMetricFamily(name, doc, labels=LABELS), m, engines, value)
         g = GaugeMetricFamily(
             "vllm:num_requests_waiting_by_reason", "Number of waiting requests by reason. "
             "'capacity' = waiting for scheduling capacity; 'deferred' = not ready to be "
@@ -254,10 +251,7 @@ class SchedulerStatusCollector:
                      "Prefix cache hits, in terms of number of cached tokens.",
                      lambda st: st.prefix_cache_hits)]
         for name, doc, value in counters:
-            c = CounterMetricFamily(name, doc, labels=LABELS)
-            for engine, st in engines:
-                c.add_metric([m, engine], value(st))
-            yield c
+            yield _per_engine(CounterMetricFamily(name, doc, labels=LABELS), m, engines, value)
         c = CounterMetricFamily(
             "vllm:prompt_tokens_cached_by_source", "Prefix-cache hit tokens by the cache "
             "tier that supplied them: here always the engine's own pool (device). Counted "
@@ -290,10 +284,7 @@ class SchedulerStatusCollector:
                     ("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.",
                      lambda st: st.spec_num_accepted_tokens)]
         for name, doc, value in counters:
-            c = CounterMetricFamily(name, doc, labels=LABELS)
-            for engine, st in engines:
-                c.add_metric([m, engine], value(st))
-            yield c
+            yield _per_engine(CounterMetricFamily(name, doc, labels=LABELS), m, engines, value)
         c = CounterMetricFamily("vllm:spec_decode_num_accepted_tokens_per_pos",
                                 "Accepted tokens per draft position.",
                                 labels=LABELS + ["position"])
@@ -339,3 +330,10 @@ async def scrape(engine, model_name: str) -> tuple[bytes, str]:
     _status.engines = None if not replicas or _status.status is None else [
         (str(r.index), r.status) for r in replicas if r.status is not None]
     return generate_latest(_registry()), CONTENT_TYPE_LATEST
+
+
+def _per_engine(family, model_name: str, engines, value):
+    """One sample per engine (model_name, engine labels) of `family`, value(status)."""
+    for engine, st in engines:
+        family.add_metric([model_name, engine], value(st))
+    return family
