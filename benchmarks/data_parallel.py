@@ -192,7 +192,7 @@ def serve_argv(args: argparse.Namespace, base: int, extra: list[str]) -> list[st
             "--scheduler-metrics-port", "0", "--worker-metrics-port", "0",
             "--max-model-len", str(args.max_model_len),
             "--num-gpu-blocks-override", str(args.kv_blocks), "--block-size",
-            str(args.block_size), "--log-level", "warning",
+            str(args.block_size), "--log-level", os.environ.get("DP_BENCH_LOG_LEVEL", "warning"),
             *extra]
 
 

@@ -48,6 +48,10 @@ from frontend_svc.replica_router import Candidate, Decision, ReplicaRouter, Rout
 
 log = get_logger(component="replicas")
 LOAD_POLL_S = 1.0  # how often each replica's own count of its requests is read
+# a fresh frontend is ready once every replica is in routing (as vLLM's data
+# parallelism starts serving with all its engines), or this long after its start with
+# at least one: a replica that never comes does not keep the others out of service
+ALL_REPLICAS_GRACE_S = 60.0
 _tracer = get_tracer("gapserve.frontend")
 
 ROUTED = Counter("gapserve:requests_routed", "Requests (choices) sent to each data-parallel "
@@ -126,6 +130,8 @@ class ReplicaSet:
         # held in that replica's index while the request is open there (kv_index.expect)
         self._holds: dict[str, tuple[Replica, list[bytes]]] = {}
         self._in_routing = IN_ROUTING.labels(model_name)
+        self._all_joined = len(self.replicas) == 1  # every replica was in routing once
+        self._started_at: float | None = None
         self._prefix_hist = ROUTED_PREFIX.labels(model_name)
         if rule.policy == "kv-aware" and not kv_endpoints:
             log.warning("kv_aware_routing_without_events",
@@ -144,7 +150,18 @@ class ReplicaSet:
 
     @property
     def ready(self) -> bool:
-        return any(r.client.ready for r in self.replicas)
+        """Ready while any replica is in routing (a lost one's requests move to the
+        others), but at start only once all are, or ALL_REPLICAS_GRACE_S has passed:
+        a deployment that serves before its last replica joined sends every early
+        request, and so every early prefix, to the first (the prefixes then stay
+        there: a prefix-aware rule follows the cache)."""
+        if not any(r.client.ready for r in self.replicas):
+            return False
+        if not self._all_joined:
+            self._all_joined = all(r.client.ever_ready for r in self.replicas) or (
+                self._started_at is not None
+                and time.monotonic() - self._started_at >= ALL_REPLICAS_GRACE_S)
+        return self._all_joined
 
     @property
     def ever_ready(self) -> bool:
@@ -159,9 +176,12 @@ class ReplicaSet:
 
     async def start(self) -> None:
         """Open every replica's session; returns once one is open (the others follow)."""
+        self._started_at = time.monotonic()
         self._start_tasks = [asyncio.ensure_future(r.client.start()) for r in self.replicas]
+        self._start_tasks.append(asyncio.ensure_future(self._grace_over()))
         self._start_tasks.append(asyncio.ensure_future(self._poll_load()))
-        await asyncio.wait(self._start_tasks[:-1], return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait(self._start_tasks[:len(self.replicas)],
+                           return_when=asyncio.FIRST_COMPLETED)
 
     async def _poll_load(self) -> None:
         """Every LOAD_POLL_S, each replica's running + waiting: what other frontends
@@ -170,6 +190,15 @@ class ReplicaSet:
             await asyncio.sleep(LOAD_POLL_S)
             self._settle_ended()
             await self._read_statuses(LOAD_POLL_S)
+
+    async def _grace_over(self) -> None:
+        """Readiness may change with no replica changing (ready): tell the listener."""
+        await asyncio.sleep(ALL_REPLICAS_GRACE_S)
+        if not self._all_joined and self.ready:
+            log.warning("replicas_missing_at_start", grace_s=ALL_REPLICAS_GRACE_S,
+                        missing=[r.index for r in self.replicas if not r.client.ever_ready])
+            if self._on_connection is not None:
+                await self._on_connection(True)
 
     async def close(self) -> None:
         for task in self._start_tasks:

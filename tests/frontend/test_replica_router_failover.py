@@ -4,6 +4,9 @@ another replica as continuations on the same client queues, and a replica that
 had nowhere to send them hands them over once another joins."""
 
 import asyncio
+import time
+
+from frontend_svc import replicas as replicas_mod
 
 from frontend_svc.replica_router import RoutingRule
 from frontend_svc.replicas import ReplicaSet, merge_status
@@ -192,5 +195,36 @@ def test_other_frontends_requests_at_a_replica_count_in_its_load():
         replicas.add("next", [2], SamplingParams(max_tokens=1))
         assert out0.qsize() == 1 and out1.empty()  # the idler one by the whole count
         assert replicas.describe()[1]["others_in_flight"] == 40
+        await replicas.close()
+    asyncio.run(body())
+
+
+def test_a_fresh_frontend_is_ready_once_every_replica_joined_then_while_any_is():
+    """Serving before the last replica joined sent every early prefix to the first
+    (benchmarks/data_parallel.py saw 3 of 4 system prompts land on one replica)."""
+    async def body():
+        replicas = two_replicas("kv-aware")
+        replicas._started_at = time.monotonic()
+        up(replicas, 0)
+        replicas.replicas[0].client.ever_ready = True  # what EngineClient._notify records
+        assert not replicas.ready  # replica 1 has not joined yet
+        up(replicas, 1)
+        replicas.replicas[1].client.ever_ready = True
+        assert replicas.ready
+        lose(replicas, 1)
+        assert replicas.ready  # a lost replica's requests move to the other
+        await replicas.close()
+    asyncio.run(body())
+
+
+def test_a_replica_that_never_joins_keeps_the_frontend_unready_only_for_the_grace():
+    async def body():
+        replicas = two_replicas("kv-aware")
+        replicas._started_at = time.monotonic()
+        up(replicas, 0)
+        replicas.replicas[0].client.ever_ready = True
+        assert not replicas.ready
+        replicas._started_at -= replicas_mod.ALL_REPLICAS_GRACE_S
+        assert replicas.ready
         await replicas.close()
     asyncio.run(body())
