@@ -119,14 +119,16 @@ def test_the_dp2_stack_routes_a_shared_prefix_to_one_replica_and_both_serve(tmp_
         port = int(environment(stack.doc["services"]["frontend"])["GAPSERVE_HTTP_PORT"])
         base = f"http://{stack.ports.address('frontend', port)}"
         client = OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0, timeout=120)
-        model = client.models.list().data[0].id
 
         def replicas() -> list[dict]:
             return httpx.get(base + "/v1/status", timeout=10).json()["replicas"]
         deadline = time.monotonic() + 120
-        while not all(r.get("num_running") is not None for r in replicas()):
+        # /health passes once one replica joined; /ready once both did (docs/scale_out.md)
+        while httpx.get(base + "/ready", timeout=10).status_code != 200 \
+                or not all(r.get("num_running") is not None for r in replicas()):
             assert time.monotonic() < deadline, replicas()  # replica 1 joins on its own
             time.sleep(0.5)  # spaces the polls of its status
+        model = client.models.list().data[0].id
         reply = client.chat.completions.create(
             model=model, max_tokens=8, temperature=0.0,
             messages=[{"role": "user", "content": "What is the capital of France?"}])
