@@ -263,7 +263,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--ngram-max", type=int, default=5)
     p.add_argument("--draft-k", type=int, default=5)
     p.add_argument("--disable-by-batch-size", type=int, default=16,
-                   help="gapserve's rows: no drafts in a step while this many are enqueued (0: never off)")
+                   help="gapserve's rows: no drafts in a step while this many requests "
+                   "are enqueued (0: never off)")
     p.add_argument("--llama-ngram-max", type=int, default=64,
                    help="--spec-draft-n-max of llamacpp-ngram (its docs' example: 64)")
     p.add_argument("--llama-draft-max", type=int, default=8,

@@ -11,11 +11,12 @@ Three shapes are served:
                                                               the served model's own int8 copy
 
 plus `"disable_by_batch_size": n` on any of them (no drafts in a step while n or more
-requests are enqueued, running or waiting, vLLM's rule). vLLM's own defaults and checks are kept where it has them
-(prompt_lookup_min/max default to 5, one given sets the other, min <= max,
-disable_by_batch_size >= 2, `"model": "ngram"` means the ngram method); anything we do
-not serve (other methods, other keys) is refused by name, never ignored: a key that is
-silently dropped would change what the operator thinks runs.
+requests are enqueued, running or waiting, vLLM's rule). vLLM's own defaults and
+checks are kept where it has them (prompt_lookup_min/max default to 5, one given
+sets the other, min <= max, disable_by_batch_size >= 2, `"model": "ngram"` means the
+ngram method); anything we do not serve (other methods, other keys) is refused by
+name, never ignored: a key that is silently dropped would change what the operator
+thinks runs.
 """
 
 from __future__ import annotations
