@@ -11,6 +11,9 @@ import argparse
 import os
 from collections.abc import Mapping, Sequence
 
+from shared.arg_types import (WorkerGroups, address_groups, address_list, fraction,  # noqa: F401
+                              key_list, non_negative_float, non_negative_int, port,
+                              positive_int, positive_seconds, readable_file, worker_groups)
 from shared.speculative_config import speculative_config_arg
 
 ENV_PREFIX = "GAPSERVE_"
@@ -60,85 +63,6 @@ def _env_value(parser: argparse.ArgumentParser, action: argparse.Action, name: s
         parser.error(f"environment variable {name}={raw!r} is not one of "
                      f"{', '.join(map(str, action.choices))}")
     return value
-
-
-def positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
-    return value
-
-
-def non_negative_int(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be a non-negative integer, got {value}")
-    return value
-
-
-def non_negative_float(text: str) -> float:
-    value = float(text)
-    if not value >= 0.0 or value == float("inf"):  # also rejects nan
-        raise argparse.ArgumentTypeError(f"must be a non-negative number, got {text}")
-    return value
-
-
-def port(text: str) -> int:
-    value = int(text)
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"must be a port in [0, 65535], got {value}")
-    return value
-
-
-def fraction(text: str) -> float:
-    value = float(text)
-    if not 0.0 < value <= 1.0:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {value}")
-    return value
-
-
-def address_list(text: str) -> list[str]:
-    addresses = [a.strip() for a in text.split(",") if a.strip()]
-    for a in addresses:
-        host, sep, p = a.rpartition(":")
-        if not sep or not host or not p.isdigit():
-            raise argparse.ArgumentTypeError(f"{a!r} is not host:port")
-    if not addresses:
-        raise argparse.ArgumentTypeError("needs at least one host:port")
-    return addresses
-
-
-# --- spare workers (issue 14, docs/resilience.md): `;` separates worker groups
-class WorkerGroups(list):
-    """--worker-addresses: the first group's addresses (one per tensor-parallel rank),
-    so callers that knew only one group read it as before; `.groups` holds every
-    group in order, the first active at start and the others spares."""
-
-    def __init__(self, groups: Sequence[Sequence[str]]) -> None:
-        super().__init__(groups[0])
-        self.groups = [list(g) for g in groups]
-
-
-def worker_groups(groups: Sequence[str] | WorkerGroups) -> list[list[str]]:
-    """Every group of a --worker-addresses value (a plain list is one group)."""
-    return [list(g) for g in getattr(groups, "groups", [groups])]
-
-
-def address_groups(text: str) -> WorkerGroups:
-    """`w0:1,w1:2;s0:1,s1:2`: groups of host:port separated by `;`."""
-    groups = [address_list(part) for part in text.split(";") if part.strip()]
-    if not groups:
-        raise argparse.ArgumentTypeError("needs at least one host:port")
-    sizes = [len(g) for g in groups]
-    if len(set(sizes)) > 1:  # a spare replaces the whole tensor-parallel worker
-        raise argparse.ArgumentTypeError(
-            f"every worker group (separated by ';') needs one address per tensor-parallel "
-            f"rank, the same number in each, but the groups have {sizes} addresses")
-    flat = [a for g in groups for a in g]
-    twice = sorted({a for a in flat if flat.count(a) > 1})
-    if twice:
-        raise argparse.ArgumentTypeError(f"{', '.join(twice)} listed more than once")
-    return WorkerGroups(groups)
 
 
 # ---------------------------------------------------------------------------
@@ -278,16 +202,6 @@ def structured_output_compile_timeout_s(environ: Mapping[str, str] | None = None
     return timeout
 
 
-def positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
-    return value
-
-
 def add_structured_output_flags(g) -> None:
     """The frontend's bound on compiling a request's grammar (the 400 before anything
     is queued). Rank 0 compiles under GAPSERVE_STRUCTURED_OUTPUT_COMPILE_TIMEOUT_S,
@@ -393,15 +307,6 @@ def add_frontend_flags(parser: argparse.ArgumentParser, *, with_model: bool = Tr
 TOOL_CALL_PARSERS = ("hermes", "llama3_json")
 
 
-def readable_file(text: str) -> str:
-    try:
-        with open(text, encoding="utf-8") as f:
-            f.read(1)
-    except (OSError, UnicodeDecodeError) as e:
-        raise argparse.ArgumentTypeError(f"cannot read {text}: {e}") from None
-    return os.path.abspath(text)  # children of `gapserve serve` read it too
-
-
 def add_tool_calling_flags(g) -> None:
     g.add_argument("--enable-auto-tool-choice", action=argparse.BooleanOptionalAction,
                    default=False,
@@ -431,11 +336,6 @@ def tool_flags_problem(args: argparse.Namespace) -> str | None:
 
 # ---------------------------------------------------------------------------
 # security and admission control (docs/security.md)
-
-
-def key_list(text: str) -> list[str]:
-    """Comma-separated secrets; empty entries dropped (an empty variable = none)."""
-    return [k.strip() for k in text.split(",") if k.strip()]
 
 
 def add_link_security_flags(parser: argparse.ArgumentParser) -> None:
