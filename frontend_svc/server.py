@@ -1,7 +1,7 @@
 """`gapserve frontend`: the OpenAI-compatible HTTP API (FastAPI + uvicorn) and the
 client gRPC service, in one asyncio loop sharing one engine client (one session
 stream to the scheduler), or with --scheduler-addresses one per data-parallel
-replica behind the frontend's routing (frontend_svc/replicas.py)."""
+replica behind the frontend's routing (frontend_svc/engine/replicas.py)."""
 
 from __future__ import annotations
 
@@ -24,20 +24,20 @@ from shared.grpc_server import CHANNEL_OPTIONS
 from shared.link_security import LinkSecurity
 from shared.proto import generate_pb2_grpc
 
-from frontend_svc import observe
-from frontend_svc.admission import Admission
-from frontend_svc.auth import ApiKeys
-from frontend_svc.caps import RequestCaps
-from frontend_svc.context import Frontend
-from frontend_svc.drain import FLUSH_S, Drain, DrainGuard, DrainInterceptor
-from frontend_svc.engine_client import EngineClient
+from frontend_svc.telemetry import observe
+from frontend_svc.request.admission import Admission
+from frontend_svc.api.auth import ApiKeys
+from frontend_svc.request.caps import RequestCaps
+from frontend_svc.request.context import Frontend
+from frontend_svc.engine.drain import FLUSH_S, Drain, DrainGuard, DrainInterceptor
+from frontend_svc.engine.engine_client import EngineClient
 from frontend_svc.errors import EngineError
-from frontend_svc.grpc_api import SERVICE_NAME, GenerationServicer
-from frontend_svc.openai_api import build_app
-from frontend_svc.replica_router import RoutingRule
-from frontend_svc.replicas import ReplicaSet, check_endpoints
-from frontend_svc.tokenizer import TextTokenizer
-from frontend_svc.tools import ToolConfig, load_template
+from frontend_svc.api.grpc_api import SERVICE_NAME, GenerationServicer
+from frontend_svc.api.openai_api import build_app
+from frontend_svc.engine.replica_router import RoutingRule
+from frontend_svc.engine.replicas import ReplicaSet, check_endpoints
+from frontend_svc.request.tokenizer import TextTokenizer
+from frontend_svc.structured.tools import ToolConfig, load_template
 
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -170,7 +170,7 @@ def engine_for(args, on_connection, model_name: str,
 class HttpServer(uvicorn.Server):
     """uvicorn's server without its signal handlers: on SIGTERM it would close the
     listening socket at once (and cut streams at its own timeout); the frontend
-    drains first (frontend_svc/drain.py), then sets should_exit."""
+    drains first (frontend_svc/engine/drain.py), then sets should_exit."""
 
     def capture_signals(self):
         return contextlib.nullcontext()

@@ -3,7 +3,7 @@
 With --data-parallel-size N it runs N replicas, each its own scheduler and worker
 ranks on its own ports (replica i: every inner port + i x --data-parallel-port-stride)
 and, for kv-aware routing, its own KV event publisher; the frontend(s) hold a
-session to every replica and route between them (frontend_svc/replicas.py).
+session to every replica and route between them (frontend_svc/engine/replicas.py).
 
 Starts them together (the frontend loads its tokenizer while the worker loads the
 model), waits until every one answers grpc.health.v1 SERVING, prints where to
@@ -195,7 +195,7 @@ def children(args: argparse.Namespace) -> list[Child]:
     # --api-server-count N: N frontends on the same ports; the kernel spreads connections
     count = getattr(args, "api_server_count", 1)
     front_env = _secret_env(args, FRONTEND_SECRETS)
-    if count > 1:  # a scrape reaches one of them: it must sum all (frontend_svc/vllm_metrics.py)
+    if count > 1:  # a scrape reaches one: it sums all (frontend_svc/telemetry/vllm_metrics.py)
         front_env["PROMETHEUS_MULTIPROC_DIR"] = _metrics_dir()
     if size == 1:
         upstream = ["--scheduler-address", replicas[0].scheduler_address]

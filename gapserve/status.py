@@ -92,7 +92,7 @@ def _spec_lines(status: dict) -> list[str]:
 
 
 def _replica_lines(rows: list[dict] | None) -> list[str]:
-    """Data parallelism (frontend_svc/replicas.py): one line per replica."""
+    """Data parallelism (frontend_svc/engine/replicas.py): one line per replica."""
     if not rows:
         return []
     out = [f"replicas: {sum(1 for r in rows if r.get('in_routing'))} of {len(rows)} in routing"]

@@ -276,7 +276,7 @@ class SchedulerTelemetry:
                 if req.first_scheduled_s is not None:
                     REQUEST_PREFILL_TIME.labels(self.model_name).observe(
                         now - req.first_scheduled_s)
-                    # the frontend exports them as vLLM's (frontend_svc/vllm_metrics.py)
+                    # the frontend exports them as vLLM's (frontend_svc/telemetry/vllm_metrics.py)
                     out.queue_time_s = req.first_scheduled_s - req.arrival_s
                     out.prefill_time_s = now - req.first_scheduled_s
             req.num_output_tokens += len(out.new_token_ids)

@@ -1,6 +1,6 @@
 """KV cache events on the wire: vLLM's structs (vllm/distributed/kv_events.py), field
 for field, declared once for both ends: the scheduler's publisher
-(scheduler_svc/kv_events.py) and the frontend's subscriber (frontend_svc/kv_subscriber.py).
+(scheduler_svc/kv_events.py) and the frontend's subscriber (frontend_svc/engine/kv_subscriber.py).
 A block hash is vLLM's ExternalBlockHash, `int | bytes`: ours are ints; a subscriber
 decoding another engine's batches takes either (docs/kv_events.md).
 

@@ -2,7 +2,7 @@
 of one step").
 
 The frontend validates what a client sends, with OpenAI-style errors
-(frontend_svc/translate.py). Behind it, the scheduler's door (engine.py), its core
+(frontend_svc/request/translate.py). Behind it, the scheduler's door (engine.py), its core
 (core/scheduler.py) and the worker (step_check.py) assert the same invariants with
 this one function, so the services cannot drift apart on what a valid request is.
 """

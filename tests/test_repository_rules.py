@@ -171,3 +171,38 @@ def test_relative_links_in_the_docs_stay_inside_and_land_on_a_file():
             if not where.resolve().is_relative_to(ROOT) or not where.exists():
                 broken.append(f"{path}: {target}")
     assert broken == []
+
+
+# ---------------------------------------------------------------------------
+# one direction of dependencies: services import shared and themselves, shared none
+
+SERVICES = ("frontend_svc", "scheduler_svc", "worker_svc", "gapserve")
+
+
+def imported_packages(source: str) -> set[str]:
+    """The top-level packages a module imports, at any depth (imports inside
+    functions count: a lazy import is still a dependency)."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def test_the_import_check_sees_lazy_and_dotted_imports():
+    assert imported_packages(
+        "import shared.config\n"
+        "def f():\n    from worker_svc.model import llama\n"
+        "from . import sibling\n") == {"shared", "worker_svc"}
+
+
+@pytest.mark.parametrize("package", ("shared", *SERVICES))
+def test_services_import_shared_and_themselves_and_shared_imports_no_service(package):
+    allowed = {package} if package == "shared" else {package, "shared"}
+    offenders = [f"{path}: imports {', '.join(sorted(bad))}"
+                 for path in tracked(f"{package}/*.py")
+                 if (bad := (imported_packages((ROOT / path).read_text())
+                             & {"shared", *SERVICES}) - allowed)]
+    assert offenders == [], "\n".join(offenders)

@@ -1,5 +1,5 @@
 """engine.proto <-> shared/types.py: the Session stream between a frontend and the
-scheduler (frontend_svc/engine_client.py, scheduler_svc/server.py)."""
+scheduler (frontend_svc/engine/engine_client.py, scheduler_svc/server.py)."""
 
 from __future__ import annotations
 
@@ -16,14 +16,14 @@ request_output_to_proto = REQUEST_OUTPUT.to_proto
 request_output_from_proto = REQUEST_OUTPUT.from_proto
 
 UNPAIRED = {
-    "AddRequest": "built from the frontend's OpenRequest (frontend_svc/continuation.py), "
+    "AddRequest": "built from the frontend's OpenRequest (frontend_svc/engine/continuation.py), "
                   "read into the scheduler's core Request (scheduler_svc/server.py): both "
                   "hold more state than the wire, and no plain mirror sits between them",
     "AbortRequests": "a list of ids, read in place",
     "EngineRequest": "an envelope (oneof add / abort / batch)",
     "EngineRequests": "an envelope (a batch of EngineRequest)",
     "Rejection": "an engine Failure on the wire: built in scheduler_svc/server.py, read into "
-                 "an EngineError in frontend_svc/engine_client.py",
+                 "an EngineError in frontend_svc/engine/engine_client.py",
     "EngineResponse": "an envelope (outputs and rejections of one or more steps)",
     "GetStatusRequest": "an empty request",
     "EngineStatus": "a read-out of scheduler stats and diagnosis built in place by "

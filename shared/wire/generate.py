@@ -1,13 +1,13 @@
 """generate.proto: the client-facing gRPC API. Nothing here is paired: its messages
 are the client's shapes, read into the frontend's GenerationInput and built from its
-OutputStream by frontend_svc/grpc_api.py (the sampling parameters and logprobs inside
+OutputStream by frontend_svc/api/grpc_api.py (the sampling parameters and logprobs inside
 them are common.proto's, paired in shared/wire/common.py)."""
 
-_BUILT = "built from the frontend's OutputStream by frontend_svc/grpc_api.py"
+_BUILT = "built from the frontend's OutputStream by frontend_svc/api/grpc_api.py"
 
 UNPAIRED = {
     "GenerateRequest": "validated and tokenized into a GenerationInput by "
-                       "frontend_svc/grpc_api.py (text in, a different shape out)",
+                       "frontend_svc/api/grpc_api.py (text in, a different shape out)",
     "TokenIds": "a oneof arm of GenerateRequest (proto has no repeated inside a oneof)",
     "GenerateResponse": "a delta of text and token ids, " + _BUILT,
     "GenerateFinal": "the end of a stream: finish reason, matched stop, usage; " + _BUILT,

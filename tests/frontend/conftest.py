@@ -1,6 +1,6 @@
 import pytest
 
-from frontend_svc.tokenizer import TextTokenizer
+from frontend_svc.request.tokenizer import TextTokenizer
 
 
 @pytest.fixture(scope="session")

@@ -8,11 +8,11 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from structlog.testing import capture_logs
 
-from frontend_svc.admission import Admission
-from frontend_svc.auth import ANONYMOUS, ApiKeys, Forbidden, Unauthenticated, bearer
+from frontend_svc.request.admission import Admission
+from frontend_svc.api.auth import ANONYMOUS, ApiKeys, Forbidden, Unauthenticated, bearer
 from frontend_svc.errors import EngineError
-from frontend_svc.http_guard import HttpGuard
-from frontend_svc.http_util import install_error_handlers
+from frontend_svc.api.http_guard import HttpGuard
+from frontend_svc.api.http_util import install_error_handlers
 from shared.types import InvalidRequestError
 
 

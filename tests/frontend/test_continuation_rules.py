@@ -7,8 +7,8 @@ import asyncio
 
 import grpc
 
-from frontend_svc import engine_client
-from frontend_svc.engine_client import EngineClient
+from frontend_svc.engine import engine_client
+from frontend_svc.engine.engine_client import EngineClient
 from frontend_svc.errors import EngineError
 from shared.proto import common_pb2, engine_pb2
 from shared.types import FinishReason, SamplingParams

@@ -1,6 +1,6 @@
 import pytest
 
-from frontend_svc.detokenizer import IncrementalDetokenizer
+from frontend_svc.request.detokenizer import IncrementalDetokenizer
 
 TEXTS = [
     "Hello, world! This is plain ASCII.",

@@ -7,7 +7,7 @@ import asyncio
 import grpc
 import pytest
 
-from frontend_svc.engine_client import EngineClient
+from frontend_svc.engine.engine_client import EngineClient
 from frontend_svc.errors import EngineError
 from shared.proto import common_pb2, engine_pb2
 from shared.types import FinishReason, SamplingParams

@@ -1,6 +1,6 @@
-from frontend_svc.detokenizer import IncrementalDetokenizer
-from frontend_svc.output_stream import OutputStream
-from frontend_svc.stops import StopStrings
+from frontend_svc.request.detokenizer import IncrementalDetokenizer
+from frontend_svc.request.output_stream import OutputStream
+from frontend_svc.request.stops import StopStrings
 from shared.types import FinishReason, RequestOutput, SamplingParams, TokenLogprobs
 
 

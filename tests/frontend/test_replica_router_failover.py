@@ -6,10 +6,10 @@ had nowhere to send them hands them over once another joins."""
 import asyncio
 import time
 
-from frontend_svc import replicas as replicas_mod
+from frontend_svc.engine import replicas as replicas_mod
 
-from frontend_svc.replica_router import RoutingRule
-from frontend_svc.replicas import ReplicaSet, merge_status
+from frontend_svc.engine.replica_router import RoutingRule
+from frontend_svc.engine.replicas import ReplicaSet, merge_status
 from shared.proto import common_pb2, engine_pb2
 from shared.types import ModelInfo, SamplingParams
 

@@ -1,5 +1,5 @@
 """The data-parallel routing rule and the per-replica prefix index, without a
-network (frontend_svc/replica_router.py, kv_index.py, kv_subscriber.feed):
+network (frontend_svc/engine/replica_router.py, kv_index.py, kv_subscriber.feed):
 longest prefix wins above the cache threshold, an imbalance sends to the idlest,
 round robin takes turns; events that arrive with gaps, twice, from a restarted
 publisher or as AllBlocksCleared leave the index as the replica's cache is."""
@@ -7,10 +7,10 @@ publisher or as AllBlocksCleared leave the index as the replica's cache is."""
 import msgspec
 import pytest
 
-from frontend_svc.kv_index import KvIndex, block_keys
-from frontend_svc.kv_subscriber import (AllBlocksCleared, BlockRemoved, BlockStored,
+from frontend_svc.engine.kv_index import KvIndex, block_keys
+from frontend_svc.engine.kv_subscriber import (AllBlocksCleared, BlockRemoved, BlockStored,
                                         KVEventBatch, feed)
-from frontend_svc.replica_router import Candidate, ReplicaRouter, RoutingRule
+from frontend_svc.engine.replica_router import Candidate, ReplicaRouter, RoutingRule
 
 BS = 4
 ENCODE = msgspec.msgpack.Encoder().encode
@@ -218,7 +218,7 @@ def test_a_routed_prefix_is_held_while_its_request_is_open_and_a_grace_after():
     """No clock runs out on a request still open there (a first prefill can take
     longer than any fixed hold on a loaded machine); once it ended, its blocks wait
     GRACE_S for their events, then are no longer assumed."""
-    from frontend_svc.kv_index import GRACE_S
+    from frontend_svc.engine.kv_index import GRACE_S
 
     index = KvIndex(BS)
     keys = block_keys(list(range(12)), BS)
@@ -262,7 +262,7 @@ def test_a_late_subscriber_replays_from_the_real_publisher_what_it_missed(tmp_pa
     from the replay socket."""
     import asyncio
 
-    from frontend_svc.kv_subscriber import KvSubscriber
+    from frontend_svc.engine.kv_subscriber import KvSubscriber
     from scheduler_svc.core.block_pool import BlocksStored
     from scheduler_svc.kv_events import KVEventsConfig, ZmqEventPublisher
 

@@ -2,7 +2,7 @@
 network or a model: two real scheduler cores (scheduler_svc/core) with a stand-in
 worker, routed by the frontend's real rule and per-replica index, each index fed the
 events its core recorded when a step committed, as the subscriber would
-(frontend_svc/kv_subscriber.py). Steps take simulated time, proportional to their
+(frontend_svc/engine/kv_subscriber.py). Steps take simulated time, proportional to their
 tokens, so a slow machine is a factor, not a sleep.
 
 16 users bound to 4 system prompts of 26 blocks, 2 turns each, 4 users in flight, 69
@@ -17,8 +17,8 @@ import random
 
 import pytest
 
-from frontend_svc.kv_index import KvIndex, block_keys
-from frontend_svc.replica_router import Candidate, ReplicaRouter, RoutingRule
+from frontend_svc.engine.kv_index import KvIndex, block_keys
+from frontend_svc.engine.replica_router import Candidate, ReplicaRouter, RoutingRule
 from scheduler_svc.core import Request, Scheduler, SchedulerConfig
 from scheduler_svc.core.block_pool import BlocksRemoved, BlocksStored
 from shared.types import SamplingParams

@@ -1,4 +1,4 @@
-from frontend_svc.stops import StopStrings
+from frontend_svc.request.stops import StopStrings
 
 
 def test_stop_found_when_it_spans_the_boundary_of_new_text():

@@ -10,8 +10,8 @@ import json
 import pytest
 
 from frontend_svc.errors import FieldError
-from frontend_svc.protocol import ChatCompletionRequest, CompletionRequest
-from frontend_svc.translate import (
+from frontend_svc.api.protocol import ChatCompletionRequest, CompletionRequest
+from frontend_svc.request.translate import (
     ModelLimits, chat_input, check_constraints, completion_inputs)
 from shared.structured_output import StructuredOutputSpec
 

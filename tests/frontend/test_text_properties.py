@@ -4,9 +4,9 @@ and a stop string cuts it exactly where the stop first appears."""
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from frontend_svc.detokenizer import IncrementalDetokenizer
-from frontend_svc.output_stream import OutputStream
-from frontend_svc.stops import StopStrings
+from frontend_svc.request.detokenizer import IncrementalDetokenizer
+from frontend_svc.request.output_stream import OutputStream
+from frontend_svc.request.stops import StopStrings
 from shared.types import FinishReason, RequestOutput, SamplingParams
 
 # letters, CJK, emoji and combining marks: many split across byte-level BPE tokens

@@ -4,9 +4,9 @@ queues behind itself, never in front of a generation request's prompt."""
 import asyncio
 import threading
 
-from frontend_svc.context import Frontend
-from frontend_svc.engine_client import EngineClient
-from frontend_svc.observe import Observer
+from frontend_svc.request.context import Frontend
+from frontend_svc.engine.engine_client import EngineClient
+from frontend_svc.telemetry.observe import Observer
 
 
 def test_a_busy_tokenize_endpoint_thread_leaves_generation_tokenizing(tokenizer):

@@ -1,8 +1,8 @@
 import pytest
 from pydantic import ValidationError
 
-from frontend_svc.protocol import ChatCompletionRequest, CompletionRequest
-from frontend_svc.translate import (
+from frontend_svc.api.protocol import ChatCompletionRequest, CompletionRequest
+from frontend_svc.request.translate import (
     ModelLimits, chat_input, completion_inputs, fan_out)
 from shared.types import InvalidRequestError, SamplingParams
 

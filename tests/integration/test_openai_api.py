@@ -171,7 +171,7 @@ def test_32_concurrent_greedy_requests_equal_transformers(default_stack):
     import torch
     from transformers import AutoModelForCausalLM
 
-    from frontend_svc.tokenizer import TextTokenizer
+    from frontend_svc.request.tokenizer import TextTokenizer
 
     max_tokens = 16  # the reference generates one prompt at a time: its cost is the test's
     client, model = default_stack.openai(timeout=600), default_stack.served_model_name

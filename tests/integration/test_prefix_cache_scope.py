@@ -8,7 +8,7 @@ from __future__ import annotations
 import openai
 import pytest
 
-from frontend_svc.auth import key_scope
+from frontend_svc.api.auth import key_scope
 from shared.proto import common_pb2, generate_pb2
 from tests.integration.conftest import TINY_FLAGS, start_stack
 

@@ -17,7 +17,7 @@ import pytest
 from openai.types import completion_create_params
 from openai.types.chat import completion_create_params as chat_create_params
 
-from frontend_svc.protocol import (
+from frontend_svc.api.protocol import (
     NO_EFFECT, REFUSED, ChatCompletionRequest, CompletionRequest)
 
 COMPLETION = {"prompt": "The quick brown fox", "max_tokens": 4, "temperature": 0.0,
@@ -152,7 +152,7 @@ def test_chat_template_kwargs_are_taken_and_a_request_template_needs_trust(tiny_
     """vLLM's rules: kwargs reach the template (here the tiny model's, which reads
     none: the prompt is unchanged); a template of the request's own is refused
     without --trust-request-chat-template, with vLLM's message."""
-    from frontend_svc.chat_template import UNTRUSTED
+    from frontend_svc.structured.chat_template import UNTRUSTED
     plain = post(tiny_stack, "/v1/chat/completions", CHAT).json()
     kwargs = post(tiny_stack, "/v1/chat/completions",
                   {**CHAT, "chat_template_kwargs": {"enable_thinking": False}})

@@ -3,7 +3,7 @@ behind the real sglang-router (`sglang-router` from PyPI, its Rust binary) with 
 cache-aware policy, driven by the `openai` client through the router.
 
 What is shown: the router registers each replica under its served model name (it
-reads frontend_svc/router_compat.py's /server_info); greedy text through it equals
+reads frontend_svc/api/router_compat.py's /server_info); greedy text through it equals
 one engine's and transformers'; a shared prefix stays on one replica (its prefix
 cache hits) while concurrent new prompts spread over both; a replica killed
 mid-stream cuts that stream (the router does not resume it) and the router's own
@@ -162,7 +162,7 @@ def test_greedy_text_through_the_router_equals_one_engine_and_transformers(route
     import torch
     from transformers import LlamaForCausalLM
 
-    from frontend_svc.tokenizer import TextTokenizer
+    from frontend_svc.request.tokenizer import TextTokenizer
     from tests.integration.hf_reference import hf_greedy
 
     via, direct, model = router.openai(), replicas[0].openai(), replicas[0].served_model_name
@@ -219,7 +219,7 @@ def test_the_default_model_through_the_router_equals_transformers(default_stack,
     import torch
     from transformers import AutoModelForCausalLM
 
-    from frontend_svc.tokenizer import TextTokenizer
+    from frontend_svc.request.tokenizer import TextTokenizer
 
     second = start_stack_factory(default_stack.model_dir, flags=[
         "--max-model-len", "2048", "--kv-cache-memory", str(256 << 20)])

@@ -9,10 +9,10 @@ import functools
 import json
 import uuid
 
-from frontend_svc.generation import Choice
-from frontend_svc.observe import Observer
-from frontend_svc.structured import Constraint
-from frontend_svc.translate import GenerationInput, ModelLimits, check_constraints
+from frontend_svc.request.generation import Choice
+from frontend_svc.telemetry.observe import Observer
+from frontend_svc.structured.response_format import Constraint
+from frontend_svc.request.translate import GenerationInput, ModelLimits, check_constraints
 from shared.structured_output import StructuredOutputSpec, grammar_vocab
 from shared.types import FinishReason, SamplingParams
 from tests.integration.tiny_model import tiny_llama_dir

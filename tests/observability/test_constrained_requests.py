@@ -3,11 +3,11 @@ a counter by kind (and by tool_choice), one log line, and its span's attributes.
 
 from __future__ import annotations
 
-from frontend_svc.generation import Choice
-from frontend_svc.observe import Observer
-from frontend_svc.structured import Constraint
-from frontend_svc.tools import ToolPlan
-from frontend_svc.translate import GenerationInput
+from frontend_svc.request.generation import Choice
+from frontend_svc.telemetry.observe import Observer
+from frontend_svc.structured.response_format import Constraint
+from frontend_svc.structured.tools import ToolPlan
+from frontend_svc.request.translate import GenerationInput
 from shared.structured_output import StructuredOutputSpec
 from shared.types import FinishReason, SamplingParams
 from tests.observability.helpers import sample

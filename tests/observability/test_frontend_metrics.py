@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from opentelemetry.trace import SpanKind, StatusCode
 
-from frontend_svc.metrics import RequestTracker
+from frontend_svc.telemetry.metrics import RequestTracker
 from shared.telemetry import get_logger
 from shared.types import FinishReason, SamplingParams
 from tests.observability.helpers import sample
@@ -85,7 +85,7 @@ def test_a_failed_request_counts_as_an_error_not_a_success(captured):
 
 
 def test_the_frontends_failure_warning_carries_request_and_trace_ids(captured):
-    from frontend_svc.observe import Observer
+    from frontend_svc.telemetry.observe import Observer
 
     out = captured("frontend")
     t = RequestTracker.start("r9", "obs", SamplingParams(), 3)

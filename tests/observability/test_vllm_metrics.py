@@ -18,8 +18,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
-from frontend_svc import vllm_metrics
-from frontend_svc.metrics import RequestTracker
+from frontend_svc.telemetry import vllm_metrics
+from frontend_svc.telemetry.metrics import RequestTracker
 from shared.proto import engine_pb2
 from shared.types import FinishReason, RequestOutput, SamplingParams
 from tests.integration.conftest import TINY_FLAGS, start_stack

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from frontend_svc.chat_template import UNTRUSTED
+from frontend_svc.structured.chat_template import UNTRUSTED
 from frontend_svc.errors import FieldError
-from frontend_svc.protocol import ChatCompletionRequest
-from frontend_svc.tools import ToolConfig, tools_template
-from frontend_svc.translate import ModelLimits, chat_input
+from frontend_svc.api.protocol import ChatCompletionRequest
+from frontend_svc.structured.tools import ToolConfig, tools_template
+from frontend_svc.request.translate import ModelLimits, chat_input
 
 ASK = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi?"}]
 OWN = ("{{ bos_token }}{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}"

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from frontend_svc.tool_parsers import (
+from frontend_svc.structured.tool_parsers import (
     HermesParser, Llama3JsonParser, NamedParser, RequiredParser, collect, parse_all)
 
 

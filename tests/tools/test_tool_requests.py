@@ -13,9 +13,9 @@ import jsonschema
 import pytest
 
 from frontend_svc.errors import FieldError
-from frontend_svc.protocol import ChatCompletionRequest
-from frontend_svc.tools import ToolConfig, ToolPlan, required_schema, tools_template
-from frontend_svc.translate import ModelLimits, chat_input, check_constraints
+from frontend_svc.api.protocol import ChatCompletionRequest
+from frontend_svc.structured.tools import ToolConfig, ToolPlan, required_schema, tools_template
+from frontend_svc.request.translate import ModelLimits, chat_input, check_constraints
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather in a city",
@@ -188,7 +188,7 @@ def test_auto_needs_the_flag_and_a_template_that_renders_tools(tokenizer, limits
 
 
 def test_a_non_chatml_template_that_ignores_tools_gets_no_substitute(tokenizer):
-    from frontend_svc.chat_template import ChatTemplate
+    from frontend_svc.structured.chat_template import ChatTemplate
     assert tools_template(ChatTemplate("{{ messages[0]['content'] }}", {})) is None
     reads = ChatTemplate("{% if tools %}T{% endif %}", {})
     assert tools_template(reads) is reads
@@ -271,7 +271,7 @@ def test_the_shipped_template_renders_as_transformers_renders_it(tokenizer):
     reference Jinja environment): byte-equal, tools and tool turns included."""
     from transformers import AutoTokenizer
 
-    from frontend_svc.tools import SHIPPED_TEMPLATE
+    from frontend_svc.structured.tools import SHIPPED_TEMPLATE
     from shared.default_model import ensure_default_model
     hf = AutoTokenizer.from_pretrained(str(ensure_default_model()))
     source = SHIPPED_TEMPLATE.read_text()

@@ -22,11 +22,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from frontend_svc.continuation import OpenRequest
-from frontend_svc.grpc_api import (GenerationServicer, final_message, generate_input,
+from frontend_svc.engine.continuation import OpenRequest
+from frontend_svc.api.grpc_api import (GenerationServicer, final_message, generate_input,
                                    tokenize_reply)
-from frontend_svc.output_stream import OutputStream
-from frontend_svc.translate import GenerationInput, ModelLimits
+from frontend_svc.request.output_stream import OutputStream
+from frontend_svc.request.translate import GenerationInput, ModelLimits
 from scheduler_svc.core.stats import SchedulerStats
 from scheduler_svc.engine import ErrorCode, Failure
 from scheduler_svc.server import EngineServicer, _response, engine_status
@@ -146,7 +146,7 @@ def test_a_step_reply_sets_every_field_of_its_outputs_and_rejections():
 
 
 # ---------------------------------------------------------------------------
-# generate.proto: what frontend_svc/grpc_api.py reads and builds
+# generate.proto: what frontend_svc/api/grpc_api.py reads and builds
 
 
 class Tokenizer:
@@ -178,7 +178,7 @@ def test_generate_input_reads_every_generate_request_field():
     assert_all_set([by_text, by_ids], "this test")
     views = [Recording(by_text), Recording(by_ids)]
     inputs = [generate_input(v, frontend()) for v in views]
-    assert_all_read(views, "generate_input (frontend_svc/grpc_api.py)", GENERATE_REQUEST_NOT_READ)
+    assert_all_read(views, "generate_input (frontend_svc/api/grpc_api.py)", GENERATE_REQUEST_NOT_READ)
     assert inputs == [GenerationInput(ids, params, ["END"], None, True, False, 2, "salt")
                       for ids in ([7, 8], [4, 5])]
     source = inspect.getsource(GenerationServicer.Generate)
@@ -192,7 +192,7 @@ def test_final_message_sets_every_field_of_the_final_usage_and_timings():
                             stop_reason=stop_reason, num_cached_tokens=2, num_preemptions=1,
                             first_token_s=1000.1, last_token_s=1000.3)
     finals = [final_message(state("END")), final_message(state(9))]  # the oneof's two arms
-    where = "final_message (frontend_svc/grpc_api.py)"
+    where = "final_message (frontend_svc/api/grpc_api.py)"
     assert_all_set(finals, where)
     assert_all_set([f.usage for f in finals], where)
     assert_all_set([f.timings for f in finals], where)
@@ -204,8 +204,8 @@ def test_final_message_sets_every_field_of_the_final_usage_and_timings():
 def test_tokenize_reads_its_request_and_sets_every_reply_field():
     view = Recording(generate_pb2.TokenizeRequest(text="hi", add_special_tokens=False))
     reply = tokenize_reply(view, frontend())
-    assert_all_read([view], "tokenize_reply (frontend_svc/grpc_api.py)")
-    assert_all_set([reply], "tokenize_reply (frontend_svc/grpc_api.py)")
+    assert_all_read([view], "tokenize_reply (frontend_svc/api/grpc_api.py)")
+    assert_all_set([reply], "tokenize_reply (frontend_svc/api/grpc_api.py)")
     assert list(reply.token_ids) == [7, 8]
 
 
@@ -270,7 +270,7 @@ CHECKED = {  # by a test above, through the function that builds or reads it
 PINNED = {  # message: (its fields, where a new field must be handled)
     "GetModelInfoRequest": ((), "an empty request"),
     "GetStatusRequest": ((), "an empty request"),
-    "AbortRequests": (("request_ids",), "built by frontend_svc/engine_client.py, read by "
+    "AbortRequests": (("request_ids",), "built by frontend_svc/engine/engine_client.py, read by "
                       "EngineServicer._handle"),
     "EngineRequest": (("add", "abort", "batch"), "the oneof's arms: EngineServicer._read "
                       "and _handle dispatch on each"),

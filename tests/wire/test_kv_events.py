@@ -300,8 +300,8 @@ def test_the_array_layout_is_vllm_0_23s_and_the_frontend_reads_both():
     """`"event_layout": "array"`: for routers whose decoders predate vLLM 0.24 (events
     as positional arrays, class name first). Decoded with vLLM 0.23.0's structs; the
     frontend's own subscriber takes either layout."""
-    from frontend_svc.kv_index import KvIndex, block_keys
-    from frontend_svc.kv_subscriber import apply_batch
+    from frontend_svc.engine.kv_index import KvIndex, block_keys
+    from frontend_svc.engine.kv_subscriber import apply_batch
 
     publisher = ZmqEventPublisher(local_config(event_layout="array"), block_size=4).start()
     sub, _ = subscribe_ready(publisher)

@@ -209,7 +209,7 @@ def test_a_new_sampling_field_needs_only_the_proto_line_and_the_dataclass_field(
 def test_a_continuation_fills_every_add_request_field_and_the_scheduler_reads_them():
     import asyncio
 
-    from frontend_svc.continuation import OpenRequest
+    from frontend_svc.engine.continuation import OpenRequest
     from scheduler_svc.server import _request_from_proto
 
     params = t.SamplingParams(max_tokens=10, min_tokens=4, temperature=0.0)

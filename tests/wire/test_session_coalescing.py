@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import queue
 
-from frontend_svc.engine_client import _drain
+from frontend_svc.engine.engine_client import _drain
 from scheduler_svc.engine import CLOSED, ErrorCode, Failure
 from scheduler_svc.server import coalesce
 from shared.grpc_server import COALESCE_BYTES

@@ -74,7 +74,7 @@ def test_a_seeded_request_resent_after_a_worker_loss_continues_its_draws(tiny_ll
 def test_a_seeded_continuation_after_a_scheduler_loss_continues_its_draws(tiny_llama_dir, whole):
     driver = _fresh(tiny_llama_dir)
     done = [4, 9, 13]
-    for i, p in enumerate(PROMPTS):  # as frontend_svc/continuation.py builds it
+    for i, p in enumerate(PROMPTS):  # as frontend_svc/engine/continuation.py builds it
         params = dataclasses.replace(_params(i), max_tokens=MAX_NEW - done[i],
                                      num_output_prefix_tokens=done[i])
         driver.add(f"r{i}", p + whole[i][:done[i]], max_new=MAX_NEW - done[i], params=params)

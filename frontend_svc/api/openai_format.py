@@ -1,0 +1,139 @@
+"""OpenAI response bodies as plain dicts: choices, logprobs, usage, SSE chunks."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from shared.types import TokenLogprobs
+
+from frontend_svc.request.output_stream import Delta, OutputStream
+from frontend_svc.request.tokenizer import TextTokenizer
+from frontend_svc.structured.tool_parsers import parse_all
+
+MIN_LOGPROB = -9999.0  # JSON has no -Infinity
+
+
+def _lp(value: float) -> float:
+    return max(float(value), MIN_LOGPROB)
+
+
+def sse(body: dict | str) -> str:
+    data = body if isinstance(body, str) else json.dumps(body, separators=(",", ":"))
+    return f"data: {data}\n\n"
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def usage_of(prompt_lens: list[int], states: list[OutputStream]) -> dict:
+    """Prompt tokens count once per prompt (its n choices share it), like the
+    reference; completion tokens sum over all choices."""
+    out = usage(sum(prompt_lens), sum(s.num_completion_tokens for s in states))
+    # OpenAI's prompt_tokens_details.cached_tokens: per prompt, the fewest any of its
+    # choices found cached (choice k of a response is `<id>-k`, of prompt k // n)
+    n = max(1, len(states) // max(1, len(prompt_lens)))
+    per_prompt: dict[int, int] = {}
+    for s in states:
+        k = int(s.req_id.rsplit("-", 1)[-1]) if s.req_id.rsplit("-", 1)[-1].isdigit() else 0
+        per_prompt[k // n] = min(per_prompt.get(k // n, s.num_cached_tokens), s.num_cached_tokens)
+    out["prompt_tokens_details"] = {"cached_tokens": sum(per_prompt.values())}
+    return out
+
+
+class CompletionLogprobs:
+    """The legacy completions logprobs object, built token by token; text_offset
+    keeps counting across stream chunks."""
+
+    __slots__ = ("tokenizer", "offset")
+
+    def __init__(self, tokenizer: TextTokenizer, offset: int = 0) -> None:
+        self.tokenizer = tokenizer
+        self.offset = offset
+
+    def format(self, lps: list[TokenLogprobs]) -> dict:
+        text = self.tokenizer.token_text
+        out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+        for lp in lps:
+            token = text(lp.token_id)
+            out["tokens"].append(token)
+            out["token_logprobs"].append(_lp(lp.logprob))
+            top = {text(i): _lp(p) for i, p in lp.top}
+            top.setdefault(token, _lp(lp.logprob))
+            out["top_logprobs"].append(top)
+            out["text_offset"].append(self.offset)
+            self.offset += len(token)
+        return out
+
+
+def chat_logprobs(tokenizer: TextTokenizer, lps: list[TokenLogprobs]) -> dict:
+    def entry(token_id: int, logprob: float) -> dict:
+        token = tokenizer.token_text(token_id)
+        return {"token": token, "logprob": _lp(logprob), "bytes": list(token.encode())}
+
+    return {"content": [{**entry(lp.token_id, lp.logprob),
+                         "top_logprobs": [entry(i, p) for i, p in lp.top]} for lp in lps]}
+
+
+def completion_choice(index: int, state: OutputStream, echo_text: str | None,
+                      logprobs: dict | None) -> dict:
+    return {"index": index, "text": (echo_text or "") + state.text, "logprobs": logprobs,
+            "finish_reason": _finish(state.finish_reason), "stop_reason": state.stop_reason}
+
+
+def best_of(states: list[OutputStream], width: int, n: int) -> list[int]:
+    """Indexes of the n most likely of each prompt's `width` candidates, highest
+    cumulative logprob first (vLLM's best_of); all of them, in order, if width == n."""
+    if width == n:
+        return list(range(len(states)))
+    keep: list[int] = []
+    for start in range(0, len(states), width):
+        group = range(start, start + width)
+        keep += sorted(group, key=lambda i: -sum(lp.logprob for lp in states[i].logprobs))[:n]
+    return keep
+
+
+def chat_choice(index: int, state: OutputStream, echo_text: str | None,
+                logprobs: dict | None, plan=None) -> dict:
+    """One chat choice; with a tool plan that parses (auto, required, named), the
+    reply is split into content (None if empty) and tool_calls by its parser."""
+    message = {"role": "assistant", "content": (echo_text or "") + state.text}
+    finish = _finish(state.finish_reason)
+    if plan is not None and plan.parses:
+        content, calls = parse_all(plan.new_parser(), state.text)
+        message = {"role": "assistant", "content": content}
+        if calls:
+            message["tool_calls"] = calls
+        finish = plan.finish_reason(finish, len(calls))
+    return {"index": index, "message": message, "logprobs": logprobs,
+            "finish_reason": finish, "stop_reason": state.stop_reason}
+
+
+def completion_chunk(resp_id: str, created: int, model: str, index: int, text: str,
+                     delta: Delta | None, logprobs: dict | None) -> dict:
+    return {"id": resp_id, "object": "text_completion", "created": created, "model": model,
+            "choices": [{"index": index, "text": text, "logprobs": logprobs,
+                         "finish_reason": delta.finish_name if delta else None,
+                         "stop_reason": delta.stop_reason if delta else None}]}
+
+
+def chat_chunk(resp_id: str, created: int, model: str, index: int, delta_body: dict,
+               delta: Delta | None, logprobs: dict | None,
+               finish_reason: str | None = None) -> dict:
+    """finish_reason: given when tool calling renames it (ToolPlan.finish_reason)."""
+    finish = finish_reason or (delta.finish_name if delta else None)
+    return {"id": resp_id, "object": "chat.completion.chunk", "created": created,
+            "model": model,
+            "choices": [{"index": index, "delta": delta_body, "logprobs": logprobs,
+                         "finish_reason": finish,
+                         "stop_reason": delta.stop_reason if delta else None}]}
+
+
+def _finish(reason) -> str | None:
+    return {1: "stop", 2: "length", 3: "abort"}.get(int(reason)) if reason else None
+
+
+def now() -> int:
+    return int(time.time())
