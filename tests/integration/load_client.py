@@ -10,41 +10,61 @@ import json
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 
 PROBER = r"""
-import json, socket, sys, time
-host, port, period = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+import json, os, socket, sys, time
+host, port, period, pid = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
 request = f"GET /health HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode()
-latencies = []
+tick = os.sysconf("SC_CLK_TCK")
+def loop_cpu_s():  # the server's main thread, where its event loop runs
+    with open(f"/proc/{pid}/task/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / tick  # utime + stime
+probes = []
 sys.stdout.write("ready\n"); sys.stdout.flush()
 import select
-while not select.select([sys.stdin], [], [], 0)[0]:
-    t0 = time.perf_counter()
+at_least = None  # probes to reach before stopping, once asked to stop
+while at_least is None or len(probes) < at_least:
+    if at_least is None and select.select([sys.stdin], [], [], 0)[0]:
+        at_least = int(sys.stdin.readline())
+        continue
+    t0, c0 = time.perf_counter(), loop_cpu_s()
     with socket.create_connection((host, port), timeout=10) as s:
         s.sendall(request)
         data = b""
         while chunk := s.recv(65536):
             data += chunk
-    latencies.append(time.perf_counter() - t0)
+    probes.append((time.perf_counter() - t0, loop_cpu_s() - c0))
     assert data.startswith(b"HTTP/1.1 200"), data[:100]
     time.sleep(period)
-print(json.dumps(latencies))
+print(json.dumps(probes))
 """
 
 
-class HealthProber:
-    """Probes GET /health every `period_s` from another process until stopped."""
+@dataclass(slots=True)
+class Probe:
+    wall_s: float      # the probe's latency
+    loop_cpu_s: float  # CPU the server's event-loop thread spent while it waited
 
-    def __init__(self, host: str, port: int, period_s: float = 0.01) -> None:
+
+class HealthProber:
+    """Probes GET /health every `period_s` from another process until stopped. With
+    each latency it records the CPU time the server's event-loop thread (its main
+    thread, process `pid`) used meanwhile: the work queued ahead of /health, which
+    does not grow when a loaded machine only delays the server."""
+
+    def __init__(self, host: str, port: int, pid: int, period_s: float = 0.01) -> None:
         self.proc = subprocess.Popen([sys.executable, "-c", PROBER, host, str(port),
-                                      str(period_s)], stdin=subprocess.PIPE,
+                                      str(period_s), str(pid)], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, text=True)
         assert self.proc.stdout.readline().strip() == "ready"
 
-    def stop(self) -> list[float]:
-        out, _ = self.proc.communicate(input="stop\n", timeout=30)
+    def stop(self, at_least: int = 0) -> list[Probe]:
+        """Stops once at least `at_least` probes were made; every probe."""
+        out, _ = self.proc.communicate(input=f"{at_least}\n", timeout=300)
         assert self.proc.returncode == 0, out
-        return json.loads(out)
+        return [Probe(*p) for p in json.loads(out)]
 
 
 def _dechunk(body: bytes) -> bytes:
@@ -108,8 +128,8 @@ async def run_load(host: str, port: int, bodies: list[dict], pid: int, timeout_s
                    headers: dict[str, str] | None = None, ramp_s: float = 0.0):
     """Every body as a concurrent stream (their starts spread evenly over ramp_s),
     /health probed throughout, the server's memory sampled; returns (results,
-    /health latencies, peak RSS growth)."""
-    prober = HealthProber(host, port)
+    /health probes, peak RSS growth)."""
+    prober = HealthProber(host, port, pid)
     base = peak = rss_bytes(pid)
     try:
         step = ramp_s / max(len(bodies), 1)
