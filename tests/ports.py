@@ -6,15 +6,31 @@ with the next SPAN - 1 ports free too: a service family derives ports from one
 (`--worker-port` + rank, `--data-parallel-port-stride`), and those must be free as
 well. Ports handed out once in this process are never handed out again, so two
 stacks of one test session cannot be given the same port while the first still
-holds it."""
+holds it. Under pytest-xdist each worker draws from its own slice of the range, so
+two workers cannot pick the same free port before either binds it."""
 
 from __future__ import annotations
 
+import os
 import random
 import socket
 
 SPAN = 8                      # rank r of a TP group listens on worker_port + r (r < 8)
 _LOW, _HIGH = 20000, 32700    # below /proc/sys/net/ipv4/ip_local_port_range
+
+
+def _slice(low: int, high: int) -> tuple[int, int]:
+    """This process's share of [low, high): all of it, or one xdist worker's part."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # gw0, gw1, ...
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if not worker.startswith("gw") or count <= 1:
+        return low, high
+    width = (high - low) // count
+    index = int(worker[2:])
+    return low + index * width, low + (index + 1) * width
+
+
+_LOW, _HIGH = _slice(_LOW, _HIGH)
 _handed_out: set[int] = set()
 _random = random.Random()
 
