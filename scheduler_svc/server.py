@@ -349,7 +349,10 @@ def _handshake(group: WorkerGroup, stop: threading.Event,
         try:
             return group.handshake(timeout_s=2.0, max_num_batched_tokens=max_num_batched_tokens)
         except grpc.RpcError as e:
-            if e.code() not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
+            # CANCELLED: the worker stopped its server mid-call (it refused its model and
+            # exits); that is the worker's failure to report, not this scheduler's
+            if e.code() not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE,
+                                grpc.StatusCode.CANCELLED):
                 raise ConfigError(f"worker handshake failed: {e.code().name}: {e.details()}")
             log.debug("waiting_for_workers", addresses=group.addresses)
     return None
