@@ -57,10 +57,11 @@ def main(argv: list[str] | None = None) -> int:
     if tool_flags_problem(args):
         parser.error(tool_flags_problem(args))
     try:  # both ports before anything is announced or loaded
-        check_free(args.host, args.grpc_port, "--grpc-port")
-        # --api-server-count N: N frontends share the port on purpose
+        # --api-server-count N: N frontends share both ports on purpose
+        shared = args.api_server_count > 1
+        check_free(args.host, args.grpc_port, "--grpc-port", reuse_port=shared)
         http_socket = listening_socket(args.host, args.http_port, "--http-port",
-                                       reuse_port=args.api_server_count > 1)
+                                       reuse_port=shared)
     except PortUnavailable as e:
         print(f"gapserve frontend: {e}", file=sys.stderr)
         return 2

@@ -274,6 +274,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             start_metrics_server(args.metrics_port, args.host)
     except (PortUnavailable, ConfigError) as e:
         print(f"gapserve scheduler: {e}", file=sys.stderr)
+        server.stop(0)  # when the metrics port was taken since its check
         return 2
     log.info("scheduler_listening", port=port, workers=list(args.worker_addresses),
              spares=flags.worker_groups(args.worker_addresses)[1:])

@@ -58,9 +58,10 @@ def listening_socket(host: str, port: int, flag: str, *, reuse_port: bool = Fals
     return sock
 
 
-def check_free(host: str, port: int, flag: str) -> None:
-    """Raise PortUnavailable unless host:port can be bound exclusively now. Port 0 (any free
-    one) always can. Called right before a library (gRPC, the metrics server) binds
-    it, so the refusal is our one line and not the library's traceback or log."""
+def check_free(host: str, port: int, flag: str, *, reuse_port: bool = False) -> None:
+    """Raise PortUnavailable unless host:port can be bound exclusively now (reuse_port:
+    shared with our siblings only). Port 0 (any free one) always can. Called right
+    before a library (gRPC, the metrics server) binds it, so the refusal is our one
+    line and not the library's traceback or log."""
     if port:
-        listening_socket(host, port, flag, backlog=1).close()
+        listening_socket(host, port, flag, reuse_port=reuse_port, backlog=1).close()

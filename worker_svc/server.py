@@ -282,6 +282,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             start_metrics_server(metrics_port, args.host)
     except PortUnavailable as e:
         print(f"gapserve worker: {e}", file=sys.stderr)
+        server.stop(0)  # when the metrics port was taken since its check
         return 2
     log.info("worker_listening", port=port, rank=args.rank, metrics_port=metrics_port)
     try:

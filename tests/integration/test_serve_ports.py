@@ -74,6 +74,18 @@ def test_a_service_on_a_busy_port_exits_with_one_line_naming_the_port_and_flag(
         f"another with {flag} (or {env})"]
 
 
+def test_the_scheduler_refuses_a_busy_kv_events_port_before_it_announces_anything():
+    port, grpc_port = free_ports(2)
+    config = f'{{"enable_kv_cache_events": true, "endpoint": "tcp://*:{port}"}}'
+    with _hold(port):
+        done = _run("scheduler", "--port", str(grpc_port), "--metrics-port", "0",
+                    "--kv-events-config", config)
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        f"gapserve scheduler: port {port} on 0.0.0.0 is already in use; choose another "
+        f"with --kv-events-config (or GAPSERVE_KV_EVENTS_CONFIG)"]
+
+
 def test_serve_refuses_a_busy_inner_port_in_its_own_flag_before_starting_anything(
         tiny_model_dir, tmp_path):
     ports = port_flags()
