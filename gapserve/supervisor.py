@@ -39,6 +39,22 @@ RESTART_LIMIT, RESTART_WINDOW_S = 5, 600.0
 _WHY = re.compile(rb"^(gapserve [\w-]+: |[\w.]*(Error|Exception|Interrupt|Exit)\b)")
 
 
+def _binary(stream) -> BinaryIO:
+    """Where a child's bytes go on our terminal (a replaced stream may have no buffer)."""
+    return getattr(stream, "buffer", None) or _TextSink(stream)
+
+
+class _TextSink:
+    def __init__(self, stream) -> None:
+        self.stream = stream
+
+    def write(self, data: bytes) -> None:
+        self.stream.write(data.decode(errors="replace"))
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
 def restart_delay(failures: int) -> float:
     """Seconds before the restart that follows the failures-th failure in the window."""
     return min(RESTART_BACKOFF_S * 2 ** max(failures - 1, 0), RESTART_BACKOFF_MAX_S)
@@ -107,23 +123,26 @@ class Supervisor:
         replaces the supervisor's environment for this launch only. The child's own
         env (its secrets) is laid over either."""
         base = env if env is not None else self.env if self.env is not None else os.environ
+        for thread in child.copiers:  # the last run's output is all out (and said) first
+            thread.join(STOP_TIMEOUT_S)
         child.process = subprocess.Popen(
             [sys.executable, "-m", "gapserve", *child.argv], env={**base, **child.env},
             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         child.last_error, child.error_at, child.restart_at, child.signalled = "", 0.0, None, False
         log = None if self.log_dir is None else open(self.log_dir / f"{child.name}.log", "ab")
-        out = log or sys.stdout.buffer
-        child.copiers = [
-            threading.Thread(target=self._copy, args=(child, child.process.stdout, out, False),
+        copiers = [
+            threading.Thread(target=self._copy, args=(child, child.process.stdout,
+                                                      log or _binary(sys.stdout), False),
                              name=f"{child.name}-stdout", daemon=True),
             threading.Thread(target=self._copy, args=(child, child.process.stderr,
-                                                      log or sys.stderr.buffer, True),
+                                                      log or _binary(sys.stderr), True),
                              name=f"{child.name}-stderr", daemon=True)]
-        for thread in child.copiers:
+        for thread in copiers:
             thread.start()
         if log is not None:  # closed once both copiers are done with it
-            threading.Thread(target=lambda: ([t.join() for t in child.copiers], log.close()),
+            threading.Thread(target=lambda: ([t.join() for t in copiers], log.close()),
                              daemon=True).start()
+        child.copiers = copiers
 
     def _copy(self, child: Child, pipe: BinaryIO, out: BinaryIO, is_stderr: bool) -> None:
         for line in iter(pipe.readline, b""):
