@@ -20,8 +20,11 @@ from grpc_reflection.v1alpha import reflection
 
 from shared.config import compile_timeout_s, frontend_parser, parse_args, tool_flags_problem
 from shared.default_model import resolve_model
-from shared.grpc_server import CHANNEL_OPTIONS
+from shared.grpc_server import CHANNEL_OPTIONS, add_port
+from shared.instance import HEADER as INSTANCE_HEADER
+from shared.instance import health_service
 from shared.link_security import LinkSecurity
+from shared.ports import PortUnavailable, check_free, listening_socket
 from shared.proto import generate_pb2_grpc
 
 from frontend_svc.telemetry import observe
@@ -53,6 +56,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(e))
     if tool_flags_problem(args):
         parser.error(tool_flags_problem(args))
+    try:  # both ports before anything is announced or loaded
+        # --api-server-count N: N frontends share both ports on purpose
+        shared = args.api_server_count > 1
+        check_free(args.host, args.grpc_port, "--grpc-port", reuse_port=shared)
+        http_socket = listening_socket(args.host, args.http_port, "--http-port",
+                                       reuse_port=shared)
+    except PortUnavailable as e:
+        print(f"gapserve frontend: {e}", file=sys.stderr)
+        return 2
     observe.setup(args)
     model_dir = resolve_model(args.model)
     tokenizer = TextTokenizer.from_dir(model_dir)
@@ -61,14 +73,17 @@ def main(argv: list[str] | None = None) -> int:
                                                 "--chat-template")
     name = args.served_model_name or Path(model_dir).name
     try:
-        asyncio.run(serve(args, tokenizer, name, str(model_dir)))
+        asyncio.run(serve(args, tokenizer, name, str(model_dir), http_socket))
     except KeyboardInterrupt:
         pass
+    except PortUnavailable as e:  # the gRPC port, taken since the check
+        print(f"gapserve frontend: {e}", file=sys.stderr)
+        return 2
     return 0
 
 
 async def serve(args, tokenizer: TextTokenizer, served_model_name: str,
-                model_path: str) -> None:
+                model_path: str, http_socket: socket.socket) -> None:
     health_servicer = health.aio.HealthServicer()
     security = LinkSecurity.from_args(args)
     admission = Admission(args.max_queued_requests)
@@ -82,9 +97,12 @@ async def serve(args, tokenizer: TextTokenizer, served_model_name: str,
             except EngineError as exc:  # keep the last value; the bound stays finite
                 observe.log.warning("no scheduler status for admission", error=exc.message)
             asyncio.get_running_loop().run_in_executor(fe.grammar_pool, fe.warm_grammar_vocab)
-        for service in ("", SERVICE_NAME):
+        for service in health_names:
             await health_servicer.set(service, SERVING if serving else NOT_SERVING)
 
+    # `gapserve serve` asks for the instance's name: only its own child knows it
+    health_names = ["", SERVICE_NAME, *([health_service(args.instance_id)]
+                                        if args.instance_id else [])]
     engine = engine_for(args, on_connection, served_model_name, security)
     fe = Frontend(engine, tokenizer, served_model_name, model_path,
                   observe.Observer(served_model_name), ApiKeys.from_args(args),
@@ -94,22 +112,27 @@ async def serve(args, tokenizer: TextTokenizer, served_model_name: str,
                   compile_timeout_s=compile_timeout_s(args))
 
     # a client's message is bounded like an HTTP body (--payload-limit); with
-    # --api-server-count > 1, N frontends share the same ports
-    reuse = [("grpc.so_reuseport", 1)] if args.api_server_count > 1 else []
+    # --api-server-count > 1, N frontends share the same ports; otherwise the port is
+    # this process's alone (gRPC's default SO_REUSEPORT would share it with anyone)
     grpc_server = grpc.aio.server(interceptors=[DrainInterceptor(drain)], options=[
         *(o for o in CHANNEL_OPTIONS if o[0] != "grpc.max_receive_message_length"),
-        ("grpc.max_receive_message_length", args.payload_limit), *reuse])
+        ("grpc.max_receive_message_length", args.payload_limit),
+        ("grpc.so_reuseport", 1 if args.api_server_count > 1 else 0)])
     generate_pb2_grpc.add_GenerationServicer_to_server(GenerationServicer(fe), grpc_server)
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, grpc_server)
     reflection.enable_server_reflection(
         [SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME], grpc_server)
     await on_connection(False)
-    if security.add_port(grpc_server, f"{args.host}:{args.grpc_port}") == 0:
-        raise OSError(f"cannot bind {args.host}:{args.grpc_port}")
+    if args.api_server_count > 1:  # the others hold it too: no exclusive check
+        if security.add_port(grpc_server, f"{args.host}:{args.grpc_port}") == 0:
+            raise OSError(f"cannot bind {args.host}:{args.grpc_port}")
+    else:
+        add_port(grpc_server, security, args.host, args.grpc_port, "--grpc-port")
     await grpc_server.start()
 
+    app = DrainGuard(build_app(fe, args.payload_limit), drain)
     http = HttpServer(uvicorn.Config(
-        DrainGuard(build_app(fe, args.payload_limit), drain), host=args.host,
+        InstanceHeader(app, args.instance_id) if args.instance_id else app, host=args.host,
         port=args.http_port, log_level="warning", access_log=False,
         timeout_graceful_shutdown=FLUSH_S,  # the drain ran already: only a backstop
         ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile))
@@ -118,9 +141,7 @@ async def serve(args, tokenizer: TextTokenizer, served_model_name: str,
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
 
-    sockets = [reuseport_socket(args.host, args.http_port)] if args.api_server_count > 1 \
-        else None
-    http_task = asyncio.create_task(http.serve(sockets=sockets))
+    http_task = asyncio.create_task(http.serve(sockets=[http_socket]))
     engine_task = asyncio.create_task(engine.start())  # waits for the scheduler
     observe.log.info("frontend listening", http_port=args.http_port,
                      grpc_port=args.grpc_port, scheduler=engine.address,
@@ -176,17 +197,24 @@ class HttpServer(uvicorn.Server):
         return contextlib.nullcontext()
 
 
-def reuseport_socket(host: str, port: int) -> socket.socket:
-    """A listening socket that other frontends bind too; the kernel hands each new
-    connection to one of them (SO_REUSEPORT)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind((host, port))
-    sock.listen(2048)
-    sock.setblocking(False)
-    return sock
+class InstanceHeader:
+    """ASGI: /health answers carry the --instance-id, so `gapserve serve` knows the
+    answer came from its own frontend; status and body are unchanged for others."""
+
+    def __init__(self, app, instance_id: str) -> None:
+        self.app = app
+        self.header = (INSTANCE_HEADER.encode(), instance_id.encode())
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http" or scope["path"] != "/health":
+            return await self.app(scope, receive, send)
+
+        async def send_with_id(message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message.get("headers", ()), self.header]}
+            await send(message)
+
+        await self.app(scope, receive, send_with_id)
 
 
 if __name__ == "__main__":

@@ -5,10 +5,13 @@ ranks on its own ports (replica i: every inner port + i x --data-parallel-port-s
 and, for kv-aware routing, its own KV event publisher; the frontend(s) hold a
 session to every replica and route between them (frontend_svc/engine/replicas.py).
 
-Starts them together (the frontend loads its tokenizer while the worker loads the
-model), waits until every one answers grpc.health.v1 SERVING, prints where to
-connect, restarts any that dies (the others carry on: docs/resilience.md), and
-stops all of them on Ctrl-C/SIGTERM.
+Checks every port first (a busy one is one line naming it and its flag), starts
+them together (the frontend loads its tokenizer while the worker loads the model),
+waits until every one answers grpc.health.v1 SERVING for this start's instance id
+(so never another server on the same ports), prints where to connect, restarts any
+that dies with backoff (the others carry on: docs/resilience.md) until one keeps
+dying, and stops all of them on Ctrl-C/SIGTERM. When it stops on a failure, the last
+line it prints is the failed child's own: its refusal (gapserve/supervisor.py).
 """
 
 from __future__ import annotations
@@ -21,23 +24,16 @@ import os
 import shutil
 import signal
 import socket
-import ssl
-import subprocess
 import sys
 import tempfile
-import threading
-import time
-import urllib.request
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 
+from gapserve.supervisor import Child, Supervisor
 from shared import config as flags
-from shared.grpc_server import check_health
+from shared.instance import new_instance_id
 from shared.link_security import LinkSecurity, inner_bind_problem
-
-STOP_TIMEOUT_S = 15.0  # per process, after SIGTERM, before SIGKILL
-RESTART_BACKOFF_S = 0.5  # first wait before restarting a child that died; doubles
+from shared.ports import PortUnavailable, check_free
 
 
 def serve_parser() -> argparse.ArgumentParser:
@@ -87,7 +83,7 @@ def _argv(args: argparse.Namespace, names: Sequence[str]) -> list[str]:
     return out
 
 
-COMMON = ("otlp_traces_endpoint", "log_format", "log_level", "drain_timeout_s")
+COMMON = ("otlp_traces_endpoint", "log_format", "log_level", "drain_timeout_s", "instance_id")
 TLS = ("tls_cert", "tls_key", "tls_ca")
 INNER = ("allow_insecure_inner",)  # the scheduler and workers check their bind address
 TENANCY = ("prefix_cache_scope",)  # the frontend salts each key's prefix cache
@@ -119,32 +115,6 @@ FRONTEND = ("http_port", "grpc_port", "model", "served_model_name", "api_server_
 
 def _loopback(host: str) -> str:
     return "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
-
-
-@dataclass(slots=True)
-class Child:
-    name: str
-    argv: list[str]  # after `python -m gapserve`
-    health_address: str
-    http_health_url: str | None = None
-    process: subprocess.Popen | None = None
-    env: dict[str, str] = field(default_factory=dict)  # secrets, GAPSERVE_* variables
-    security: LinkSecurity = field(default_factory=LinkSecurity)
-
-    def healthy(self) -> bool:
-        if not check_health(self.health_address, timeout_s=1.0, security=self.security):
-            return False
-        if self.http_health_url is None:
-            return True
-        # our own child on loopback: its HTTPS certificate is not what is checked here
-        context = ssl._create_unverified_context() \
-            if self.http_health_url.startswith("https") else None
-        try:
-            with urllib.request.urlopen(self.http_health_url, timeout=1.0,
-                                        context=context) as reply:
-                return reply.status == 200
-        except OSError:
-            return False
 
 
 def _secret_env(args: argparse.Namespace, names: Sequence[str]) -> dict[str, str]:
@@ -211,7 +181,10 @@ def children(args: argparse.Namespace) -> list[Child]:
         ["frontend", *upstream, "--host", args.host,
          *_argv(args, COMMON + FRONTEND + TLS + ADMISSION + TENANCY)],
         f"{front}:{args.grpc_port}", f"{scheme}://{front}:{args.http_port}/health",
-        env=dict(front_env), security=security)
+        env=dict(front_env), security=security, instance_id=args.instance_id,
+        # the --api-server-count frontends share them: checked once
+        ports=[] if i else [(args.host, args.http_port, "--http-port"),
+                            (args.host, args.grpc_port, "--grpc-port")])
         for i in range(count)]
     return [*(c for r in replicas for c in r.children), *frontends]
 
@@ -237,7 +210,9 @@ def _replica(args: argparse.Namespace, i: int, size: int, host: str,
             f"worker-{tag}{rank}",
             ["worker", "--rank", str(rank), "--port", str(port_), "--metrics-port", str(metrics),
              "--host", args.inner_host, *_argv(args, COMMON + WORKER + LIMITS + TLS + INNER)],
-            f"{host}:{port_}", env=inner_env, security=security))
+            f"{host}:{port_}", env=inner_env, security=security, instance_id=args.instance_id,
+            ports=[(args.inner_host, port_, "--worker-port"),
+                   (args.inner_host, metrics, "--worker-metrics-port")]))
     sched_port = args.scheduler_port + offset
     metrics_port = args.scheduler_metrics_port + offset if args.scheduler_metrics_port else 0
     scheduler = Child(
@@ -246,7 +221,10 @@ def _replica(args: argparse.Namespace, i: int, size: int, host: str,
          "--worker-addresses", ",".join(w.health_address for w in workers),
          "--host", args.inner_host,
          *_argv(args, COMMON + SCHEDULER + LIMITS + TLS + INNER)],
-        f"{host}:{sched_port}", env=inner_env, security=security)
+        f"{host}:{sched_port}", env=inner_env, security=security,
+        instance_id=args.instance_id,
+        ports=[(args.inner_host, sched_port, "--scheduler-port"),
+               (args.inner_host, metrics_port, "--scheduler-metrics-port")])
     return Replica([*workers, scheduler], scheduler.health_address, kv_endpoint, replay)
 
 
@@ -294,68 +272,6 @@ def _kv_events_dir() -> str:
     return _KV_DIR[0]
 
 
-@dataclass(slots=True)
-class Supervisor:
-    children: list[Child]
-    stop: threading.Event = field(default_factory=threading.Event)
-    log_dir: Path | None = None
-    env: dict[str, str] | None = None
-    restarts: int = 0
-
-    def start(self, log_dir: Path | None = None, env: dict[str, str] | None = None) -> None:
-        """Start every child; with log_dir, each writes its output to <name>.log there."""
-        self.log_dir, self.env = log_dir, env
-        for child in self.children:
-            self.launch(child)
-
-    def launch(self, child: Child, env: dict[str, str] | None = None) -> None:
-        """(Re)start one child with the same flags (its log is appended to); env
-        replaces the supervisor's environment for this launch only. The child's own
-        env (its secrets) is laid over either."""
-        out = None if self.log_dir is None else open(self.log_dir / f"{child.name}.log", "ab")
-        base = env if env is not None else self.env if self.env is not None else os.environ
-        try:
-            child.process = subprocess.Popen(
-                [sys.executable, "-m", "gapserve", *child.argv], env={**base, **child.env},
-                stdout=out, stderr=subprocess.STDOUT if out else None)
-        finally:
-            if out is not None:
-                out.close()  # the child holds its own descriptor
-
-    def dead(self) -> Child | None:
-        return next((c for c in self.children if c.process.poll() is not None), None)
-
-    def wait_healthy(self, timeout_s: float) -> str | None:
-        """None once all are healthy; otherwise why not."""
-        deadline = time.monotonic() + timeout_s
-        pending = list(self.children)
-        while pending:
-            if self.stop.is_set():
-                return "interrupted"
-            if (child := self.dead()) is not None:
-                return f"{child.name} exited with code {child.process.returncode}"
-            if time.monotonic() > deadline:
-                return f"{', '.join(c.name for c in pending)} not healthy after {timeout_s:.0f} s"
-            pending = [c for c in pending if not c.healthy()]
-            if pending:
-                self.stop.wait(0.5)
-        return None
-
-    def stop_all(self) -> None:
-        """SIGTERM in reverse start order (frontend first), SIGKILL after a timeout."""
-        for child in reversed(self.children):
-            if child.process is not None and child.process.poll() is None:
-                child.process.send_signal(signal.SIGTERM)
-        for child in reversed(self.children):
-            if child.process is None:
-                continue
-            try:
-                child.process.wait(STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                child.process.kill()
-                child.process.wait()
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = serve_parser()
     args = flags.parse_args(parser, argv)
@@ -378,43 +294,49 @@ def main(argv: Sequence[str] | None = None) -> int:
         args.model = str(resolve_model(args.model))
     except (FileNotFoundError, OSError, RuntimeError) as e:
         parser.error(str(e))
+    # this start's id: the health probes below accept only children that report it
+    args.instance_id = args.instance_id or new_instance_id()
     try:
         supervisor = Supervisor(children(args))
     except (OSError, ValueError) as e:  # an unreadable --tls-* file, a lone --tls-cert
         parser.error(str(e))
+    try:  # every port, in serve's own flags, before anything starts or is announced
+        for host, port, flag in (p for c in supervisor.children for p in c.ports):
+            check_free(host, port, flag)
+    except PortUnavailable as e:
+        print(f"gapserve serve: {e}", file=sys.stderr, flush=True)
+        return 2
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: supervisor.stop.set())
     supervisor.start()
+    failed = None  # the child whose last error is serve's last line
+    at_startup = False  # failed while starting: which child is found after stop_all
     try:
         problem = supervisor.wait_healthy(args.startup_timeout)
+        if problem == "interrupted":
+            return 0
         if problem is not None:
-            if problem != "interrupted":
-                print(f"gapserve serve: {problem}; stopping", file=sys.stderr)
-            return 0 if problem == "interrupted" else 1
+            supervisor.say(f"gapserve serve: {problem}; stopping")
+            at_startup = True
+            return 1
         host = _loopback(args.host)
         scheme = "https" if args.ssl_certfile else "http"
         replicas = f" on {args.data_parallel_size} replicas ({args.data_parallel_routing} " \
             f"routing)" if args.data_parallel_size > 1 else ""
-        print(f"gapserve: serving {args.served_model_name or os.path.basename(args.model)}"
-              f"{replicas}\n"
-              f"  OpenAI API  {scheme}://{host}:{args.http_port}/v1\n"
-              f"  gRPC        {host}:{args.grpc_port}  (gapserve.v1.Generation)\n"
-              f"  Ctrl-C stops all services", flush=True)
-        backoff = RESTART_BACKOFF_S
-        while not supervisor.stop.wait(backoff):
-            if (child := supervisor.dead()) is None:
-                backoff = RESTART_BACKOFF_S
-                continue
-            # The others carry on (docs/resilience.md): a restarted worker is reconnected
-            # by the scheduler, a restarted scheduler by the frontend.
-            print(f"gapserve serve: {child.name} exited with code {child.process.returncode}; "
-                  f"restarting it", file=sys.stderr, flush=True)
-            supervisor.launch(child)
-            supervisor.restarts += 1
-            backoff = min(backoff * 2, 10.0)  # a child that keeps dying is not spun on
-        return 0
+        supervisor.say(
+            f"gapserve: serving {args.served_model_name or os.path.basename(args.model)}"
+            f"{replicas} (instance {args.instance_id})\n"
+            f"  OpenAI API  {scheme}://{host}:{args.http_port}/v1\n"
+            f"  gRPC        {host}:{args.grpc_port}  (gapserve.v1.Generation)\n"
+            f"  Ctrl-C stops all services", sys.stdout)
+        failed = supervisor.supervise()
+        return 0 if failed is None else 1
     finally:
         supervisor.stop_all()
+        if at_startup:  # the upstream refusal, not its consequences downstream
+            failed = supervisor.cause()
+        if failed is not None:
+            supervisor.say(failed.exit_line())
 
 
 if __name__ == "__main__":

@@ -95,6 +95,17 @@ class KVEventsConfig:
     def enabled(self) -> bool:
         return self.enable_kv_cache_events and self.publisher != "null"
 
+    def listen_ports(self) -> list[tuple[str, int]]:
+        """(host, port) of each tcp endpoint the publisher binds, for the start-up
+        check of every port (a "*" port is any free one: nothing to check)."""
+        out = []
+        for endpoint in (self.endpoint, self.replay_endpoint) if self.enabled else ():
+            if endpoint and endpoint.startswith("tcp://") and _binds(endpoint):
+                host, _, port = endpoint[len("tcp://"):].rpartition(":")
+                if port.isdigit():
+                    out.append(("0.0.0.0" if host == "*" else host, int(port)))
+        return out
+
     @classmethod
     def from_json(cls, text: str | None) -> KVEventsConfig:
         """The --kv-events-config value; ConfigError says what is wrong with it."""
@@ -252,9 +263,13 @@ class ZmqEventPublisher:
                 sock.close(linger=0)
 
 
-def _bind_or_connect(sock: zmq.Socket, endpoint: str) -> str:
+def _binds(endpoint: str) -> bool:
     """vLLM's rule: bind a wildcard, ipc:// or inproc:// endpoint, connect any other."""
-    if "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://")):
+    return "*" in endpoint or "::" in endpoint or endpoint.startswith(("ipc://", "inproc://"))
+
+
+def _bind_or_connect(sock: zmq.Socket, endpoint: str) -> str:
+    if _binds(endpoint):
         sock.bind(endpoint)
         return _last_endpoint(sock)
     sock.connect(endpoint)

@@ -32,6 +32,7 @@ from shared import config as flags
 from shared import proto_convert as pc
 from shared.grpc_server import COALESCE_BYTES, ServiceServer
 from shared.link_security import LinkSecurity, inner_bind_problem
+from shared.ports import PortUnavailable, check_free
 from shared.proto import common_pb2, engine_pb2, engine_pb2_grpc
 from shared.speculative_config import parse_speculative_config
 from shared.telemetry import get_logger, setup_telemetry, start_metrics_server
@@ -261,11 +262,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.error("insecure_bind_refused", host=args.host)
         print(f"gapserve scheduler: {problem}", file=sys.stderr)
         return 2
-    server = ServiceServer(security=security)
+    server = ServiceServer(security=security, instance_id=args.instance_id)
     server.add(engine_pb2_grpc.add_EngineServicer_to_server, servicer, "gapserve.v1.Engine")
-    port = server.start(args.host, args.port)
-    if args.metrics_port:
-        start_metrics_server(args.metrics_port, args.host)
+    try:  # every port before anything is announced
+        kv_events_cfg = KVEventsConfig.from_json(args.kv_events_config)
+        for host, kv_port in kv_events_cfg.listen_ports():
+            check_free(host, kv_port, "--kv-events-config")
+        check_free(args.host, args.metrics_port, "--metrics-port")
+        port = server.start(args.host, args.port)
+        if args.metrics_port:
+            start_metrics_server(args.metrics_port, args.host)
+    except (PortUnavailable, ConfigError) as e:
+        print(f"gapserve scheduler: {e}", file=sys.stderr)
+        server.stop(0)  # when the metrics port was taken since its check
+        return 2
     log.info("scheduler_listening", port=port, workers=list(args.worker_addresses),
              spares=flags.worker_groups(args.worker_addresses)[1:])
     group = WorkerGroup(args.worker_addresses, step_timeout_s=args.step_timeout_s or None,
@@ -273,7 +283,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     engine = kv_events = None
     failed = threading.Event()
     try:
-        kv_events_cfg = KVEventsConfig.from_json(args.kv_events_config)
         info = _handshake(group, stop, args.max_num_batched_tokens)
         if info is None:
             return 0
@@ -341,7 +350,10 @@ def _handshake(group: WorkerGroup, stop: threading.Event,
         try:
             return group.handshake(timeout_s=2.0, max_num_batched_tokens=max_num_batched_tokens)
         except grpc.RpcError as e:
-            if e.code() not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE):
+            # CANCELLED: the worker stopped its server mid-call (it refused its model and
+            # exits); that is the worker's failure to report, not this scheduler's
+            if e.code() not in (grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNAVAILABLE,
+                                grpc.StatusCode.CANCELLED):
                 raise ConfigError(f"worker handshake failed: {e.code().name}: {e.details()}")
             log.debug("waiting_for_workers", addresses=group.addresses)
     return None

@@ -78,6 +78,9 @@ def add_common_flags(parser: argparse.ArgumentParser) -> None:
                    help="auto: console on a TTY, JSON lines otherwise")
     g.add_argument("--log-level", default="info",
                    choices=("debug", "info", "warning", "error"))
+    g.add_argument("--instance-id", default=None,
+                   help="an id reported by grpc.health.v1 and /health, so `gapserve serve` "
+                        "knows it reached its own children (serve draws one per start)")
     # resilience (docs/resilience.md)
     g.add_argument("--drain-timeout-s", type=non_negative_float, default=10.0,
                    help="on SIGTERM: stop admitting and let running requests finish for at "

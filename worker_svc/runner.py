@@ -386,11 +386,14 @@ class ModelRunner:
             # more than every sequence at full length is never usable
             num_blocks = min(num_blocks, config.max_num_seqs * blocks_per_seq + 1)
         if num_blocks - 1 < blocks_per_seq:
+            more = ("--num-gpu-blocks-override" if config.num_gpu_blocks_override is not None
+                    else "--gpu-memory-utilization" if self.device.type == "cuda"
+                    else "--kv-cache-memory")  # the flag that sized this pool
             raise ValueError(
                 f"the KV cache holds {max(num_blocks - 1, 0) * self.block_size} tokens "
                 f"({num_blocks} blocks of {self.block_size}, block 0 reserved), less than "
-                f"one sequence of max_model_len={self.max_model_len}: lower max_model_len "
-                "or give the KV cache more memory")
+                f"one sequence of --max-model-len {self.max_model_len}: lower "
+                f"--max-model-len or raise {more}")
         return num_blocks
 
     def _profile_run(self) -> None:

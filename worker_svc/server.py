@@ -22,6 +22,7 @@ from shared import config as flags
 from shared import proto_convert as pc
 from shared.grpc_server import ServiceServer
 from shared.link_security import LinkSecurity, inner_bind_problem
+from shared.ports import PortUnavailable, check_free
 from shared.proto import worker_pb2, worker_pb2_grpc
 from shared.telemetry import get_logger, setup_telemetry, start_metrics_server
 from shared.types import InvalidRequestError, ModelRunnerOutput, SchedulerOutput
@@ -271,12 +272,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"gapserve worker: {problem}", file=sys.stderr)
         return 2
     servicer = WorkerServicer(args.rank, args.tensor_parallel_size)
-    server = ServiceServer(security=security)
+    server = ServiceServer(security=security, instance_id=args.instance_id)
     server.add(worker_pb2_grpc.add_WorkerServicer_to_server, servicer, "gapserve.v1.Worker")
-    port = server.start(args.host, 50053 + args.rank if args.port is None else args.port)
     metrics_port = 8002 + args.rank if args.metrics_port is None else args.metrics_port
-    if metrics_port:
-        start_metrics_server(metrics_port, args.host)
+    try:  # both ports before anything is announced or loaded
+        check_free(args.host, metrics_port, "--metrics-port")
+        port = server.start(args.host, 50053 + args.rank if args.port is None else args.port)
+        if metrics_port:
+            start_metrics_server(metrics_port, args.host)
+    except PortUnavailable as e:
+        print(f"gapserve worker: {e}", file=sys.stderr)
+        server.stop(0)  # when the metrics port was taken since its check
+        return 2
     log.info("worker_listening", port=port, rank=args.rank, metrics_port=metrics_port)
     try:
         from worker_svc.metrics import WEIGHT_BYTES, WorkerTelemetry
