@@ -23,7 +23,8 @@ from pathlib import Path
 import grpc
 import pytest
 
-from gapserve.serve import Supervisor, children, serve_parser
+from gapserve.serve import children, serve_parser
+from gapserve.supervisor import Supervisor
 from shared import config
 from shared.proto import engine_pb2, engine_pb2_grpc, generate_pb2_grpc
 from tests.integration.tiny_model import tiny_llama_dir

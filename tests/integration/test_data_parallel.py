@@ -28,7 +28,7 @@ import pytest
 import torch
 
 from gapserve import status as status_cli
-from gapserve.serve import Child, Supervisor
+from gapserve.supervisor import Child, Supervisor
 from shared.proto import common_pb2, generate_pb2
 from tests.integration.conftest import (STARTUP_TIMEOUT_S, TINY_FLAGS, Stack, free_ports,
                                         start_stack)
