@@ -139,6 +139,8 @@ class VllmEngineServicer(pb_grpc.VllmEngineServicer):
                 items = session.outbox.get()
                 if items is CLOSED:  # the stream was cancelled: nothing to answer
                     RPCS.labels("Generate", "CANCELLED").inc()
+                    log.info("vllm_engine_cancelled", request_id=req.req_id,
+                             num_output_tokens=len(output_ids))
                     return
                 for item in items:
                     if isinstance(item, Failure):

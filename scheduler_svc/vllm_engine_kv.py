@@ -62,7 +62,10 @@ class KvEventStreams:
                  buffer_batches: int = 10_000) -> None:
         self.block_size = block_size
         self.max_queue = max_queue
-        self._seq = itertools.count(1)  # 0 asks for "from the start" in a subscribe
+        # Numbered from the start time in microseconds, not 1: a gateway that resubscribes
+        # to a restarted scheduler asks for its last number + 1, and must get the new
+        # batches rather than skip them as already seen.
+        self._seq = itertools.count(time.time_ns() // 1000)
         self._event_ids = itertools.count(1)
         self._lock = threading.Lock()
         self._subscribers: set[queue.Queue] = set()

@@ -4,8 +4,11 @@ the translation half of the VllmEngine servicer (scheduler_svc/vllm_engine.py).
 The protocol's defaults are vLLM's (proto3 zeros mean "unset": top_p 0 is 1.0,
 repetition_penalty 0 is 1.0, an unset max_tokens is what is left of max_model_len).
 What we cannot honour is refused with InvalidRequestError naming the field, never
-dropped: text prompts (the gateway tokenizes), n > 1, prompt logprobs, stop strings
-(the gateway's detokenizer matches them), multimodal and disaggregation fields.
+dropped: text prompts (the gateway tokenizes), n > 1, prompt logprobs, multimodal and
+disaggregation fields. Stop strings (`stop`, `include_stop_str_in_output`) are the
+gateway's, as they are our own frontend's: the scheduler sees token ids only, and
+smg's stop-sequence decoder matches them on the text it detokenizes, trims the
+output and cancels the stream (which aborts the request here).
 """
 
 from __future__ import annotations
@@ -92,11 +95,6 @@ def sampling_from_proto(sp: pb.SamplingParams, num_prompt_tokens: int,
     if sp.n > 1:
         raise InvalidRequestError(f"SamplingParams.n = {sp.n} is not supported: send n "
                                   "requests (gapserve generates one sequence per request)")
-    if sp.stop:
-        raise InvalidRequestError(
-            "SamplingParams.stop (stop strings) is not supported by gapserve's scheduler, "
-            "which sees token ids only: the gateway's detokenizer matches stop strings, or "
-            "send stop_token_ids")
     if sp.HasField("logprobs") and sp.logprobs < 0:
         raise InvalidRequestError(f"SamplingParams.logprobs = {sp.logprobs} (all) is not "
                                   f"supported: at most {SamplingParams.MAX_LOGPROBS}")

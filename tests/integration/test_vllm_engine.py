@@ -111,7 +111,6 @@ def test_logprobs_come_in_the_output_logprobs_shape(vllm):
 @pytest.mark.parametrize("field, sampling, request_fields", [
     ("text", {}, {"text": "hello"}),
     ("n", {"n": 2}, {}),
-    ("stop", {"stop": ["\n"]}, {}),
     ("prompt_logprobs", {"prompt_logprobs": 1}, {}),
     ("structural_tag", {"structural_tag": "{}"}, {}),
     ("kv_transfer_params_json", {}, {"kv_transfer_params_json": "{}"}),
