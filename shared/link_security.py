@@ -8,9 +8,7 @@ uses the same rules:
 - plus --tls-ca: mutual TLS: servers also require a client certificate signed by
   --tls-ca, and clients present --tls-cert;
 - --internal-token: the scheduler and workers refuse calls (health checks aside)
-  that do not carry it in the `x-gapserve-internal-token` metadata; under mutual TLS
-  the scheduler's `vllm.grpc.engine` calls may prove themselves with the verified
-  client certificate instead, since gateways such as smg cannot add our metadata.
+  that do not carry it in the `x-gapserve-internal-token` metadata.
 """
 
 from __future__ import annotations
@@ -25,9 +23,6 @@ import grpc
 TOKEN_METADATA = "x-gapserve-internal-token"
 # Probes and discovery stay open: they reveal nothing and drive nothing.
 OPEN_SERVICES = ("/grpc.health.v1.", "/grpc.reflection.")
-# The ecosystem's engine protocol: its gateways (smg) send no custom metadata but can
-# present a client certificate, which under mutual TLS stands in for the token.
-CERTIFICATE_SERVICES = ("/vllm.grpc.engine.",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,8 +62,7 @@ class LinkSecurity:
 
     def interceptors(self) -> list:
         """For the inner services' sync servers: the internal-token check."""
-        mutual = self.tls and self.ca is not None
-        return [InternalTokenInterceptor(self.token, mutual)] if self.token else []
+        return [InternalTokenInterceptor(self.token)] if self.token else []
 
     # ---- clients
 
@@ -123,9 +117,8 @@ class InternalTokenInterceptor(grpc.ServerInterceptor):
     """Refuses (UNAUTHENTICATED) any call without the shared token, so a stray
     client on the network cannot submit steps to a worker or requests to the scheduler."""
 
-    def __init__(self, token: str, mutual_tls: bool = False) -> None:
+    def __init__(self, token: str) -> None:
         self._token = token.encode()
-        self._mutual_tls = mutual_tls  # the server verifies every client's certificate
 
     def intercept_service(self, continuation, details):
         handler = continuation(details)
@@ -134,8 +127,6 @@ class InternalTokenInterceptor(grpc.ServerInterceptor):
         given = dict(details.invocation_metadata or ()).get(TOKEN_METADATA, "")
         if hmac.compare_digest(given.encode(), self._token):
             return handler
-        if self._mutual_tls and details.method.startswith(CERTIFICATE_SERVICES):
-            return _requiring_certificate(handler)
         return _refusing(handler)
 
 
@@ -157,26 +148,3 @@ def _refusing(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
     if handler.response_streaming:
         return grpc.unary_stream_rpc_method_handler(deny_stream, **kwargs)
     return grpc.unary_unary_rpc_method_handler(deny, **kwargs)
-
-
-def _requiring_certificate(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-    """The handler, run only for a caller that presented a (verified) client certificate."""
-    def check(context) -> None:
-        if not context.auth_context().get("x509_pem_cert"):
-            context.abort(grpc.StatusCode.UNAUTHENTICATED,
-                          "this service requires the internal token (--internal-token) "
-                          "or a client certificate (mutual TLS)")
-
-    kwargs = dict(request_deserializer=handler.request_deserializer,
-                  response_serializer=handler.response_serializer)
-    if handler.unary_unary is not None:
-        def unary(request, context):
-            check(context)
-            return handler.unary_unary(request, context)
-        return grpc.unary_unary_rpc_method_handler(unary, **kwargs)
-    if handler.unary_stream is not None:
-        def stream(request, context):
-            check(context)
-            yield from handler.unary_stream(request, context)
-        return grpc.unary_stream_rpc_method_handler(stream, **kwargs)
-    return _refusing(handler)  # the protocol has no client-streaming calls

@@ -111,23 +111,6 @@ def test_an_mtls_client_still_needs_the_internal_token_for_the_scheduler(stack, 
         channel.close()
 
 
-def test_a_gateway_with_a_client_certificate_speaks_vllm_engine_without_the_token(stack, pki):
-    # smg cannot add our metadata: under mTLS its certificate stands in for the token,
-    # for the vllm.grpc.engine protocol only
-    from smg_grpc_proto import vllm_engine_pb2, vllm_engine_pb2_grpc
-
-    channel = tls_channel(stack.scheduler_address, pki)
-    try:
-        vllm = vllm_engine_pb2_grpc.VllmEngineStub(channel)
-        assert vllm.HealthCheck(vllm_engine_pb2.HealthCheckRequest(), timeout=10).healthy
-        [done] = list(vllm.Generate(vllm_engine_pb2.GenerateRequest(
-            request_id="mtls", tokenized={"input_ids": [1, 2, 3]},
-            sampling_params={"max_tokens": 4, "ignore_eos": True}), timeout=60))
-        assert done.complete.completion_tokens == 4
-    finally:
-        channel.close()
-
-
 def test_grpc_generate_over_mtls(stack, pki):
     channel = tls_channel(stack.grpc_address, pki)
     try:
