@@ -211,3 +211,30 @@ def test_embed_is_unimplemented_with_a_message_for_a_generation_model(vllm):
             input_ids=PROMPT)), timeout=10)
     assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
     assert "pooling" in err.value.details()
+
+
+@pytest.fixture(scope="module")
+def bounded(tiny_model_dir, tmp_path_factory):
+    """A scheduler that holds one open request at most (max-num-seqs 1, no queue)."""
+    stack = start_stack(tiny_model_dir, tmp_path_factory.mktemp("vllm-engine-bounded"),
+                        services=("worker", "scheduler"),
+                        flags=[*TINY_FLAGS, "--max-num-seqs", "1", "--max-queued-requests", "0"])
+    yield stack
+    stack.stop()
+
+
+def test_the_schedulers_admission_bound_refuses_an_engine_protocol_request_too(bounded):
+    # a gapserve frontend's session fills the bound; the gateway's request is refused
+    # as another frontend's would be (one bound over every caller)
+    filler = SessionClient(bounded.engine_stub())
+    try:
+        filler.add("fill", PROMPT, max_tokens=400, ignore_eos=True, temperature=0.0)
+        wait_for(lambda: running(bounded) == 1, timeout_s=60, what="the bound to fill")
+        vllm = pb_grpc.VllmEngineStub(bounded.channel(bounded.scheduler_address))
+        with pytest.raises(grpc.RpcError) as err:
+            generate(vllm, "one-too-many", max_tokens=4)
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "limit 1" in err.value.details()
+    finally:
+        filler.abort("fill")
+        filler.close()
