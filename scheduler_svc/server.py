@@ -301,8 +301,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                         on_serving=server.set_serving)
         engine.max_open_requests = cfg.max_num_seqs + args.max_queued_requests
         # the ZMQ publisher (--kv-events-config) and the VllmEngine SubscribeKvEvents streams
-        kv_streams = KvEventStreams(info.block_size, info.model_name)
-        scheduler.kv.record_events()
+        kv_streams = KvEventStreams(info.block_size, info.model_name, start_recording=lambda:
+                                    engine.run_on_loop(scheduler.kv.record_events))
         engine.kv_events = kv_events = Fanout(
             start_publisher(kv_events_cfg, scheduler.kv, info.block_size, info.model_name),
             kv_streams)

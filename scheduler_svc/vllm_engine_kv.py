@@ -5,7 +5,8 @@ prefix cache without a ZMQ socket.
 
 The engine loop hands each step's events to publish() (through Fanout, beside the
 ZMQ publisher); publish() numbers the batch and puts it on every subscriber's
-bounded queue without blocking. A subscriber that falls `max_queue` batches behind
+bounded queue without blocking. Nothing is recorded or built until the first
+subscriber comes (`start_recording`): a deployment without a gateway pays nothing. A subscriber that falls `max_queue` batches behind
 loses batches (counted, and its stream sees the sequence gap); the last
 `buffer_batches` are kept so a resubscribing gateway can replay from its last
 sequence number.
@@ -59,8 +60,10 @@ class KvEventStreams:
     """The gRPC subscribers' publisher; publish() is called by the engine loop only."""
 
     def __init__(self, block_size: int, model_name: str = "", max_queue: int = 10_000,
-                 buffer_batches: int = 10_000) -> None:
+                 buffer_batches: int = 10_000, start_recording=None) -> None:
         self.block_size = block_size
+        self._start_recording = start_recording  # () -> None: the core records from now on
+        self._active = False  # a subscriber came: number, keep and send every batch
         self.max_queue = max_queue
         # Numbered from the start time in microseconds, not 1: a gateway that resubscribes
         # to a restarted scheduler asks for its last number + 1, and must get the new
@@ -74,7 +77,7 @@ class KvEventStreams:
         self._dropped = KV_EVENTS_DROPPED.labels(model_name)
 
     def publish(self, events: list) -> None:
-        if not events:
+        if not events or not self._active:
             return
         batch = cpb.KvEventBatch(
             sequence_number=next(self._seq), timestamp=time.time(),
@@ -93,6 +96,10 @@ class KvEventStreams:
         """A queue of batches from now on, after the kept ones numbered from
         `start_sequence_number` (0: none replayed)."""
         q: queue.Queue = queue.Queue(maxsize=self.max_queue)
+        if not self._active:
+            if self._start_recording is not None:
+                self._start_recording()
+            self._active = True  # kept on: a gateway that resubscribes replays from here
         with self._lock:
             if start_sequence_number:
                 for batch in self._buffer:

@@ -78,11 +78,14 @@ def test_kv_events_carry_each_blocks_tokens_and_int64_hashes():
     assert event_to_proto(CacheCleared(), 4, 3).HasField("cleared")
 
 
-def test_a_resubscribing_gateway_gets_the_kept_batches_from_its_number_on():
-    streams = KvEventStreams(block_size=4)
-    streams.publish([CacheCleared()])
+def test_nothing_is_recorded_before_a_subscriber_and_a_resubscriber_replays_from_its_number():
+    started = []
+    streams = KvEventStreams(block_size=4, start_recording=lambda: started.append(1))
+    streams.publish([CacheCleared()])  # no gateway yet: not built, not kept
     first = streams.subscribe()
+    assert started == [1] and first.empty()
     streams.publish([CacheCleared()])
     seq = first.get_nowait().sequence_number
-    again = streams.subscribe(start_sequence_number=seq)
+    again = streams.subscribe(start_sequence_number=1)  # from before its first batch
     assert again.get_nowait().sequence_number == seq and again.empty()
+    assert started == [1]  # the core records from the first subscriber on
