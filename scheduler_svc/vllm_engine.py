@@ -255,7 +255,7 @@ class VllmEngineServicer(pb_grpc.VllmEngineServicer):
         self._check_known(request, context, "SubscribeKvEvents")
         streams = self.kv_streams
         q = streams.subscribe(request.start_sequence_number)
-        context.add_callback(lambda: (streams.unsubscribe(q), q.put(ENDED)))
+        context.add_callback(lambda: streams.end(q))  # the gateway went away
         RPCS.labels("SubscribeKvEvents", "OK").inc()
         try:
             if request.load_records_before_first_batch:

@@ -114,14 +114,24 @@ class KvEventStreams:
         with self._lock:
             self._subscribers.discard(q)
 
-    def close(self) -> None:
-        with self._lock:
-            subscribers, self._subscribers = list(self._subscribers), set()
-        for q in subscribers:
+    def end(self, q: queue.Queue) -> None:
+        """Stop feeding one subscriber and wake its reader."""
+        self.unsubscribe(q)
+        while True:
             try:
                 q.put_nowait(ENDED)
-            except queue.Full:
-                pass  # its reader ends with the server anyway
+                return
+            except queue.Full:  # a reader that fell behind: what it has not read is moot
+                try:
+                    q.get_nowait()
+                except queue.Empty:
+                    pass
+
+    def close(self) -> None:
+        with self._lock:
+            subscribers = list(self._subscribers)
+        for q in subscribers:
+            self.end(q)
 
 
 class Fanout:

@@ -89,3 +89,16 @@ def test_nothing_is_recorded_before_a_subscriber_and_a_resubscriber_replays_from
     again = streams.subscribe(start_sequence_number=1)  # from before its first batch
     assert again.get_nowait().sequence_number == seq and again.empty()
     assert started == [1]  # the core records from the first subscriber on
+
+
+def test_a_subscriber_that_fell_behind_is_ended_without_blocking():
+    from scheduler_svc.vllm_engine_kv import ENDED
+
+    streams = KvEventStreams(block_size=4, max_queue=1)
+    q = streams.subscribe()
+    streams.publish([CacheCleared()])
+    streams.publish([CacheCleared()])  # the queue is full: dropped (and counted)
+    streams.end(q)
+    assert q.get_nowait() is ENDED
+    streams.publish([CacheCleared()])  # no longer fed
+    assert q.empty()
