@@ -317,3 +317,11 @@ def test_the_gateway_profile_puts_smg_on_the_loopback_schedulers_of_two_served_r
     published = {(name, container) for name, svc in gateway["services"].items()
                  for _, _, container in published_ports(svc)}
     assert ("engines", router.port) in published
+
+
+def test_the_smg_image_and_the_charts_default_tag_install_the_pinned_smg():
+    pinned = re.search(r'"smg==([\d.]+)"', (ROOT / "pyproject.toml").read_text()).group(1)
+    assert f"smg=={pinned}" in (ROOT / "deploy" / "smg" / "Dockerfile").read_text()
+    assert EVERY["services"]["smg"]["image"] == f"gapserve-smg:{pinned}"
+    values = yaml.safe_load((ROOT / "deploy" / "helm" / "gapserve" / "values.yaml").read_text())
+    assert values["gateway"]["image"]["tag"] == pinned
