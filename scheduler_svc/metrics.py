@@ -42,6 +42,11 @@ _M = ["model_name"]
 REQUEST_TIME_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
                         50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0]
 
+# the scheduler's admission bound (issue 28 item 7): adds refused over all frontends
+# and engine-protocol gateways
+REJECTED_FULL = Counter("gapserve:scheduler_rejected_requests",
+                        "Adds the scheduler refused with RESOURCE_EXHAUSTED: it held "
+                        "max-num-seqs + --max-queued-requests open requests.")
 NUM_REQUESTS_RUNNING = Gauge("gapserve:num_requests_running",
                              "Number of requests in RUNNING (model execution batches).", _M)
 NUM_REQUESTS_WAITING = Gauge("gapserve:num_requests_waiting",

@@ -18,15 +18,16 @@ import time
 from collections.abc import Sequence
 
 import grpc
-from prometheus_client import Counter
 
 from scheduler_svc.core.config import ConfigError, SchedulerConfig
 from scheduler_svc.core.request import Request
 from scheduler_svc.core.scheduler import Scheduler
-from scheduler_svc.metrics import SESSION_COALESCED_STEPS, SchedulerTelemetry
+from scheduler_svc.metrics import REJECTED_FULL, SESSION_COALESCED_STEPS, SchedulerTelemetry
 from scheduler_svc.engine import (CLOSED, Engine, EngineFailed, ErrorCode, Failure, Overloaded,
                                   Session, describe)
 from scheduler_svc.kv_events import KVEventsConfig, start_publisher
+from scheduler_svc.vllm_engine import SERVICE_NAME as VLLM_ENGINE, VllmEngineServicer
+from scheduler_svc.vllm_engine_kv import Fanout, KvEventStreams
 from scheduler_svc.worker_group import WorkerGroup
 from shared import config as flags
 from shared import proto_convert as pc
@@ -34,6 +35,7 @@ from shared.grpc_server import COALESCE_BYTES, ServiceServer
 from shared.link_security import LinkSecurity, inner_bind_problem
 from shared.ports import PortUnavailable, check_free
 from shared.proto import common_pb2, engine_pb2, engine_pb2_grpc
+from smg_grpc_proto import vllm_engine_pb2_grpc
 from shared.speculative_config import parse_speculative_config
 from shared.telemetry import get_logger, setup_telemetry, start_metrics_server
 from shared.types import InvalidRequestError, ModelInfo
@@ -45,10 +47,6 @@ _CODES = {ErrorCode.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
           ErrorCode.ALREADY_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
           ErrorCode.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
           ErrorCode.RESOURCE_EXHAUSTED: grpc.StatusCode.RESOURCE_EXHAUSTED}
-# the scheduler's admission bound (issue 28 item 7): adds refused over all frontends
-REJECTED_FULL = Counter("gapserve:scheduler_rejected_requests",
-                        "Adds the scheduler refused with RESOURCE_EXHAUSTED: it held "
-                        "max-num-seqs + --max-queued-requests open requests.")
 
 
 # ---------------------------------------------------------------------------
@@ -217,6 +215,16 @@ def engine_status(engine: Engine, scheduler: Scheduler,
         spec_num_accepted_tokens_per_pos=stats.spec_num_accepted_tokens_per_pos)
 
 
+def flush_prefix_cache(engine: Engine, scheduler: Scheduler) -> None:
+    """Forget every prefix-cache entry (running requests keep their blocks), on the
+    loop between steps, and tell KV event subscribers at once."""
+    def flush() -> None:
+        scheduler.kv.pool.forget_cached()
+        if engine.kv_events is not None:
+            engine.kv_events.publish(scheduler.kv.take_events())
+    engine.run_on_loop(flush)
+
+
 # ---------------------------------------------------------------------------
 # start-up
 
@@ -264,6 +272,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     server = ServiceServer(security=security, instance_id=args.instance_id)
     server.add(engine_pb2_grpc.add_EngineServicer_to_server, servicer, "gapserve.v1.Engine")
+    # the ecosystem's engine protocol, for gateways such as smg (scheduler_svc/vllm_engine.py)
+    vllm_servicer = VllmEngineServicer()
+    server.add(vllm_engine_pb2_grpc.add_VllmEngineServicer_to_server, vllm_servicer, VLLM_ENGINE)
     try:  # every port before anything is announced
         kv_events_cfg = KVEventsConfig.from_json(args.kv_events_config)
         for host, kv_port in kv_events_cfg.listen_ports():
@@ -298,11 +309,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                         on_failure=lambda e: (failed.set(), stop.set()),
                         on_serving=server.set_serving)
         engine.max_open_requests = cfg.max_num_seqs + args.max_queued_requests
-        engine.kv_events = kv_events = start_publisher(kv_events_cfg, scheduler.kv,
-                                                       info.block_size, info.model_name)
+        # the ZMQ publisher (--kv-events-config) and the VllmEngine SubscribeKvEvents streams
+        kv_streams = KvEventStreams(info.block_size, info.model_name, start_recording=lambda:
+                                    engine.run_on_loop(scheduler.kv.record_events))
+        engine.kv_events = kv_events = Fanout(
+            start_publisher(kv_events_cfg, scheduler.kv, info.block_size, info.model_name),
+            kv_streams)
         group.open_streams(on_lost=engine.post_worker_lost)
         engine.start()
-        servicer.ready(engine, lambda: engine_status(engine, scheduler, telemetry))
+        status = lambda: engine_status(engine, scheduler, telemetry)  # noqa: E731
+        servicer.ready(engine, status)
+        vllm_servicer.ready(engine, status, lambda: flush_prefix_cache(engine, scheduler),
+                            kv_streams, cfg.max_num_seqs)
         server.set_serving()
         log.info("scheduler_ready", model=info.model_name, num_kv_blocks=info.num_kv_blocks,
                  block_size=info.block_size, max_model_len=cfg.max_model_len,
@@ -318,6 +336,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     finally:
         servicer.shutdown()
+        vllm_servicer.shutdown()
         server.stop(grace_s=2.0)
         if engine is not None:
             engine.stop()

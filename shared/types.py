@@ -299,3 +299,4 @@ class ModelInfo:
     max_num_batched_tokens: int = 0  # the budget the worker profiled its memory with
     compute_plan: str = ""  # how the worker computes steps (worker_svc/compute_plan.py)
     speculative_config: str = ""  # the worker's --speculative-config, canonical JSON
+    model_path: str = ""  # the worker's resolved model directory (tokenizer files, config)

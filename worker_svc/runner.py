@@ -130,7 +130,8 @@ class ModelRunner:
             num_kv_blocks=self.num_kv_blocks, block_size=self.block_size,
             max_num_batched_tokens=self.max_num_batched_tokens,
             compute_plan=self.compute_plan.summary(),
-            speculative_config="" if self.speculator is None else self.speculator.summary())
+            speculative_config="" if self.speculator is None else self.speculator.summary(),
+            model_path=str(self.model_dir))
 
     # ------------------------------------------------------------------ a step
 

@@ -186,7 +186,9 @@ def test_the_tracing_backend_takes_otlp_from_other_containers():
 
 def _metrics_target(name: str, svc: dict) -> str:
     env = environment(svc)
-    port = env["GAPSERVE_HTTP_PORT" if svc["command"][0] == "frontend"
+    # a frontend's /metrics is on its HTTP port; `serve` (the gateway profile's
+    # replicas in one container) is scraped through its frontend
+    port = env["GAPSERVE_HTTP_PORT" if svc["command"][0] in ("frontend", "serve")
                else "GAPSERVE_METRICS_PORT"]
     return f"{name}:{port}"
 
@@ -204,10 +206,16 @@ def test_prometheus_scrapes_every_gapserve_service_on_its_metrics_port():
     for target, name in every.items():
         job, rank, _ = targets[target]
         assert job == f"gapserve-{EVERY['services'][name]['command'][0]}", target
-        assert rank == ("1" if name.endswith("-dp1") else "0"), target
+        # serve's frontend sums both replicas: its series carry their own replica label
+        serve = EVERY["services"][name]["command"][0] == "serve"
+        assert rank == (None if serve else "1" if name.endswith("-dp1") else "0"), target
     command = EVERY["services"]["sglang-router"]["command"]
     router = f"sglang-router:{command[command.index('--prometheus-port') + 1]}"
-    assert set(targets) == set(every) | {router}
+    # smg (gateway profile) runs in the network of the `engines` container
+    command = EVERY["services"]["smg"]["command"]
+    gateway = f"engines:{command[command.index('--prometheus-port') + 1]}"
+    assert EVERY["services"]["smg"]["network_mode"] == "service:engines"
+    assert set(targets) == set(every) | {router, gateway}
     mounts = OBSERVED["services"]["prometheus"]["volumes"]
     assert "./deploy/prometheus.yml:/etc/prometheus/prometheus.yml:ro" in mounts
 
@@ -282,3 +290,38 @@ def test_the_healthcheck_script_is_where_the_image_runs_it():
     assert ["deploy/healthcheck.py", "deploy/healthcheck.py"] in copies
     workdirs = [rest for word, rest in dockerfile_instructions() if word == "WORKDIR"]
     assert workdirs[-1] == "/app"  # the relative path in the compose health checks
+
+
+def test_the_gateway_profile_puts_smg_on_the_loopback_schedulers_of_two_served_replicas():
+    from smg.launch_router import parse_router_args
+
+    from gapserve.serve import serve_parser
+
+    gateway = load_compose(ROOT / "deploy" / "gateway.env")
+    engines, smg = gateway["services"]["engines"], gateway["services"]["smg"]
+    command = engines["command"]
+    assert command[0] == "serve"
+    args = config.parse_args(serve_parser(), command[1:], environ=environment(engines))
+    assert {k for k in environment(engines)
+            if k not in _flag_env_names(serve_parser())} == set()  # each one is read
+    # serve keeps the schedulers on loopback, and no token is set: only the processes
+    # of this container and smg, which shares its network, reach them
+    assert args.inner_host == "127.0.0.1" and not args.internal_token
+    assert smg["network_mode"] == "service:engines" and "ports" not in smg
+    router = parse_router_args(smg["command"][1:])
+    assert smg["command"][0] == "launch"
+    assert router.worker_urls == [
+        f"grpc://127.0.0.1:{args.scheduler_port + i * args.data_parallel_port_stride}"
+        for i in range(args.data_parallel_size)] and args.data_parallel_size == 2
+    assert router.policy == "cache_aware"
+    published = {(name, container) for name, svc in gateway["services"].items()
+                 for _, _, container in published_ports(svc)}
+    assert ("engines", router.port) in published
+
+
+def test_the_smg_image_and_the_charts_default_tag_install_the_pinned_smg():
+    pinned = re.search(r'"smg==([\d.]+)"', (ROOT / "pyproject.toml").read_text()).group(1)
+    assert f"smg=={pinned}" in (ROOT / "deploy" / "smg" / "Dockerfile").read_text()
+    assert EVERY["services"]["smg"]["image"] == f"gapserve-smg:{pinned}"
+    values = yaml.safe_load((ROOT / "deploy" / "helm" / "gapserve" / "values.yaml").read_text())
+    assert values["gateway"]["image"]["tag"] == pinned

@@ -131,6 +131,32 @@ def test_grpc_metadata_traceparent_continues_the_callers_trace(stack, receiver):
     assert root.parent_span_id == parent
 
 
+def test_an_engine_protocol_request_joins_the_callers_trace_and_the_schedulers_metrics(
+        stack, receiver):
+    # a gateway (smg) speaking vllm.grpc.engine to the scheduler: the same spans and
+    # request metrics as a gapserve frontend's session
+    from smg_grpc_proto import vllm_engine_pb2 as pb
+    from smg_grpc_proto import vllm_engine_pb2_grpc as pb_grpc
+
+    before = scrape(stack.scheduler_metrics_url)
+    trace_id, parent = secrets.token_hex(16), secrets.token_hex(8)
+    vllm = pb_grpc.VllmEngineStub(stack.channel(stack.scheduler_address))
+    [done] = list(vllm.Generate(pb.GenerateRequest(
+        request_id="via-engine-protocol", tokenized=pb.TokenizedInput(input_ids=[1, 2, 3]),
+        sampling_params=pb.SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)),
+        metadata=[("traceparent", f"00-{trace_id}-{parent}-01")], timeout=60))
+    assert done.complete.completion_tokens == 2
+    spans = receiver.wait_for(lambda s: {x.service for x in s if x.trace_id == trace_id} >=
+                              {"scheduler", "worker-0"})
+    [request] = [s for s in spans if s.trace_id == trace_id and s.name == "scheduler.request"]
+    assert request.parent_span_id == parent
+    after = scrape(stack.scheduler_metrics_url)
+    assert value(after, "gapserve:request_inference_time_seconds_count") - \
+        value(before, "gapserve:request_inference_time_seconds_count") == 1
+    assert value(after, "gapserve:vllm_engine_rpcs_total", method="Generate", code="OK") - \
+        value(before, "gapserve:vllm_engine_rpcs_total", method="Generate", code="OK") == 1
+
+
 def test_starved_pool_preempts_visibly_in_spans_metrics_logs_and_status(stack, receiver):
     before = scrape(stack.scheduler_metrics_url)
     assert get_json(stack.http_url + "/v1/status")["diagnosis"] == "healthy"
