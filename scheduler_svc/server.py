@@ -43,7 +43,8 @@ _MAX_WAIT_S = 3600.0  # longest an early caller waits for start-up
 _CODES = {ErrorCode.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
           ErrorCode.ALREADY_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
           ErrorCode.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
-          ErrorCode.RESOURCE_EXHAUSTED: grpc.StatusCode.RESOURCE_EXHAUSTED}
+          ErrorCode.RESOURCE_EXHAUSTED: grpc.StatusCode.RESOURCE_EXHAUSTED,
+          ErrorCode.INTERNAL: grpc.StatusCode.INTERNAL}
 # the scheduler's admission bound (issue 28 item 7): adds refused over all frontends
 REJECTED_FULL = Counter("gapserve:scheduler_rejected_requests",
                         "Adds the scheduler refused with RESOURCE_EXHAUSTED: it held "
