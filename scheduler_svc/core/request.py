@@ -39,7 +39,8 @@ class Request:
         "max_tokens", "min_tokens", "next_hash_at",
         "num_lost_tokens", "stop_check_ids", "max_num_tokens", "worker_forgot",
         "num_rejected_tokens",
-        "deferred", "num_strikes", "num_failed_steps", "num_losses", "fail_at",
+        "deferred", "num_strikes", "num_failed_steps", "num_output_at_failure", "num_losses",
+        "fail_at",
     )
 
     def __init__(self, req_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
@@ -72,9 +73,11 @@ class Request:
         self.deferred = False
         # Failed steps and worker losses it was in (core/step_failure.py): strikes and
         # losses since it last got past fail_at (its computed tokens the failure would
-        # have reached), and failed steps over its life.
+        # have reached), and failed steps since its output had num_output_at_failure
+        # tokens (a new token restarts that count).
         self.num_strikes = 0
         self.num_failed_steps = 0
+        self.num_output_at_failure = 0
         self.num_losses = 0
         self.fail_at = 0
         self.block_hashes: list[bytes] = []  # hashes of the full blocks of committed tokens

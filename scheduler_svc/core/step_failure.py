@@ -17,8 +17,10 @@ decide who is failed and who runs alone:
 - Suspects run alone, one at a time, in admission order (`solo()`): each until it
   is cleared (it was innocent; the next one goes) or fails alone (the culprit).
   Everyone else waits meanwhile; requests cleared already keep their KV.
-- A bound: a request in MAX_FAILED_STEPS failed steps over its life is failed,
-  whatever the batch (a failure that only some batches trigger would loop).
+- A bound: a request in MAX_FAILED_STEPS failed steps without a new token between
+  them is failed, whatever the batch (a safety net: a loop that makes no progress
+  ends). A request running alone samples a token once recomputed, so a failure that
+  only some batches trigger still progresses a token a round.
 - A worker loss is a step that cannot answer: a request in flight at
   MAX_LOSSES_IN_FLIGHT losses in a row (not cleared between them) is failed.
 """
@@ -30,7 +32,7 @@ from collections.abc import Iterable
 from scheduler_svc.core.in_flight import InFlight
 from scheduler_svc.core.request import Request, RequestStatus
 
-MAX_FAILED_STEPS = 4  # failed steps a request may be in over its life
+MAX_FAILED_STEPS = 4  # failed steps a request may be in without a new token between
 MAX_LOSSES_IN_FLIGHT = 2  # worker losses in a row with the request in flight
 
 
@@ -40,7 +42,8 @@ def failed_alone(error: str) -> str:
 
 
 def failed_too_often(count: int, error: str) -> str:
-    return f"this request was in {count} failed steps: {error}"
+    return (f"this request was in {count} failed steps without a new token between "
+            f"them: {error}")
 
 
 def lost_in_flight(count: int, error: str) -> str:
@@ -65,6 +68,9 @@ class StepFailures:
         for entry in entries:
             request = self._mark(entry)
             request.num_strikes += 1
+            if len(request.output_token_ids) != request.num_output_at_failure:  # progress
+                request.num_output_at_failure = len(request.output_token_ids)
+                request.num_failed_steps = 0
             request.num_failed_steps += 1
             if alone and request.num_strikes >= 2:
                 culprits.append((request, failed_alone(error)))

@@ -224,19 +224,34 @@ def test_a_reset_is_sent_even_when_the_failure_left_nothing_to_run():
     assert last.reset_requests and not last.total_num_scheduled_tokens
 
 
-def test_a_failure_only_some_batches_trigger_ends_every_request():
-    # any step of two or more requests fails: alone each one passes, batched it fails
-    # again, so the lifetime bound must end the loop
+def test_a_failure_only_some_batches_trigger_still_progresses_and_fails_nobody():
+    # any step of two or more requests fails: alone each one passes (and samples a
+    # token once recomputed), batched it fails again; every request still finishes
     s = _scheduler(False)
     for r in _others()[:3]:
         s.add_request(r)
     outputs, failed = drive(s, FailingWorker(fails=lambda so, w: len(so.num_scheduled_tokens) > 1),
                             1)
-    for req_id in ("ok0", "ok1", "ok2"):
-        ended = req_id in failed or any(o.finish_reason for o in outputs.get(req_id, []))
-        assert ended, req_id
-    assert all(f"in {MAX_FAILED_STEPS} failed steps" in why or "alone" in why
-               for why in failed.values())
+    assert not failed
+    assert {r: t for r, t in joined(outputs).items()} == {
+        r: t for r, t in _reference(False).items() if r in ("ok0", "ok1", "ok2")}
+
+
+def test_a_request_in_failed_steps_without_a_new_token_between_them_is_failed_at_the_bound():
+    s = _scheduler(False)
+    for r in _others()[:2]:
+        s.add_request(r)
+    so = s.schedule()
+    step = dict(s.in_flight[so.step_id])
+    for k in range(1, MAX_FAILED_STEPS + 1):  # the same two requests, no token between
+        failed = s.failures.step_failed(step, "RuntimeError: x")
+        assert (failed == []) == (k < MAX_FAILED_STEPS)
+    assert sorted(r.req_id for r, _ in failed) == ["ok0", "ok1"]
+    assert f"in {MAX_FAILED_STEPS} failed steps without a new token" in failed[0][1]
+    a = step["ok0"].request
+    a.output_token_ids.append(5)  # a new token restarts the count
+    again = s.failures.step_failed(step, "RuntimeError: x")
+    assert [r.req_id for r, _ in again] == ["ok1"] and a.num_failed_steps == 1
 
 
 def test_a_request_in_flight_at_two_worker_losses_in_a_row_is_failed():
