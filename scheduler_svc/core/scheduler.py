@@ -463,9 +463,10 @@ class Scheduler:
         return self._fail_requests(culprits)
 
     def worker_lost(self, error: str) -> tuple[list[str], list[tuple[str, str]]]:
-        """A worker died (or was replaced): requeue everything for recompute, and fail
-        the requests in flight at MAX_LOSSES_IN_FLIGHT losses in a row. Returns the
-        ids that were running and (req_id, why) of each request failed."""
+        """A worker died (or was replaced): requeue everything for recompute; the steps
+        in flight count as one failed step (core/step_failure.py), so a request in
+        flight at two losses in a row, alone, is failed. Returns the ids that were
+        running and (req_id, why) of each request failed."""
         culprits = self.failures.worker_lost(self.in_flight.values(), error)
         running = self.requeue_all_for_recompute()
         return running, self._fail_requests(culprits)

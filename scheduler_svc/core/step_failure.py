@@ -1,7 +1,8 @@
 """What the scheduler does with a request that breaks the workers: a step that
 failed (the worker answered it with its exception), or a worker that died with the
-request in flight. Retry once, then isolate, then fail only the culprit
-(docs/resilience.md, "A request that fails by itself"). Pure rules, no network:
+request in flight (a crash in the step: every step in flight counts as failed).
+Retry once, then isolate, then fail only the culprit (docs/resilience.md, "A
+request that fails by itself"). Pure rules, no network:
 tests/scheduler/test_step_failure_rules.py; the engine carries them out.
 
 After any failed step every request is recomputed, as after a worker loss (the
@@ -21,8 +22,9 @@ decide who is failed and who runs alone:
   them is failed, whatever the batch (a safety net: a loop that makes no progress
   ends). A request running alone samples a token once recomputed, so a failure that
   only some batches trigger still progresses a token a round.
-- A worker loss is a step that cannot answer: a request in flight at
-  MAX_LOSSES_IN_FLIGHT losses in a row (not cleared between them) is failed.
+- A worker loss with steps in flight is one failed step holding every request in
+  them: so a request in flight each time the worker dies, twice in a row, alone, is
+  failed, and one that kills it batched is found by running the suspects alone.
 """
 
 from __future__ import annotations
@@ -33,7 +35,6 @@ from scheduler_svc.core.in_flight import InFlight
 from scheduler_svc.core.request import Request, RequestStatus
 
 MAX_FAILED_STEPS = 4  # failed steps a request may be in without a new token between
-MAX_LOSSES_IN_FLIGHT = 2  # worker losses in a row with the request in flight
 
 
 def failed_alone(error: str) -> str:
@@ -46,9 +47,8 @@ def failed_too_often(count: int, error: str) -> str:
             f"them: {error}")
 
 
-def lost_in_flight(count: int, error: str) -> str:
-    return (f"the worker died {count} times in a row while this request was in flight: "
-            f"{error}")
+def lost_in_flight(error: str) -> str:
+    return f"the worker died with this request in flight ({error})"
 
 
 class StepFailures:
@@ -56,7 +56,7 @@ class StepFailures:
 
     def __init__(self) -> None:
         self.suspects: list[Request] = []  # run alone, one at a time, in this order
-        self._marked: set[Request] = set()  # requests with a strike or a loss
+        self._marked: set[Request] = set()  # requests with a strike
 
     # ---------------------------------------------------------------- failures
 
@@ -82,19 +82,12 @@ class StepFailures:
 
     def worker_lost(self, in_flight: Iterable[dict[str, InFlight]],
                     error: str) -> list[tuple[Request, str]]:
-        """A worker died with these steps in flight; returns the requests to fail."""
-        seen: dict[Request, InFlight] = {}
+        """A worker died with these steps in flight: one failed step of all their
+        requests (the later step's entry: the further point). Returns those to fail."""
+        merged: dict[str, InFlight] = {}
         for step in in_flight:
-            for entry in step.values():
-                if not entry.request.is_finished:
-                    seen[entry.request] = entry  # the later step's entry: the further point
-        culprits = []
-        for entry in seen.values():
-            request = self._mark(entry)
-            request.num_losses += 1
-            if request.num_losses >= MAX_LOSSES_IN_FLIGHT:
-                culprits.append((request, lost_in_flight(request.num_losses, error)))
-        return culprits
+            merged.update(step)
+        return self.step_failed(merged, lost_in_flight(error)) if merged else []
 
     def _mark(self, entry: InFlight) -> Request:
         request = entry.request
@@ -121,7 +114,7 @@ class StepFailures:
             self._clear(request)
 
     def _clear(self, request: Request) -> None:
-        request.num_strikes = request.num_losses = request.fail_at = 0
+        request.num_strikes = request.fail_at = 0
         self._marked.discard(request)
         if request in self.suspects:
             self.suspects.remove(request)

@@ -254,7 +254,7 @@ def test_a_request_in_failed_steps_without_a_new_token_between_them_is_failed_at
     assert [r.req_id for r, _ in again] == ["ok1"] and a.num_failed_steps == 1
 
 
-def test_a_request_in_flight_at_two_worker_losses_in_a_row_is_failed():
+def test_a_request_in_flight_alone_at_two_worker_losses_in_a_row_is_failed():
     s = _scheduler(False)
     s.add_request(make_request("a", 10, max_tokens=8))
     w = FakeWorker(_token)
@@ -263,24 +263,65 @@ def test_a_request_in_flight_at_two_worker_losses_in_a_row_is_failed():
     s.schedule()  # in flight when the worker dies
     running, failed = s.worker_lost("UNAVAILABLE: Socket closed")
     assert running == ["a"] and failed == []
-    s.add_request(make_request("b", 10, max_tokens=8))  # in flight at the second loss only
-    s.schedule()  # "a" recomputed with "b": the worker dies again before answering
+    s.schedule()  # "a" resent whole: the worker dies again before answering
     running, failed = s.worker_lost("UNAVAILABLE: Socket closed")
-    assert running == ["a", "b"] and [r for r, _ in failed] == ["a"]
-    assert "died 2 times in a row" in failed[0][1] and "Socket closed" in failed[0][1]
-    assert "a" not in s.requests and s.requests["b"].num_losses == 1
-    check_invariants(s)
+    assert running == ["a"] and [r for r, _ in failed] == ["a"]
+    assert "died with this request in flight" in failed[0][1] and "Socket closed" in failed[0][1]
+    assert not s.has_unfinished_requests() and s.num_free_blocks == s.num_total_blocks - 1
+    assert not s.schedule().reset_requests  # a fresh worker holds nothing to drop
+
+
+def drive_losses(s, depth):
+    """Like drive(), but a POISON step kills the worker: the steps in flight are lost
+    and a fresh worker (nothing held) serves on. Returns (outputs, failed, losses)."""
+    outputs, failed, losses = {}, {}, 0
+    worker = FailingWorker()
+    in_flight = []
+    for _ in range(5000):
+        if not in_flight and not s.has_unfinished_requests():
+            break
+        if len(in_flight) < depth and s.has_unfinished_requests():
+            so = s.schedule()
+            check_invariants(s, so)
+            in_flight.append((so, worker.execute(so)))
+            if len(in_flight) < depth:
+                continue
+        so, mro = in_flight.pop(0)
+        if mro.error:  # the worker died in it: everything in flight is lost
+            losses += 1
+            _, lost = s.worker_lost("UNAVAILABLE: Socket closed")
+            failed.update(lost)
+            in_flight.clear()
+            worker = FailingWorker()
+        else:
+            for out in s.update_from_output(so, mro):
+                outputs.setdefault(out.req_id, []).append(out)
+        check_invariants(s)
+    assert s.num_free_blocks == s.num_total_blocks - 1
+    return outputs, failed, losses
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_a_request_that_kills_the_worker_batched_is_isolated_and_only_it_is_failed(
+        async_scheduling):
+    s = _scheduler(async_scheduling)
+    s.add_request(make_request("bad", [5, 6, POISON, 8], max_tokens=10))
+    for r in _others():
+        s.add_request(r)
+    outputs, failed, losses = drive_losses(s, 2 if async_scheduling else 1)
+    assert list(failed) == ["bad"] and losses == 3  # the loss, the retry, bad alone
+    assert {r: t for r, t in joined(outputs).items() if r != "bad"} == _reference(
+        async_scheduling)
 
 
 def test_a_request_that_got_past_a_worker_loss_starts_counting_again():
     s = _scheduler(False)
     s.add_request(make_request("a", 10, max_tokens=20))
-    w = FakeWorker(_token)
-    for _ in range(2):
+    for _ in range(3):
         s.schedule()
         _, failed = s.worker_lost("UNAVAILABLE: Socket closed")
         assert failed == []
         w = FakeWorker(_token)  # a fresh worker: "a" is resent whole and recomputed
         so = s.schedule()
         s.update_from_output(so, w.execute(so))  # computed past the lost step: cleared
-        assert s.requests["a"].num_losses == 0
+        assert s.requests["a"].num_strikes == 0
