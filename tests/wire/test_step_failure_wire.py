@@ -7,11 +7,16 @@ the same way, across reconnects, and a loop of losses is logged once per burst."
 
 from __future__ import annotations
 
+import queue
+
 import grpc
 import pytest
 from structlog.testing import capture_logs
 
 from scheduler_svc.backoff import Backoff, BurstLog
+from scheduler_svc.worker_group import WorkerGroup
+from shared import proto_convert as pc
+from shared.types import ModelRunnerOutput
 from tests.wire.conftest import start_wire_stack
 from tests.wire.session_client import SessionClient
 from worker_svc import fault_injection
@@ -110,3 +115,17 @@ def test_a_burst_is_logged_once_then_at_most_once_an_interval_with_what_it_left_
         logged.append(burst.event())
     assert logged == [1, None, None, None, 4, None]
     assert burst.end() == 6 and burst.event() == 1  # a new burst logs at once
+
+
+def test_a_step_fails_when_any_tensor_parallel_rank_reports_an_error():
+    group = WorkerGroup(["127.0.0.1:1", "127.0.0.1:2"])  # no call is made: answers below
+    group._answers = [queue.SimpleQueue(), queue.SimpleQueue()]
+    ok = ModelRunnerOutput(step_id=5, req_ids=["a"], sampled_token_ids=[[7]])
+    group._answers[0].put(pc.runner_output_to_proto(ok))
+    group._answers[1].put(pc.runner_output_to_proto(
+        ModelRunnerOutput(step_id=5, error="RuntimeError: shape mismatch")))
+    failed = group.collect()
+    assert failed.step_id == 5 and failed.error == "rank 1: RuntimeError: shape mismatch"
+    for box in group._answers:  # every rank fine: rank 0's tokens
+        box.put(pc.runner_output_to_proto(ok))
+    assert group.collect().sampled_token_ids == [[7]]
