@@ -41,8 +41,9 @@ _END = object()  # the last item of a pipe's queues
 
 
 class StepFailed:
-    """A step could not be read (the reader hands it on) or the tensor-parallel group
-    is lost while running it (the stream ends with it, nothing later runs)."""
+    """A step could not be read (the reader hands it on), or the tensor-parallel group
+    was lost or the process is exiting while running it (the stream ends with it,
+    nothing later runs)."""
 
     __slots__ = ("step_id", "error")
 
@@ -132,6 +133,10 @@ class StepPipe:
                 hand_over()
                 failed_at = self._failed(step, step.step_id, e)
                 continue
+            except BaseException as e:  # noqa: BLE001 - interpreter exit: the stream ends
+                hand_over()
+                self.results.put((step, StepFailed(step.step_id, e)))
+                break
             hand_over()  # a step that prepared nothing (only finished requests)
             # idle: from the end of the previous step to the start of this one, so it
             # counts waiting for the scheduler (or for any work, when the server is quiet)
@@ -206,7 +211,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             pipe.start(request_iterator)
             while (item := pipe.results.get()) is not _END:
                 step, result = item
-                if isinstance(result, StepFailed):  # GroupLost: the process exits (main)
+                if isinstance(result, StepFailed):  # GroupLost (the process exits: main)
                     context.abort(grpc.StatusCode.UNAVAILABLE,
                                   f"rank {self.rank}: step {result.step_id}: {result.error}")
                 if result.error:  # a failed or skipped step travels as data
