@@ -574,7 +574,8 @@ class Engine:
         self._progress = False
         log.info("worker_reconnected", requests_recovered=len(recovered),
                  waiting=len(self._scheduler.waiting), addresses=self.worker_addresses,
-                 failover=failover, failed_rounds=rounds.end())
+                 failover=failover, failed_rounds=rounds.end(),
+                 isolating=[r.req_id for r in self._scheduler.failures.suspects])
         self._set_workers_connected(True)
         return True
 

@@ -83,15 +83,21 @@ class StepFailures:
     def worker_lost(self, in_flight: Iterable[dict[str, InFlight]],
                     error: str) -> list[tuple[Request, str]]:
         """A worker died with these steps in flight: one failed step of all their
-        requests (the later step's entry: the further point). Returns those to fail."""
+        requests (the oldest step's entry: its inputs are all committed, so the
+        recompute reaches its point). Returns those to fail."""
         merged: dict[str, InFlight] = {}
-        for step in in_flight:
-            merged.update(step)
+        for step in in_flight:  # oldest first
+            for req_id, entry in step.items():
+                merged.setdefault(req_id, entry)
         return self.step_failed(merged, lost_in_flight(error)) if merged else []
 
     def _mark(self, entry: InFlight) -> Request:
         request = entry.request
-        request.fail_at = max(request.fail_at, entry.num_computed_after)
+        # the step's real input tokens, not draft slots (its own, or the step before's
+        # rejected since): the recompute of the committed tokens reaches this point
+        real_end = entry.num_computed_after - entry.num_drafts \
+            - (request.num_rejected_tokens - entry.rejected_before)
+        request.fail_at = max(request.fail_at, real_end)
         self._marked.add(request)
         return request
 

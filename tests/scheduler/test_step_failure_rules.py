@@ -325,3 +325,23 @@ def test_a_request_that_got_past_a_worker_loss_starts_counting_again():
         so = s.schedule()
         s.update_from_output(so, w.execute(so))  # computed past the lost step: cleared
         assert s.requests["a"].num_strikes == 0
+
+
+def test_one_recompute_clears_the_requests_of_a_loss_with_two_steps_in_flight():
+    # the failure point is the oldest step's, whose inputs are all committed, so the
+    # recompute reaches it: no extra steps alone at the next loss for an innocent one
+    s = _scheduler(True)
+    for r in _others()[:2]:
+        s.add_request(r)
+    w = FakeWorker(_token)
+    so = s.schedule()
+    s.update_from_output(so, w.execute(so))  # prefills: both sampled
+    s.schedule()
+    s.schedule()  # two decode steps in flight, the second on the first's placeholder
+    s.worker_lost("UNAVAILABLE: Socket closed")
+    assert all(r.num_strikes == 1 for r in s.requests.values())
+    w = FakeWorker(_token)
+    so = s.schedule()  # resent whole: prompt + output recomputed
+    s.update_from_output(so, w.execute(so))
+    assert all(r.num_strikes == 0 for r in s.requests.values())
+    assert not s.failures._marked
