@@ -25,8 +25,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import grpc
+
 import structlog
 
+from scheduler_svc.backoff import Backoff, BurstLog
 from scheduler_svc.core.request import Request
 from scheduler_svc.core.in_flight import WorkerOutputError
 from shared.request_limits import token_ids_problem
@@ -53,6 +56,12 @@ class ErrorCode(enum.Enum):
     ALREADY_EXISTS = "ALREADY_EXISTS"
     UNAVAILABLE = "UNAVAILABLE"
     RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"
+    INTERNAL = "INTERNAL"  # it broke the workers' steps (docs/resilience.md)
+
+    @property
+    def status_code(self) -> grpc.StatusCode:
+        """The gRPC code of the same name, which every protocol's servicer answers."""
+        return grpc.StatusCode[self.value]
 
 
 @dataclass(slots=True)
@@ -143,7 +152,14 @@ class Engine:
             telemetry.worker_group_active(self.worker_addresses)
         self.num_requests_recovered = 0
         self.num_worker_disagreements = 0  # answers refused as a worker fault (recovered)
-        self._reconnect_delay = 0.05  # doubles per failed attempt; reset by a good step
+        # doubles per failed round and per loss before any step was applied; reset by
+        # an applied step (scheduler_svc/backoff.py)
+        self._backoff = Backoff()
+        self._progress = True  # a step was applied since the last reconnect
+        self._lost_log = BurstLog()  # worker_lost lines of a loss loop
+        self.num_reconnect_failures = 0  # failed reconnect rounds
+        self.num_steps_failed = 0  # steps the workers answered with an error
+        self.num_requests_failed = 0  # requests failed for breaking the workers
         self._cond = threading.Condition()
         self._inbox: deque[tuple] = deque()
         self._owners: dict[str, Session] = {}  # req_id -> session; guarded by _cond
@@ -370,7 +386,7 @@ class Engine:
         step = self._scheduler.schedule()
         if (not step.total_num_scheduled_tokens and not step.finished_req_ids
                 and not step.preempted_req_ids and not step.grammar_compiles
-                and not self._grammar_poll()):
+                and not step.reset_requests and not self._grammar_poll()):
             return False
         tel = self._tel
         if tel is not None:
@@ -413,10 +429,16 @@ class Engine:
             if result.step_id != step.step_id:
                 raise WorkerOutputError(f"worker answered step {result.step_id} to step "
                                         f"{step.step_id}")
+            if result.error:
+                self._step_failed(step, result.error)
+                return
             outputs = self._scheduler.update_from_output(step, result)
         except WorkerOutputError as e:  # nothing was applied: recompute, keep serving
             raise WorkerDisagreement(str(e), e.sides) from e
-        self._reconnect_delay = 0.05
+        self._backoff.reset()
+        self._progress = True
+        if self._lost_log.count:  # a step was applied: a burst of losses is over
+            self._lost_log.end()
         self.counters.num_steps += 1
         self.counters.num_forward_passes += step.num_steps
         self._publish_kv_events()
@@ -425,6 +447,41 @@ class Engine:
             tel.request_outputs(outputs)
             tel.refresh(self._scheduler.stats())  # gauges read idle once all ended
         self._route(outputs, self._grammar_failures())
+
+    def _step_failed(self, step: SchedulerOutput, error: str) -> None:
+        """The workers answered a step with an error: the core retries, isolates and
+        fails (core/step_failure.py); the later steps in flight were skipped by the
+        worker and are collected and dropped here, so answers stay in order."""
+        tel = self._tel
+        self.num_steps_failed += 1
+        failed = self._scheduler.step_failed(step.step_id, error)
+        self._publish_kv_events()  # AllBlocksCleared: every request is recomputed
+        log.warning("step_failed", step_id=step.step_id, error=error,
+                    requests=sorted(step.num_scheduled_tokens),
+                    isolating=[r.req_id for r in self._scheduler.failures.suspects],
+                    failed=[r for r, _ in failed])
+        if tel is not None:
+            tel.step_failed()
+            tel.step_finished(step.step_id, None)
+        self._fail_requests(failed, "step_failed")
+        while self._in_flight:  # void: the worker skips them (or the stream ends: lost)
+            later = self._in_flight.popleft()
+            self._executor.collect()
+            if tel is not None:
+                tel.step_finished(later.step_id, None)
+        if tel is not None:
+            tel.refresh(self._scheduler.stats())
+
+    def _fail_requests(self, failed: list[tuple[str, str]], cause: str) -> None:
+        """End requests the core failed for breaking the workers: INTERNAL, with why."""
+        if not failed:
+            return
+        self.num_requests_failed += len(failed)
+        for req_id, message in failed:
+            log.error("request_failed", req_id=req_id, cause=cause, error=message)
+            if self._tel is not None:
+                self._tel.request_failed(req_id, cause, message)
+        self._route([], [Failure(r, ErrorCode.INTERNAL, m) for r, m in failed])
 
     def _publish_kv_events(self) -> None:
         # the prefix cache's changes since the last step; publish() never blocks
@@ -475,17 +532,26 @@ class Engine:
                       sides=error.sides)
             if tel is not None:
                 tel.worker_disagreement()
-        log.warning("worker_lost", error=str(error), in_flight_steps=len(self._in_flight))
+        looping = not self._progress  # lost again before a step was applied
+        if (n := self._lost_log.event()) is not None:  # once per burst of losses
+            log.warning("worker_lost", error=str(error), in_flight_steps=len(self._in_flight),
+                        losses_in_burst=n)
         self._set_workers_connected(False)
         self._in_flight.clear()  # their results will never come; telemetry drops them below
-        recovered = self._scheduler.requeue_all_for_recompute()
+        recovered, failed = self._scheduler.worker_lost(str(error))
         self._publish_kv_events()  # AllBlocksCleared: the workers' KV is gone
         self.num_requests_recovered += len(recovered)
         if tel is not None:
             tel.worker_lost(len(recovered))
+        self._fail_requests(failed, "worker_lost")
+        if tel is not None:
             tel.refresh(self._scheduler.stats())
-        delay = self._reconnect_delay  # kept across losses: a flapping worker backs off
+        rounds = BurstLog()  # failed reconnect rounds of this loss
+        wait = self._backoff.next() if looping else 0.0
         while True:
+            if wait:
+                with self._cond:
+                    self._cond.wait_for(lambda: self._stopping, timeout=wait)
             with self._cond:
                 if self._stopping:
                     return False
@@ -496,10 +562,13 @@ class Engine:
                 self._executor.reconnect(self._reconnect_timeout_s)
                 break
             except WorkerLost as e:
-                log.info("worker_reconnect_failed", error=str(e), retry_in_s=delay)
-                with self._cond:
-                    self._cond.wait_for(lambda: self._stopping, timeout=delay)
-                delay = self._reconnect_delay = min(delay * 2, 2.0)
+                wait = self._backoff.next()
+                self.num_reconnect_failures += 1
+                if tel is not None:
+                    tel.worker_reconnect_failed()
+                if (n := rounds.event()) is not None:
+                    log.warning("worker_reconnect_failed", error=str(e), retry_in_s=wait,
+                                failed_rounds=n)
         self.num_worker_reconnects += 1
         before, self.worker_addresses = self.worker_addresses, list(
             getattr(self._executor, "addresses", []))
@@ -509,9 +578,11 @@ class Engine:
             tel.worker_reconnected(failover)
             if failover:
                 tel.worker_group_active(self.worker_addresses)
+        self._progress = False
         log.info("worker_reconnected", requests_recovered=len(recovered),
                  waiting=len(self._scheduler.waiting), addresses=self.worker_addresses,
-                 failover=failover)
+                 failover=failover, failed_rounds=rounds.end(),
+                 isolating=[r.req_id for r in self._scheduler.failures.suspects])
         self._set_workers_connected(True)
         return True
 

@@ -102,6 +102,17 @@ REQUESTS_RECOVERED = Counter("gapserve:requests_recovered",
 WORKER_DISAGREEMENTS = Counter("gapserve:worker_disagreements",
                                "Step answers that contradicted the scheduler (stop decision, "
                                "tokens); each is recovered as a worker loss.", _M)
+REQUESTS_FAILED = Counter("gapserve:requests_failed",
+                          "Requests failed by the scheduler because they broke the workers: "
+                          "cause=step_failed (failed alone after a retry, or in too many "
+                          "failed steps) or worker_lost (in flight at two worker losses in "
+                          "a row); docs/resilience.md.", _M + ["cause"])
+STEPS_FAILED = Counter("gapserve:steps_failed",
+                       "Steps the workers answered with an error; each is retried by "
+                       "recompute (docs/resilience.md).", _M)
+WORKER_RECONNECT_FAILURES = Counter("gapserve:worker_reconnect_failures",
+                                    "Reconnect rounds to lost workers that failed (each is "
+                                    "backed off; the log says so once per burst).", _M)
 WORKER_FAILOVERS = Counter("gapserve:worker_failovers",
                            "Reconnects after a worker loss that made another worker group "
                            "(a spare in --worker-addresses) the active one.", _M)
@@ -481,6 +492,22 @@ class SchedulerTelemetry:
         REQUESTS_RECOVERED.labels(m).inc(num_recovered)
         for step_id in list(self._steps):  # their results will never come
             self.step_finished(step_id, None)
+
+    def step_failed(self) -> None:
+        STEPS_FAILED.labels(self.model_name).inc()
+
+    def request_failed(self, req_id: str, cause: str, message: str) -> None:
+        """A request the scheduler failed (docs/resilience.md): counted apart from
+        finished ones, its span ends with the error."""
+        REQUESTS_FAILED.labels(self.model_name, cause).inc()
+        req = self._requests.pop(req_id, None)
+        if req is not None:
+            req.span.set_attribute("error.type", cause)
+            req.span.set_status(Status(StatusCode.ERROR, message))
+            req.span.end()
+
+    def worker_reconnect_failed(self) -> None:
+        WORKER_RECONNECT_FAILURES.labels(self.model_name).inc()
 
     def worker_disagreement(self) -> None:
         WORKER_DISAGREEMENTS.labels(self.model_name).inc()

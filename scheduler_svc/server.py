@@ -43,10 +43,6 @@ from shared.types import InvalidRequestError, ModelInfo
 log = get_logger(service="scheduler")
 
 _MAX_WAIT_S = 3600.0  # longest an early caller waits for start-up
-_CODES = {ErrorCode.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
-          ErrorCode.ALREADY_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
-          ErrorCode.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
-          ErrorCode.RESOURCE_EXHAUSTED: grpc.StatusCode.RESOURCE_EXHAUSTED}
 
 
 # ---------------------------------------------------------------------------
@@ -68,7 +64,7 @@ def _response(items: list, reply: engine_pb2.EngineResponse | None = None
     for item in items:
         if isinstance(item, Failure):
             reply.rejections.add(request_id=item.req_id, status=common_pb2.Status(
-                code=_CODES[item.code].value[0], message=item.message))
+                code=item.code.status_code.value[0], message=item.message))
         else:
             reply.outputs.append(pc.request_output_to_proto(item))
     return reply

@@ -49,10 +49,6 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "vocab.json", "merges.txt", "tokenizer.model", "added_tokens.json",
                    "chat_template.jinja", "chat_template.json", "generation_config.json",
                    "config.json")
-_CODES = {ErrorCode.INVALID_ARGUMENT: grpc.StatusCode.INVALID_ARGUMENT,
-          ErrorCode.ALREADY_EXISTS: grpc.StatusCode.ALREADY_EXISTS,
-          ErrorCode.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
-          ErrorCode.RESOURCE_EXHAUSTED: grpc.StatusCode.RESOURCE_EXHAUSTED}
 _TRACE_KEYS = ("traceparent", "tracestate", "baggage")
 RPCS = Counter("gapserve:vllm_engine_rpcs",
                "Calls of the vllm.grpc.engine.VllmEngine protocol (gateways such as smg), "
@@ -144,7 +140,7 @@ class VllmEngineServicer(pb_grpc.VllmEngineServicer):
                     return
                 for item in items:
                     if isinstance(item, Failure):
-                        self._abort(context, "Generate", _CODES[item.code], item.message)
+                        self._abort(context, "Generate", item.code.status_code, item.message)
                     output_ids += item.new_token_ids
                     if with_logprobs:
                         logprobs += item.new_logprobs

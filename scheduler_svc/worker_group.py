@@ -231,6 +231,12 @@ class WorkerGroup:
         if len({a.step_id for a in answers}) != 1:
             raise WorkerDisagreement(f"ranks answered different steps: "
                                      f"{[a.step_id for a in answers]}")
+        failed = [(rank, a) for rank, a in enumerate(answers) if a.error]
+        if failed:  # any rank's failure fails the step; a rank that raised, not one that skipped
+            rank, a = next(((r, a) for r, a in failed if not a.step_skipped), failed[0])
+            where = f"rank {rank}: " if len(answers) > 1 else ""
+            return ModelRunnerOutput(step_id=a.step_id, error=where + a.error,
+                                     step_skipped=a.step_skipped)
         return pc.runner_output_from_proto(answers[0])
 
     def close(self) -> None:

@@ -172,6 +172,15 @@ def fault_stop_after_steps(environ: Mapping[str, str] | None = None) -> int | No
     return int(value) if value.strip() else None
 
 
+def fault_fail_on_token(environ: Mapping[str, str] | None = None) -> int | None:
+    """GAPSERVE_FAULT_FAIL_ON_TOKEN=<id> (worker_svc/fault_injection.py): the worker
+    raises in every step whose scheduled tokens include that token id, to drill a
+    request that fails by itself. An environment variable only, like the one above."""
+    value = (os.environ if environ is None else environ).get(
+        ENV_PREFIX + "FAULT_FAIL_ON_TOKEN", "")
+    return int(value) if value.strip() else None
+
+
 # --- the default model's cache (shared/default_model.py): variables only, read at use
 DEFAULT_MODEL_WHEEL_ENV = ENV_PREFIX + "DEFAULT_MODEL_WHEEL"
 

@@ -203,6 +203,9 @@ class SchedulerOutput:
     # Under async scheduling the sent num_computed_tokens may count the step before
     # as if all its slots were accepted; the worker runs from its own count.
     num_draft_slots: dict[str, int] = field(default_factory=dict)
+    # After a failed step: the worker drops every request it holds first (the
+    # scheduler resends them whole; docs/resilience.md)
+    reset_requests: bool = False
 
 
 # The most forward passes one multi-step decode may run: it holds new arrivals back for
@@ -256,6 +259,10 @@ class ModelRunnerOutput:
     # speculative decoding: drafts proposed into each request's slots (aligned with
     # req_ids; empty when no request had slots)
     num_draft_tokens: list[int] = field(default_factory=list)
+    # the step failed: the exception in one line (nothing else is set); step_skipped:
+    # not run at all, an earlier step failed (docs/resilience.md)
+    error: str = ""
+    step_skipped: bool = False
 
 
 # ---------------------------------------------------------------------------

@@ -66,6 +66,7 @@ class ComputePlan:
     ranks_on_host: int  # tensor-parallel ranks sharing this host's cores
     zero_cost_steps: bool  # test/benchmark only: steps skip the model (zero_cost.py)
     fault_stop_after_steps: int | None  # test/drill only: SIGSTOP after N steps
+    fault_fail_on_token: int | None = None  # test/drill only: a step with this token raises
 
     @property
     def layer_loop(self) -> str:
@@ -88,6 +89,8 @@ class ComputePlan:
             parts.append("zero_cost_steps=on")
         if self.fault_stop_after_steps is not None:
             parts.append(f"fault_stop_after_steps={self.fault_stop_after_steps}")
+        if self.fault_fail_on_token is not None:
+            parts.append(f"fault_fail_on_token={self.fault_fail_on_token}")
         return " ".join(parts)
 
     def log_fields(self) -> dict[str, object]:
@@ -99,7 +102,8 @@ class ComputePlan:
                 "logits_max_rows": self.logits_max_rows, "argmax_screen": self.argmax_screen,
                 "threads": self.threads, "ranks_on_host": self.ranks_on_host,
                 "zero_cost_steps": self.zero_cost_steps,
-                "fault_stop_after_steps": self.fault_stop_after_steps}
+                "fault_stop_after_steps": self.fault_stop_after_steps,
+                "fault_fail_on_token": self.fault_fail_on_token}
 
 
 def _name(dtype: torch.dtype) -> str:
@@ -124,7 +128,8 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 def build_plan(config: WorkerConfig, device: torch.device, model_cfg, *, biases: bool,
                ranks_on_host: int = 1, kernels: Kernels | None = None,
                usable_cores: int | None = None, environ=None,
-               fault_stop_after_steps: int | None = None) -> ComputePlan:
+               fault_stop_after_steps: int | None = None,
+               fault_fail_on_token: int | None = None) -> ComputePlan:
     """The plan for this worker. model_cfg: the model as this rank holds it (head_dim,
     hidden_size); biases: whether any matmul has a bias (Qwen2's q/k/v). kernels,
     usable_cores and environ default to this machine's; tests pass their own."""
@@ -171,7 +176,7 @@ def build_plan(config: WorkerConfig, device: torch.device, model_cfg, *, biases:
         logits_max_rows=small_rows, argmax_screen=screen,
         threads=_threads(config.cpu_threads, ranks_on_host, usable_cores, environ),
         ranks_on_host=ranks_on_host, zero_cost_steps=config.zero_cost_steps,
-        fault_stop_after_steps=fault_stop_after_steps)
+        fault_stop_after_steps=fault_stop_after_steps, fault_fail_on_token=fault_fail_on_token)
 
 
 def _threads(requested: int, ranks_on_host: int, usable_cores: int | None, environ) -> int:

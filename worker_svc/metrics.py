@@ -43,6 +43,9 @@ IDLE_TIME = Histogram("gapserve:worker_idle_time_milliseconds",
                       "Time the worker waited for a step since finishing the previous one.",
                       _L, buckets=MS_BUCKETS)
 STEPS = Counter("gapserve:worker_steps", "Steps executed.", _L)
+STEPS_FAILED = Counter("gapserve:worker_steps_failed",
+                       "Steps that raised; each is answered with its error and the worker "
+                       "drops its requests (docs/resilience.md).", _L)
 WEIGHT_BYTES = Gauge("gapserve:worker_weight_bytes",
                      "Bytes of model weights this rank holds (its tensor-parallel shard).", _L)
 STEP_TOKENS = Counter("gapserve:worker_tokens", "Tokens computed (prompt and output).", _L)
@@ -78,6 +81,9 @@ class WorkerTelemetry:
         self._series = tuple(m.labels(*labels) for m in (
             FORWARD_TIME, SAMPLE_TIME, PREPARE_TIME, IDLE_TIME, EXECUTE_TIME, STEPS, STEP_TOKENS,
             FORWARD_PASSES))
+
+    def step_failed(self) -> None:
+        STEPS_FAILED.labels(self.model_name, str(self.rank)).inc()
 
     def argmax_screen(self, rows: dict[str, int]) -> None:
         """The model's running counts of screened rows (DecoderModel.screen_rows)."""

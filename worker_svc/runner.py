@@ -68,13 +68,15 @@ class ModelRunner:
         self.compute_plan = plan = build_plan(
             config, self.device, self.local_config, biases=has_biases(cfg),
             ranks_on_host=1 if self.tp is None else self.tp.ranks_on_this_host(),
-            fault_stop_after_steps=flags.fault_stop_after_steps())
+            fault_stop_after_steps=flags.fault_stop_after_steps(),
+            fault_fail_on_token=flags.fault_fail_on_token())
         self.dtype, act_dtype = plan.dtype, plan.act_dtype
         if torch.get_num_threads() != plan.threads:  # this is the compute thread (compute.py)
             torch.set_num_threads(plan.threads)
         # test-only paths bound here, not looked up every step
         self._passes = self._zero_cost_passes if plan.zero_cost_steps else self._model_passes
         self.after_step = fault_injection.after_step_hook(plan.fault_stop_after_steps)
+        self.before_step = fault_injection.before_step_hook(plan.fault_fail_on_token)
         with torch.inference_mode():
             if config.load_format == "dummy":  # never split: refused with tensor parallelism
                 weights = dummy_weights(cfg, act_dtype, self.device, seed=config.seed)
@@ -140,6 +142,8 @@ class ModelRunner:
         """Run one step. on_prepared(), if given, is called once the step's inputs are
         built, before the forward pass (the Step stream sends the previous result then)."""
         start_unix, t0 = time.time(), time.perf_counter()
+        if step.reset_requests:  # after a failed step: the scheduler resends them whole
+            self.drop_requests()
         check_step(step, self.requests, vocab_size=self.model_config.vocab_size,
                    max_model_len=self.max_model_len, num_blocks=self.num_kv_blocks,
                    block_size=self.block_size)  # raises before anything changes
@@ -156,6 +160,8 @@ class ModelRunner:
         # multi-step) was finished by the scheduler on that token; a step already
         # scheduled behind it skips the request: no tokens, nothing computed.
         live = [i for i, state in enumerate(states) if not state.stopped]
+        self.before_step(step.step_id, [states[i] for i in live],
+                         [step.num_scheduled_tokens[order[i]] for i in live])
         if not live:
             self._report_grammars(out, hold=not order)
             out.timings = StepTimings(prepare_ms=_ms(t0), start_unix_s=start_unix,
@@ -165,6 +171,14 @@ class ModelRunner:
         self._report_grammars(out)
         out.timings.mask_ms = self._mask_s * 1e3
         return out
+
+    def drop_requests(self) -> int:
+        """Forget every request (their rows free): after a failed step their state is
+        not to be trusted, and the scheduler resends them whole. Returns how many."""
+        held = len(self.requests)
+        self.free_rows.extend(state.row for state in self.requests.values())
+        self.requests.clear()
+        return held
 
     def _report_grammars(self, out: ModelRunnerOutput, hold: bool = False) -> None:
         """Name the announced grammars that compiled (or failed) since the last step;

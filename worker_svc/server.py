@@ -25,18 +25,26 @@ from shared.link_security import LinkSecurity, inner_bind_problem
 from shared.ports import PortUnavailable, check_free
 from shared.proto import worker_pb2, worker_pb2_grpc
 from shared.telemetry import get_logger, setup_telemetry, start_metrics_server
-from shared.types import InvalidRequestError, ModelRunnerOutput, SchedulerOutput
+from shared.types import ModelRunnerOutput, SchedulerOutput
 from worker_svc import compute
 from worker_svc.config import WorkerConfig
 from worker_svc.parallel import GroupLost
 
 log = get_logger(service="worker")
 
+
+def describe_error(error: BaseException) -> str:
+    """The exception in one line for the scheduler and the client: type and message."""
+    text = " ".join(str(error).split())
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
 _END = object()  # the last item of a pipe's queues
 
 
 class StepFailed:
-    """A step could not be read or run; the stream ends with it, nothing later runs."""
+    """A step could not be read (the reader hands it on), or the tensor-parallel group
+    was lost or the process is exiting while running it (the stream ends with it,
+    nothing later runs)."""
 
     __slots__ = ("step_id", "error")
 
@@ -80,9 +88,9 @@ class StepPipe:
             for msg in request_iterator:
                 try:
                     step = pc.scheduler_output_from_proto(msg)
-                except Exception as e:  # noqa: BLE001 - a malformed step fails the stream
+                except Exception as e:  # noqa: BLE001 - a malformed step fails as a step
                     self.steps.put(StepFailed(msg.step_id, e))
-                    return
+                    continue
                 self.steps.put(step)
         except grpc.RpcError:
             pass  # the scheduler went away; the stream ends below
@@ -97,11 +105,20 @@ class StepPipe:
             if held:
                 self.results.put(held.pop())
 
+        failed_at = None  # the step that failed; later ones are skipped until a reset
         while (step := self.steps.get()) is not _END and not self._stopping.is_set():
-            if isinstance(step, StepFailed):
+            if isinstance(step, StepFailed):  # could not be read
                 hand_over()
-                self.results.put((None, step))
-                break
+                failed_at = self._failed(None, step.step_id, step.error)
+                continue
+            if failed_at is not None and not step.reset_requests:
+                # built on the failed step's state (async: sent before the scheduler knew)
+                hand_over()
+                self.results.put((None, ModelRunnerOutput(
+                    step_id=step.step_id, step_skipped=True,
+                    error=f"not run: step {failed_at} failed before it")))
+                continue
+            failed_at = None  # a reset step: the runner drops every request first
             start = time.perf_counter()
             try:
                 # The previous result goes to the sender once this step's inputs are
@@ -109,7 +126,15 @@ class StepPipe:
                 # the forward pass is in C without the GIL, not against the input
                 # preparation, which it slowed from ~0.4 to 1.6-1.8 ms a step in the stack.
                 result = self.runner.execute(step, on_prepared=hand_over)
-            except BaseException as e:  # noqa: BLE001 - handed to the stream handler
+            except GroupLost as e:  # the process exits (see main): the stream ends
+                hand_over()
+                self.results.put((step, StepFailed(step.step_id, e)))
+                break
+            except Exception as e:  # noqa: BLE001 - reported as data; the stream goes on
+                hand_over()
+                failed_at = self._failed(step, step.step_id, e)
+                continue
+            except BaseException as e:  # noqa: BLE001 - interpreter exit: the stream ends
                 hand_over()
                 self.results.put((step, StepFailed(step.step_id, e)))
                 break
@@ -124,6 +149,18 @@ class StepPipe:
             self.runner.after_step()  # fault injection in drills, else nothing
         hand_over()
         self.results.put(_END)
+
+    def _failed(self, step, step_id: int, error: BaseException) -> int:
+        """A step raised (or could not be read): answer it with the error and drop
+        every request, whose state it may have half changed; the scheduler retries
+        or isolates (docs/resilience.md, "A request that fails by itself")."""
+        dropped = self.runner.drop_requests()
+        log.error("step_failed", step_id=step_id, error=describe_error(error),
+                  error_type=type(error).__name__, requests_dropped=dropped,
+                  exc_info=error)
+        self.results.put((step, ModelRunnerOutput(step_id=step_id,
+                                                  error=describe_error(error))))
+        return step_id
 
 
 class WorkerServicer(worker_pb2_grpc.WorkerServicer):
@@ -175,17 +212,14 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
             pipe.start(request_iterator)
             while (item := pipe.results.get()) is not _END:
                 step, result = item
-                if isinstance(result, StepFailed):
-                    e = result.error
-                    if isinstance(e, GroupLost):  # the process exits (see main)
-                        context.abort(grpc.StatusCode.UNAVAILABLE,
-                                      f"rank {self.rank}: step {result.step_id}: {e}")
-                    if not isinstance(e, (InvalidRequestError, ValueError, KeyError)):
-                        raise e
-                    # A step that does not fit the worker's state: the two sides disagree.
-                    log.error("bad_step", step_id=result.step_id, error=repr(e))
-                    context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                  f"step {result.step_id}: {e!r}")
+                if isinstance(result, StepFailed):  # GroupLost (the process exits: main)
+                    context.abort(grpc.StatusCode.UNAVAILABLE,
+                                  f"rank {self.rank}: step {result.step_id}: {result.error}")
+                if result.error:  # a failed or skipped step travels as data
+                    if self.telemetry is not None and not result.step_skipped:
+                        self.telemetry.step_failed()
+                    yield pc.runner_output_to_proto(result)
+                    continue
                 if self.telemetry is not None:
                     self.telemetry.step(step, result.timings)
                     self.telemetry.argmax_screen(self.runner.model.screen_rows)

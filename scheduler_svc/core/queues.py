@@ -66,6 +66,11 @@ class FCFSQueue:
         """Forget a request that was just marked finished (dropped lazily)."""
         self._live -= 1
 
+    def remove(self, request: Request) -> None:
+        """Take out a request wherever it is (a suspect admitted alone: step_failure.py)."""
+        self._items.remove(request)
+        self._live -= 1
+
     def __len__(self) -> int:
         return self._live
 
@@ -126,6 +131,12 @@ class PriorityQueue:
         return entry[3]
 
     def discard(self, request: Request) -> None:
+        self._live -= 1
+
+    def remove(self, request: Request) -> None:
+        """Take out a request wherever it is (a suspect admitted alone: step_failure.py)."""
+        self._heap = [e for e in self._heap if e[3] is not request]
+        heapq.heapify(self._heap)
         self._live -= 1
 
     def __len__(self) -> int:

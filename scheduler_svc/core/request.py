@@ -16,6 +16,7 @@ class RequestStatus(enum.IntEnum):
     FINISHED_STOPPED = 4
     FINISHED_LENGTH = 5
     FINISHED_ABORTED = 6
+    FINISHED_ERROR = 7  # it broke the workers' steps (core/step_failure.py): an error
 
 
 FINISH_REASONS = {
@@ -38,7 +39,7 @@ class Request:
         "max_tokens", "min_tokens", "next_hash_at",
         "num_lost_tokens", "stop_check_ids", "max_num_tokens", "worker_forgot",
         "num_rejected_tokens",
-        "deferred",
+        "deferred", "num_strikes", "num_failed_steps", "num_output_at_failure", "fail_at",
     )
 
     def __init__(self, req_id: str, prompt_token_ids: list[int], sampling_params: SamplingParams,
@@ -69,6 +70,14 @@ class Request:
         # Not ready: its grammar is compiling (core/grammar_wait.py); WAITING skips it
         # and it keeps its place there.
         self.deferred = False
+        # Failed steps it was in (core/step_failure.py; a worker loss counts as one):
+        # strikes since it last got past fail_at (its computed tokens the failure would
+        # have reached), and failed steps since its output had num_output_at_failure
+        # tokens (a new token restarts that count).
+        self.num_strikes = 0
+        self.num_failed_steps = 0
+        self.num_output_at_failure = 0
+        self.fail_at = 0
         self.block_hashes: list[bytes] = []  # hashes of the full blocks of committed tokens
         self.block_hasher: Callable[[Request], None] | None = None
         self.next_hash_at = 1 << 62  # token count at which the next block fills (set by the hasher)

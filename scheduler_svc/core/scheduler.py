@@ -17,6 +17,7 @@ from scheduler_svc.core.request import Request, RequestStatus
 from scheduler_svc.core.spec_slots import (NO_DRAFTS, add_draft_slots, committed_kv_end,
                                            count_scheduled, roll_back_step)
 from scheduler_svc.core.stats import SchedulerStats
+from scheduler_svc.core.step_failure import StepFailures
 from shared.request_limits import token_ids_problem
 from shared.stop_rule import finish_reason, first_stop
 from shared.token_checksum import token_checksum
@@ -60,6 +61,8 @@ class Scheduler:
         spec = config.speculative_config  # accepted drafts by position, vLLM's per_pos
         self._accepted_per_pos = [0] * (spec.num_speculative_tokens if spec else 0)
         self.grammar = GrammarWait()  # requests deferred while their grammar compiles
+        self.failures = StepFailures()  # failed steps: retry, isolate, fail the culprit
+        self.reset_requests = False  # the next step tells the workers to drop every request
 
     # ------------------------------------------------------------------ requests
 
@@ -116,6 +119,8 @@ class Scheduler:
         if len(self.in_flight) >= MAX_STEPS_IN_FLIGHT:
             raise RuntimeError(f"{MAX_STEPS_IN_FLIGHT} steps are already in flight; apply "
                                f"the oldest one's output (update_from_output) first")
+        if self.failures.isolating:
+            return self._schedule_solo(self.failures.solo())
         cfg = self.config
         threshold = cfg.long_prefill_token_threshold
         # The per-request cap does not apply when only one request is eligible (unless
@@ -238,6 +243,60 @@ class Scheduler:
             budget -= n
         return None
 
+    def _schedule_solo(self, solo: Request | None) -> SchedulerOutput:
+        """Isolation (core/step_failure.py): a step of one suspect alone, or of nothing
+        (its grammar still compiles, or it needs blocks others hold: then the step
+        preempts the last other running request, and it is admitted in a later one)."""
+        budget = self.config.max_num_batched_tokens
+        kv = self.kv
+        num_scheduled: dict[str, int] = {}
+        new_blocks_of: dict[str, list[KVBlock]] = {}
+        scheduled_running, preempted, new_reqs, resumed = [], [], [], []
+        if solo is None:
+            pass
+        elif solo.status is RequestStatus.RUNNING:
+            n = self._clamp(solo.gap, 0, budget, solo.num_computed_tokens)
+            if len(solo.output_token_ids) + solo.num_output_placeholders >= solo.max_tokens:
+                n = 0
+            blocks = kv.allocate_slots(solo, n) if n > 0 else None
+            if blocks is not None:
+                num_scheduled[solo.req_id] = n
+                new_blocks_of[solo.req_id] = blocks
+                scheduled_running.append(solo)
+            elif n > 0:
+                self._evict_for(solo, preempted)
+        else:  # WAITING: every request went back there when the step failed
+            hit_blocks, num_hit = kv.get_computed_blocks(solo)
+            n = self._clamp(solo.num_tokens - num_hit, 0, budget, num_hit)
+            blocks = kv.allocate_slots(solo, n, hit_blocks)
+            if blocks is None:
+                self._evict_for(solo, preempted)
+            else:
+                self.waiting.remove(solo)
+                kv.record_prefix_lookup(solo.num_tokens, num_hit)
+                if solo.status is RequestStatus.PREEMPTED:
+                    resumed.append(solo)
+                    self._stats.num_waiting_preempted -= 1
+                    self._stats.num_recomputed_tokens_total += max(0, solo.num_lost_tokens
+                                                                   - num_hit)
+                else:
+                    new_reqs.append(solo)
+                    solo.num_cached_tokens = num_hit
+                solo.status = RequestStatus.RUNNING
+                solo.num_computed_tokens = num_hit
+                self.running.append(solo)
+                num_scheduled[solo.req_id] = n
+        return self._emit(new_reqs, resumed, scheduled_running, new_blocks_of,
+                          num_scheduled, preempted, "isolation")
+
+    def _evict_for(self, solo: Request, preempted: list[Request]) -> None:
+        """Free blocks for a suspect running alone: preempt the last other request."""
+        others = [r for r in self.running if r is not solo]
+        if others:
+            self.running.remove(others[-1])
+            self._preempt(others[-1])
+            preempted.append(others[-1])
+
     def _multi_steps(self, scheduled: list[Request], num_scheduled: dict[str, int],
                      new_blocks_of: dict[str, list[KVBlock]]) -> int:
         """Multi-step decode (vLLM V0's --num-scheduler-steps; docs/scheduling.md):
@@ -334,6 +393,7 @@ class Scheduler:
         out.preempted_req_ids = {r.req_id for r in preempted}
         out.grammar_compiles = self.grammar.announcements()
         out.num_draft_slots = drafts  # NO_DRAFTS (shared, read-only) when none
+        out.reset_requests, self.reset_requests = self.reset_requests, False
 
         stats = self._stats
         stats.step_num_scheduled_tokens = total
@@ -390,6 +450,33 @@ class Scheduler:
         self.kv.pool.forget_cached()
         self.grammar.requeue_all(self.requests.values())  # their compiled grammars are gone
         return [r.req_id for r in running]
+
+    def step_failed(self, step_id: int, error: str) -> list[tuple[str, str]]:
+        """The workers answered a step with an error (docs/resilience.md): every later
+        step in flight is void, every request is recomputed and resent whole (the
+        worker drops them at the next step, which says so), and the culprits the
+        rules of core/step_failure.py find are failed, their blocks freed.
+        Returns (req_id, why) of each request failed."""
+        culprits = self.failures.step_failed(self.in_flight.get(step_id, {}), error)
+        self.requeue_all_for_recompute()
+        self.reset_requests = True
+        return self._fail_requests(culprits)
+
+    def worker_lost(self, error: str) -> tuple[list[str], list[tuple[str, str]]]:
+        """A worker died (or was replaced): requeue everything for recompute; the steps
+        in flight count as one failed step (core/step_failure.py), so a request in
+        flight at two losses in a row, alone, is failed. Returns the ids that were
+        running and (req_id, why) of each request failed."""
+        culprits = self.failures.worker_lost(self.in_flight.values(), error)
+        running = self.requeue_all_for_recompute()
+        return running, self._fail_requests(culprits)
+
+    def _fail_requests(self, culprits: list[tuple[Request, str]]) -> list[tuple[str, str]]:
+        for request, _ in culprits:
+            self._finish(request, RequestStatus.FINISHED_ERROR)
+        self.finished_req_ids = set()  # requeued: the workers hold none of them
+        self.running = [r for r in self.running if not r.is_finished]
+        return [(r.req_id, why) for r, why in culprits]
 
     def _resend(self, request: Request) -> NewRequestData:
         """A re-admitted request the workers do not hold: all of its data as new."""
@@ -448,6 +535,7 @@ class Scheduler:
             roll_back_step(self, step, req_ids, sampled_ids,
                            model_runner_output.num_draft_tokens)
         self._commit_kv(step)
+        self.failures.step_succeeded(step)
 
         logprobs = model_runner_output.logprobs
         outputs = []
@@ -546,6 +634,7 @@ class Scheduler:
         request.num_output_placeholders = 0
         self.kv.free(request)
         self.grammar.on_finish(request)
+        self.failures.forget(request)
         del self.requests[request.req_id]
         self.finished_req_ids.add(request.req_id)
 

@@ -86,7 +86,7 @@ class TokenCheck(_message.Message):
     def __init__(self, num_tokens: _Optional[int] = ..., checksum: _Optional[int] = ...) -> None: ...
 
 class SchedulerOutput(_message.Message):
-    __slots__ = ("step_id", "scheduled_new_reqs", "scheduled_cached_reqs", "scheduled_req_ids", "num_scheduled_tokens", "total_num_scheduled_tokens", "finished_req_ids", "preempted_req_ids", "trace_context", "num_steps", "grammar_compiles", "num_draft_slots")
+    __slots__ = ("step_id", "scheduled_new_reqs", "scheduled_cached_reqs", "scheduled_req_ids", "num_scheduled_tokens", "total_num_scheduled_tokens", "finished_req_ids", "preempted_req_ids", "trace_context", "num_steps", "grammar_compiles", "num_draft_slots", "reset_requests")
     class TraceContextEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -113,6 +113,7 @@ class SchedulerOutput(_message.Message):
     NUM_STEPS_FIELD_NUMBER: _ClassVar[int]
     GRAMMAR_COMPILES_FIELD_NUMBER: _ClassVar[int]
     NUM_DRAFT_SLOTS_FIELD_NUMBER: _ClassVar[int]
+    RESET_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     scheduled_new_reqs: _containers.RepeatedCompositeFieldContainer[NewRequestData]
     scheduled_cached_reqs: CachedRequestData
@@ -125,7 +126,8 @@ class SchedulerOutput(_message.Message):
     num_steps: int
     grammar_compiles: _containers.MessageMap[str, _common_pb2.StructuredOutputSpec]
     num_draft_slots: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, step_id: _Optional[int] = ..., scheduled_new_reqs: _Optional[_Iterable[_Union[NewRequestData, _Mapping]]] = ..., scheduled_cached_reqs: _Optional[_Union[CachedRequestData, _Mapping]] = ..., scheduled_req_ids: _Optional[_Iterable[str]] = ..., num_scheduled_tokens: _Optional[_Iterable[int]] = ..., total_num_scheduled_tokens: _Optional[int] = ..., finished_req_ids: _Optional[_Iterable[str]] = ..., preempted_req_ids: _Optional[_Iterable[str]] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., num_steps: _Optional[int] = ..., grammar_compiles: _Optional[_Mapping[str, _common_pb2.StructuredOutputSpec]] = ..., num_draft_slots: _Optional[_Iterable[int]] = ...) -> None: ...
+    reset_requests: bool
+    def __init__(self, step_id: _Optional[int] = ..., scheduled_new_reqs: _Optional[_Iterable[_Union[NewRequestData, _Mapping]]] = ..., scheduled_cached_reqs: _Optional[_Union[CachedRequestData, _Mapping]] = ..., scheduled_req_ids: _Optional[_Iterable[str]] = ..., num_scheduled_tokens: _Optional[_Iterable[int]] = ..., total_num_scheduled_tokens: _Optional[int] = ..., finished_req_ids: _Optional[_Iterable[str]] = ..., preempted_req_ids: _Optional[_Iterable[str]] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., num_steps: _Optional[int] = ..., grammar_compiles: _Optional[_Mapping[str, _common_pb2.StructuredOutputSpec]] = ..., num_draft_slots: _Optional[_Iterable[int]] = ..., reset_requests: _Optional[bool] = ...) -> None: ...
 
 class StepTimings(_message.Message):
     __slots__ = ("prepare_ms", "forward_ms", "sample_ms", "idle_ms", "start_unix_s", "end_unix_s", "num_forward_passes", "num_tokens", "mask_ms", "draft_ms")
@@ -164,7 +166,7 @@ class SampledTokens(_message.Message):
     def __init__(self, token_ids: _Optional[_Iterable[int]] = ..., has_logprobs: _Optional[bool] = ..., logprobs: _Optional[_Iterable[_Union[_common_pb2.TokenLogprobs, _Mapping]]] = ..., num_draft_tokens: _Optional[int] = ...) -> None: ...
 
 class ModelRunnerOutput(_message.Message):
-    __slots__ = ("step_id", "req_ids", "sampled", "timings", "grammars_ready", "grammar_errors")
+    __slots__ = ("step_id", "req_ids", "sampled", "timings", "grammars_ready", "grammar_errors", "error", "step_skipped")
     class GrammarErrorsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -178,10 +180,14 @@ class ModelRunnerOutput(_message.Message):
     TIMINGS_FIELD_NUMBER: _ClassVar[int]
     GRAMMARS_READY_FIELD_NUMBER: _ClassVar[int]
     GRAMMAR_ERRORS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    STEP_SKIPPED_FIELD_NUMBER: _ClassVar[int]
     step_id: int
     req_ids: _containers.RepeatedScalarFieldContainer[str]
     sampled: _containers.RepeatedCompositeFieldContainer[SampledTokens]
     timings: StepTimings
     grammars_ready: _containers.RepeatedScalarFieldContainer[str]
     grammar_errors: _containers.ScalarMap[str, str]
-    def __init__(self, step_id: _Optional[int] = ..., req_ids: _Optional[_Iterable[str]] = ..., sampled: _Optional[_Iterable[_Union[SampledTokens, _Mapping]]] = ..., timings: _Optional[_Union[StepTimings, _Mapping]] = ..., grammars_ready: _Optional[_Iterable[str]] = ..., grammar_errors: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    error: str
+    step_skipped: bool
+    def __init__(self, step_id: _Optional[int] = ..., req_ids: _Optional[_Iterable[str]] = ..., sampled: _Optional[_Iterable[_Union[SampledTokens, _Mapping]]] = ..., timings: _Optional[_Union[StepTimings, _Mapping]] = ..., grammars_ready: _Optional[_Iterable[str]] = ..., grammar_errors: _Optional[_Mapping[str, str]] = ..., error: _Optional[str] = ..., step_skipped: _Optional[bool] = ...) -> None: ...

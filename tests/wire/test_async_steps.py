@@ -21,7 +21,7 @@ from tests.wire.session_client import SessionClient, wait_for
 from tests.wire.test_engine_service import hf_greedy
 from worker_svc import compute
 from worker_svc.config import WorkerConfig
-from worker_svc.server import _END, StepFailed, StepPipe
+from worker_svc.server import _END, StepPipe
 
 PROMPTS = [[1, 504, 3209, 28, 253], [7, 7, 7], list(range(100, 140)), [4821, 99, 3, 17, 5, 8, 1000]]
 STOP = common_pb2.FINISH_REASON_STOP
@@ -226,24 +226,30 @@ def new_request_step(step_id: int, req_id: str, prompt: list[int], block: int) -
         num_scheduled_tokens={req_id: len(prompt)}, total_num_scheduled_tokens=len(prompt))
 
 
-def test_steps_run_in_arrival_order_and_nothing_runs_after_a_failed_step(tiny_runner):
+def test_a_failed_step_is_answered_with_its_error_and_later_steps_are_skipped_until_a_reset(
+        tiny_runner):
     bad = SchedulerOutput(step_id=1, num_scheduled_tokens={"nobody": 1},
                           total_num_scheduled_tokens=1)
+    reset = new_request_step(3, "after-reset", [6, 7], 3)
+    reset.reset_requests = True
     steps = [new_request_step(0, "first", [1, 2, 3], 1), bad,
-             new_request_step(2, "after-bad", [4, 5], 2)]
+             new_request_step(2, "after-bad", [4, 5], 2), reset]
     pipe = StepPipe(tiny_runner)
     pipe.start(iter([pc.scheduler_output_to_proto(s) for s in steps]))
-    first = pipe.results.get()
-    failed = pipe.results.get()
+    results = [pipe.results.get() for _ in range(4)]
     assert pipe.results.get() is _END
     pipe.stop()
     try:
-        assert first[0].step_id == 0 and first[1].step_id == 0
-        assert len(first[1].sampled_token_ids[0]) == 1
-        assert isinstance(failed[1], StepFailed) and failed[1].step_id == 1
-        assert "after-bad" not in tiny_runner.requests
+        first, failed, skipped, after = (r[1] for r in results)
+        assert [r.step_id for r in (first, failed, skipped, after)] == [0, 1, 2, 3]
+        assert len(first.sampled_token_ids[0]) == 1 and not first.error
+        assert failed.error.startswith("StepError: ") and not failed.step_skipped  # as data
+        assert skipped.step_skipped and "step 1 failed" in skipped.error
+        assert not after.error and len(after.sampled_token_ids[0]) == 1
+        # the failure dropped "first"; the skipped step ran nothing; the reset step ran
+        assert set(tiny_runner.requests) == {"after-reset"}
     finally:
-        tiny_runner.execute(SchedulerOutput(step_id=-1, finished_req_ids={"first"}))
+        tiny_runner.drop_requests()
 
 
 def test_every_step_runs_on_the_one_compute_thread(tiny_runner, monkeypatch):

@@ -144,6 +144,19 @@ def test_the_fault_hook_is_bound_once_and_stops_the_process_at_its_step(monkeypa
     assert sent == [signal.SIGSTOP]  # after the second step, once
 
 
+def test_the_fail_on_token_hook_raises_only_for_a_step_scheduling_that_token():
+    from types import SimpleNamespace as Req
+    assert flags.fault_fail_on_token({}) is None
+    assert flags.fault_fail_on_token({"GAPSERVE_FAULT_FAIL_ON_TOKEN": "77"}) == 77
+    assert fault_injection.before_step_hook(None) is fault_injection.before_step_hook(None)
+    check = fault_injection.before_step_hook(77)
+    held = Req(req_id="r", token_ids=[1, 77, 3, 4, 5], num_computed_tokens=2)
+    check(0, [held], [3])  # 77 was computed in an earlier step: not scheduled here
+    with pytest.raises(fault_injection.InjectedFault, match="step 9 schedules token 77 "
+                                                             "for request r"):
+        check(9, [Req(req_id="r", token_ids=[1, 77, 3], num_computed_tokens=0)], [2])
+
+
 def test_zero_cost_steps_are_bound_at_start_and_never_reach_the_model(tiny_llama_dir):
     from tests.worker.step_driver import StepDriver
     from worker_svc.runner import ModelRunner
