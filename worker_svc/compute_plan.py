@@ -166,9 +166,9 @@ def build_plan(config: WorkerConfig, device: torch.device, model_cfg, *, biases:
     decode_layers = (fused and small != "off" and attention == "c_decode_kernel"
                      and config.cpu_decode_layers and kernels.decode_layers
                      and not tp and not biases)
-    # int8 projects in int8 already; the screen's copy needs whole int8 groups
     if usable_cores is None:  # this machine's: its affinity and its cgroup's quota
         usable_cores, quota_cpus = cpu_threads.usable_cores(), cpu_threads.cpu_quota()
+    # int8 projects in int8 already; the screen's copy needs whole int8 groups
     screen = (small == "plain" and not tp and config.cpu_argmax_screen
               and model_cfg.hidden_size % small_linear.GROUP == 0)
     return ComputePlan(
