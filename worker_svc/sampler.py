@@ -37,9 +37,11 @@ def sample(logits: torch.Tensor, states: list[WorkerRequest], eos_token_ids: lis
     if any(s.has_penalties for s in states):
         logits = _apply_penalties(logits, states)
     for i, s in enumerate(states):  # min_tokens bans the stop rule's own ids
-        if s.stop_ids is None:  # the same set record_sampled builds
-            s.stop_ids = stop_rule.stop_ids(s.params, eos_token_ids)
-        banned = stop_rule.banned_ids(s.num_output_tokens, s.stop_ids, s.params.min_tokens)
+        if not s.params.min_tokens:  # (a speculative DraftRow is a state here too)
+            continue
+        banned = stop_rule.banned_ids(s.num_output_tokens,
+                                      stop_rule.stop_ids(s.params, eos_token_ids),
+                                      s.params.min_tokens)
         if banned:
             logits[i, list(banned)] = float("-inf")
 
