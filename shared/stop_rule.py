@@ -27,6 +27,13 @@ def stop_ids(params: SamplingParams, eos_token_ids: Iterable[int]) -> frozenset[
     return stop if params.ignore_eos else stop | frozenset(eos_token_ids)
 
 
+def banned_ids(num_output_tokens: int, ids: frozenset[int], min_tokens: int) -> frozenset[int]:
+    """The ids the sampler may not pick as the next output token: all of stop_ids()
+    while fewer than `min_tokens` are out (vLLM's min_tokens processor), so EOS is
+    banned exactly when it could stop the request: never under `ignore_eos`."""
+    return ids if num_output_tokens < min_tokens else frozenset()
+
+
 def is_stop(token_id: int, num_output_tokens: int, ids: frozenset[int], min_tokens: int) -> bool:
     """Does `token_id`, just appended as output token number `num_output_tokens`, stop
     the request (part 1)? `ids` is stop_ids() of the request."""

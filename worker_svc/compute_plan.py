@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from shared.telemetry import get_logger
+from worker_svc import cpu_threads
 from worker_svc.config import WorkerConfig
 
 log = get_logger(service="worker")
@@ -63,6 +64,8 @@ class ComputePlan:
     logits_max_rows: int  # vocabulary projections of at most this many rows too
     argmax_screen: bool  # greedy rows of small steps screened in int8 (small_linear)
     threads: int  # torch (and the C kernels') threads of this rank
+    cpu_quota: float | None  # CPUs of this process's cgroup quota; None: no quota
+    wait_policy: str  # how idle OpenMP threads wait, as set before torch loaded
     ranks_on_host: int  # tensor-parallel ranks sharing this host's cores
     zero_cost_steps: bool  # test/benchmark only: steps skip the model (zero_cost.py)
     fault_stop_after_steps: int | None  # test/drill only: SIGSTOP after N steps
@@ -85,6 +88,8 @@ class ComputePlan:
                  f"logits_small_rows={self.logits_max_rows}",
                  f"argmax_screen={on[self.argmax_screen]}", f"threads={self.threads}",
                  f"ranks_on_host={self.ranks_on_host}"]
+        if self.cpu_quota is not None:
+            parts.append(f"cpu_quota={self.cpu_quota:g}")
         if self.zero_cost_steps:
             parts.append("zero_cost_steps=on")
         if self.fault_stop_after_steps is not None:
@@ -101,6 +106,7 @@ class ComputePlan:
                 "small_max_rows": self.small_max_rows,
                 "logits_max_rows": self.logits_max_rows, "argmax_screen": self.argmax_screen,
                 "threads": self.threads, "ranks_on_host": self.ranks_on_host,
+                "cpu_quota": self.cpu_quota, "wait_policy": self.wait_policy,
                 "zero_cost_steps": self.zero_cost_steps,
                 "fault_stop_after_steps": self.fault_stop_after_steps,
                 "fault_fail_on_token": self.fault_fail_on_token}
@@ -127,12 +133,13 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 def build_plan(config: WorkerConfig, device: torch.device, model_cfg, *, biases: bool,
                ranks_on_host: int = 1, kernels: Kernels | None = None,
-               usable_cores: int | None = None, environ=None,
-               fault_stop_after_steps: int | None = None,
+               usable_cores: int | None = None, quota_cpus: float | None = None,
+               environ=None, fault_stop_after_steps: int | None = None,
                fault_fail_on_token: int | None = None) -> ComputePlan:
     """The plan for this worker. model_cfg: the model as this rank holds it (head_dim,
     hidden_size); biases: whether any matmul has a bias (Qwen2's q/k/v). kernels,
-    usable_cores and environ default to this machine's; tests pass their own."""
+    usable_cores (with quota_cpus, its cgroup's CPU quota) and environ default to this
+    machine's; tests pass their own."""
     from worker_svc.model import fused_ops, small_linear
     dtype = resolve_dtype(config.dtype, device)
     cpu = device.type == "cpu"
@@ -164,6 +171,8 @@ def build_plan(config: WorkerConfig, device: torch.device, model_cfg, *, biases:
     decode_layers = (fused and small != "off" and attention == "c_decode_kernel"
                      and config.cpu_decode_layers and kernels.decode_layers
                      and not tp and not biases)
+    if usable_cores is None:  # this machine's: its affinity and its cgroup's quota
+        usable_cores, quota_cpus = cpu_threads.usable_cores(), cpu_threads.cpu_quota()
     # int8 projects in int8 already; the screen's copy needs whole int8 groups
     screen = (small == "plain" and not tp and config.cpu_argmax_screen
               and model_cfg.hidden_size % small_linear.GROUP == 0)
@@ -174,24 +183,24 @@ def build_plan(config: WorkerConfig, device: torch.device, model_cfg, *, biases:
         # the vocabulary projection follows the matmuls' gate: with int8, a step of
         # 9-32 sampling rows reads the int8 copy too, as --quantization's help says
         logits_max_rows=small_rows, argmax_screen=screen,
-        threads=_threads(config.cpu_threads, ranks_on_host, usable_cores, environ),
+        threads=_threads(config.cpu_threads, ranks_on_host, usable_cores, quota_cpus, environ),
+        cpu_quota=quota_cpus, wait_policy=cpu_threads.applied_wait_policy,
         ranks_on_host=ranks_on_host, zero_cost_steps=config.zero_cost_steps,
         fault_stop_after_steps=fault_stop_after_steps, fault_fail_on_token=fault_fail_on_token)
 
 
-def _threads(requested: int, ranks_on_host: int, usable_cores: int | None, environ) -> int:
+def _threads(requested: int, ranks_on_host: int, usable_cores: int,
+             quota_cpus: float | None, environ) -> int:
     """--cpu-threads if given; else OMP_NUM_THREADS (which torch already follows) if
-    set; else this host's usable cores split among its ranks: two ranks of 2 threads on
-    2 cores made a 200-token stream take 102 s against 6 s with one rank."""
+    set; else this host's usable cores, capped by the cgroup's CPU quota, split among
+    its ranks (cpu_threads.thread_count): two ranks of 2 threads on 2 cores made a
+    200-token stream take 102 s against 6 s with one rank."""
     if requested:
         return requested
     environ = os.environ if environ is None else environ
     if environ.get("OMP_NUM_THREADS", "").strip():
         return torch.get_num_threads()
-    if usable_cores is None:
-        usable_cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") \
-            else os.cpu_count() or 1
-    return max(1, usable_cores // max(1, ranks_on_host))
+    return cpu_threads.thread_count(usable_cores, quota_cpus, ranks_on_host)
 
 
 def _triton_imports(device: torch.device) -> bool:

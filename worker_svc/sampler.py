@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from shared import stop_rule
 from shared.types import TokenLogprobs
 from worker_svc.worker_request import WorkerRequest
 
@@ -35,10 +36,14 @@ def sample(logits: torch.Tensor, states: list[WorkerRequest], eos_token_ids: lis
             logits[i].index_add_(0, ids, bias)
     if any(s.has_penalties for s in states):
         logits = _apply_penalties(logits, states)
-    suppress = [i for i, s in enumerate(states) if s.num_output_tokens < s.params.min_tokens]
-    for i in suppress:
-        banned = list(set(eos_token_ids) | set(states[i].params.stop_token_ids))
-        logits[i, banned] = float("-inf")
+    for i, s in enumerate(states):  # min_tokens bans the stop rule's own ids
+        if not s.params.min_tokens:  # (a speculative DraftRow is a state here too)
+            continue
+        banned = stop_rule.banned_ids(s.num_output_tokens,
+                                      stop_rule.stop_ids(s.params, eos_token_ids),
+                                      s.params.min_tokens)
+        if banned:
+            logits[i, list(banned)] = float("-inf")
 
     greedy = [s.params.greedy for s in states]
     tokens = logits.argmax(dim=-1)

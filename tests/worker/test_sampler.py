@@ -7,6 +7,7 @@ import math
 
 import torch
 
+from shared import stop_rule
 from shared.types import SamplingParams
 from worker_svc.worker_request import WorkerRequest
 from worker_svc.sampler import row_key, sample, seeded_exponential
@@ -151,6 +152,39 @@ def test_min_tokens_suppresses_eos_and_stop_ids_until_reached():
     assert sample(logits.clone(), [early], [EOS], torch.Generator())[1] == [4]
     done = _state(params, output=(4, 4))
     assert sample(logits.clone(), [done], [EOS], torch.Generator())[1] == [EOS]
+
+
+def test_min_tokens_under_ignore_eos_bans_only_what_the_stop_rule_would_stop_on():
+    # ignore_eos drops EOS from the stop ids (shared/stop_rule.py), so min_tokens has no
+    # reason to ban it: EOS stays sampleable, the request's own stop ids stay banned
+    logits = torch.zeros(1, VOCAB)
+    logits[0, EOS], logits[0, 30], logits[0, 4] = 9.0, 8.0, 1.0
+    params = SamplingParams(temperature=0.0, min_tokens=3, stop_token_ids=[30],
+                            ignore_eos=True)
+    assert sample(logits.clone(), [_state(params, output=(4,))], [EOS],
+                  torch.Generator())[1] == [EOS]
+    no_eos = logits.clone()
+    no_eos[0, EOS] = 0.0
+    assert sample(no_eos, [_state(params, output=(4,))], [EOS], torch.Generator())[1] == [4]
+
+
+def test_min_tokens_ban_equals_transformers_min_new_tokens_over_the_rule_stop_ids():
+    # transformers' MinNewTokensLengthLogitsProcessor bans its eos_token_id list until
+    # min_new_tokens are out; given the rule's stop ids it must mask what we mask
+    from transformers.generation.logits_process import MinNewTokensLengthLogitsProcessor
+    prompt = (5, 6, 7)
+    for ignore_eos in (False, True):
+        params = SamplingParams(temperature=0.0, min_tokens=2, stop_token_ids=[30, 31],
+                                ignore_eos=ignore_eos)
+        ids = sorted(stop_rule.stop_ids(params, [EOS, 3]))
+        for n_out in range(4):
+            output = (4,) * n_out
+            ours = _logits(n_out)
+            theirs = MinNewTokensLengthLogitsProcessor(len(prompt), 2, ids)(
+                torch.tensor([list(prompt + output)]), ours.clone())
+            state = _state(params, prompt=prompt, output=output)
+            sample(ours, [state], [EOS, 3], torch.Generator())
+            assert torch.equal(ours, theirs), (ignore_eos, n_out)
 
 
 def test_logprobs_are_the_raw_model_logprobs_with_rank_and_top_n():

@@ -205,5 +205,5 @@ def test_missing_tensor_is_named(damaged_copy):
     tensors = load_file(str(path))
     del tensors["model.layers.2.self_attn.k_proj.weight"]
     save_file(tensors, str(path))
-    with pytest.raises(KeyError, match="model.layers.2.self_attn.k_proj.weight"):
+    with pytest.raises(CheckpointError, match="lacks tensor model.layers.2.self_attn.k_proj.weight"):
         _load(damaged_copy)

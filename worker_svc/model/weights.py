@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from worker_svc.model.checkpoint_checks import check_checkpoint
 from worker_svc.model.config import ModelConfig
 from worker_svc.model.safetensors_io import (CheckpointError, TensorEntry, TensorReader,
                                              new_tensor, read_header)
@@ -101,6 +102,7 @@ def load_weights(model_dir: Path, cfg: ModelConfig, dtype: torch.dtype,
     tensor-parallel plan, only this rank's slices are allocated and read (see
     worker_svc.parallel.shard); `cfg` is the whole model's."""
     entries = checkpoint_entries(model_dir)
+    check_checkpoint(model_dir, cfg, entries)  # quantized, non-float or misshapen: refused
     plan = plan or whole_plan(cfg)
     hd = cfg.head_dim
     q_rows = (plan.q_heads[0] * hd, plan.q_heads[1] * hd)
