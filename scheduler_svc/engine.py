@@ -26,7 +26,6 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import grpc
-
 import structlog
 
 from scheduler_svc.backoff import Backoff, BurstLog
