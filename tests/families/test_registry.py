@@ -148,3 +148,24 @@ def test_yarn_serves_its_scaled_context_past_max_position_embeddings(family_dir)
 def test_without_yarn_the_context_stays_max_position_embeddings(family_dir):
     cfg = load_model_config(family_dir("qwen3"))
     assert cfg.max_context == cfg.max_position_embeddings
+
+
+def test_qwen2_sliding_window_is_refused_by_name(family_dir, tmp_path):
+    path = _edit_config(family_dir("qwen2_yarn"), tmp_path / "c", use_sliding_window=True,
+                        sliding_window=32)
+    with pytest.raises(ValueError, match="Qwen2 sliding-window attention"):
+        load_model_config(path)
+
+
+def test_an_activation_other_than_silu_is_refused_by_name(family_dir, tmp_path):
+    path = _edit_config(family_dir("mixtral"), tmp_path / "c", hidden_act="gelu")
+    with pytest.raises(ValueError, match="unsupported hidden_act 'gelu'"):
+        load_model_config(path)
+
+
+def test_a_mixtral_sliding_window_caps_max_model_len_like_mistral(family_dir, tmp_path):
+    """Within the window full attention is exact; past it is not served (yet)."""
+    from worker_svc.runner import _resolve_max_model_len
+    path = _edit_config(family_dir("mixtral"), tmp_path / "c", sliding_window=48)
+    cfg = load_model_config(path)
+    assert cfg.sliding_window == 48 and _resolve_max_model_len(None, cfg) == 48
