@@ -66,7 +66,9 @@ def test_greedy_equals_transformers_under_every_scheduling_rule(runners, referen
     params = [SamplingParams(temperature=0.0, max_tokens=20 + 8 * i, ignore_eos=True)
               for i in range(len(prompts))]
     steps: list = []
-    got, _, sched = run(runners(name, spec), prompts, params, record=steps, **cfg)
+    runner = runners(name, spec)
+    routed_before = sum(getattr(runner.model, "expert_tokens", ()))
+    got, _, sched = run(runner, prompts, params, record=steps, **cfg)
     for i, prompt in enumerate(prompts):
         assert got[f"r{i}"] == reference(name, prompt, 20 + 8 * i), (name, setting, i)
     st = sched.stats()
@@ -80,3 +82,23 @@ def test_greedy_equals_transformers_under_every_scheduling_rule(runners, referen
     if name == "qwen2_yarn":  # its config's max_position_embeddings is 64
         assert max(len(p) + 20 + 8 * i for i, p in enumerate(prompts)) > 64
     assert sched.num_free_blocks == sched.num_total_blocks - 1
+    moe = runner.model_config.moe
+    if moe is not None and spec is None:  # every computed token went to top_k experts
+        routed = sum(runner.model.expert_tokens) - routed_before
+        computed = sum(so.total_num_scheduled_tokens for so in steps)
+        assert routed == computed * moe.top_k * sum(runner.model_config.moe_layers)
+
+
+def test_the_expert_load_metric_counts_each_experts_new_tokens():
+    from prometheus_client import REGISTRY
+
+    from worker_svc.metrics import WorkerTelemetry
+
+    def value(expert: int) -> float:
+        return REGISTRY.get_sample_value("gapserve:worker_moe_expert_tokens_total", {
+            "model_name": "moe-metric-test", "rank": "0", "expert": str(expert)}) or 0.0
+    telemetry = WorkerTelemetry("moe-metric-test")
+    telemetry.expert_tokens([3, 0, 5])
+    telemetry.expert_tokens([4, 2, 5])
+    telemetry.expert_tokens(None)  # a dense model: nothing
+    assert [value(e) for e in range(3)] == [4.0, 2.0, 5.0]
