@@ -55,8 +55,6 @@ def load_model_config(model_dir: Path) -> ModelConfig:
 
     hf = AutoConfig.from_pretrained(str(model_dir))
     family = family_of(hf)
-    if getattr(hf, "hidden_act", "silu") != "silu":
-        raise ValueError(f"unsupported hidden_act {hf.hidden_act!r}; only silu (SwiGLU)")
     head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
     rope = dict(getattr(hf, "rope_parameters", None) or {})
     rope_type = rope.get("rope_type", "default")
@@ -91,6 +89,14 @@ def load_model_config(model_dir: Path) -> ModelConfig:
         hf_config=hf,
     )
     return family.module().configure(hf, cfg)
+
+
+def require_silu(hf) -> None:
+    """A SwiGLU family's refusal of any other MLP activation (a family with its own,
+    such as Gemma's GeGLU, checks for that one instead)."""
+    if getattr(hf, "hidden_act", "silu") != "silu":
+        raise ValueError(f"unsupported hidden_act {hf.hidden_act!r} for model_type "
+                         f"{hf.model_type!r}; only silu (SwiGLU)")
 
 
 def rope_context(max_position_embeddings: int, rope_type: str, rope: dict) -> int:
