@@ -12,7 +12,7 @@ from shared.proto import common_pb2, generate_pb2
 from shared.types import SamplingParams
 from tests.integration.conftest import TINY_FLAGS, start_stack
 from tests.integration.hf_reference import hf_greedy
-from tests.integration.test_tensor_parallel import SMALL_POOL, _addresses, _ranks
+from tests.integration.test_tensor_parallel import _addresses, _ranks
 from tests.integration.tp_group import RankGroupClient
 from tests.spec.conftest import NGRAM
 from tests.spec.engine_loop import run
