@@ -33,8 +33,8 @@ from worker_svc.model.config import load_model_config
 from worker_svc.model import small_linear
 from worker_svc.model.cpu_dtype import native_bf16, prepare_matmul_weights
 from worker_svc.model.dummy_weights import dummy_weights
-from worker_svc.model.llama import DecoderModel
-from worker_svc.model.weights import load_weights, weight_bytes
+from worker_svc.model.registry import FAMILIES
+from worker_svc.model.weights import weight_bytes
 from worker_svc.parallel.shard import shard_plan
 from worker_svc.worker_request import WorkerRequest
 from worker_svc.grammar import GrammarRuntime, apply_masks
@@ -77,18 +77,25 @@ class ModelRunner:
         self._passes = self._zero_cost_passes if plan.zero_cost_steps else self._model_passes
         self.after_step = fault_injection.after_step_hook(plan.fault_stop_after_steps)
         self.before_step = fault_injection.before_step_hook(plan.fault_fail_on_token)
+        # the family module that serves this checkpoint (model/registry.py)
+        family = FAMILIES[cfg.family]
+        module = family.module()
+        if config.load_format == "dummy" and not family.c_kernels:
+            raise ValueError(f"--load-format dummy makes the llama family's weights only; "
+                             f"model family {cfg.family!r} needs its checkpoint")
         with torch.inference_mode():
             if config.load_format == "dummy":  # never split: refused with tensor parallelism
                 weights = dummy_weights(cfg, act_dtype, self.device, seed=config.seed)
             else:
-                weights = load_weights(self.model_dir, cfg, act_dtype, self.device, self.plan)
-            if self.device.type == "cpu":  # prepacked; bf16 for the matmuls only
+                weights = module.load_weights(self.model_dir, cfg, act_dtype, self.device,
+                                              self.plan, matmul_dtype=self.dtype)
+            if self.device.type == "cpu" and family.c_kernels:  # prepacked; bf16 matmuls
                 small = None if plan.small_batch == "off" else plan.small_batch
                 weights = prepare_matmul_weights(weights, self.dtype, plan.prepack, small=small)
                 if plan.argmax_screen:
                     weights.argmax_screen = _argmax_screen(weights)
             self.weight_bytes = weight_bytes(weights)
-            self.model = DecoderModel(self.local_config, weights, select_backend(plan),
+            self.model = module.Model(self.local_config, weights, select_backend(plan),
                                       max_positions=self.max_model_len, plan=plan, tp=self.tp)
             # speculative decoding: the proposer, and the draft model it may run
             self.speculator = build_speculator(
@@ -117,9 +124,13 @@ class ModelRunner:
             str(self.model_dir), cfg.vocab_size, list(cfg.eos_token_ids),
             flags.structured_output_compile_timeout_s()) if self.plan.first else None
         self._mask_s = 0.0  # this step's, for StepTimings.mask_ms
+        # a routed-experts model: how many experts, top-k, and which ones this rank holds
+        moe = {} if cfg.moe is None else {
+            "num_experts": cfg.moe.num_experts, "experts_top_k": cfg.moe.top_k,
+            "experts_held": f"{self.plan.experts[0]}-{self.plan.experts[1] - 1}"}
         log.info("compute_plan", rank=self.plan.rank, **plan.log_fields(),
                  weight_mib=round(self.weight_bytes / 2**20, 1),
-                 cpu_bf16=native_bf16() or "none")
+                 cpu_bf16=native_bf16() or "none", **moe)
 
     def model_info(self) -> ModelInfo:
         cfg = self.model_config
@@ -311,8 +322,10 @@ class ModelRunner:
         preempted request); only rank 0 reports logprobs."""
         if samplers and self.grammars is not None:  # rank 0: before everything, as vLLM
             self._mask_s += apply_masks(logits, samplers, self.model_config.eos_token_ids)
-        if self.tp is None or not samplers:
+        if self.tp is None:
             return sample(logits, samplers, self.model_config.eos_token_ids, self.generator)
+        if not samplers:  # a step of prefill chunks only: every rank agrees, nothing to send
+            return torch.empty(0, dtype=torch.long, device=self.device), [], []
         if self.plan.first:
             tokens, token_list, logprobs = sample(logits, samplers,
                                                   self.model_config.eos_token_ids,
@@ -494,12 +507,14 @@ def _argmax_only(samplers: list[WorkerRequest], max_rows: int) -> bool:
 
 
 def _resolve_max_model_len(requested: int | None, cfg) -> int:
-    limit = cfg.max_position_embeddings
+    # the RoPE's positions: max_position_embeddings, or YaRN's scaled length (config.py)
+    limit = cfg.max_context or cfg.max_position_embeddings
     if cfg.sliding_window is not None:
         limit = min(limit, cfg.sliding_window)  # within the window, full attention is exact
     if requested is None:
         return limit
     if not 0 < requested <= limit:
         raise ValueError(f"max_model_len must be in [1, {limit}] for this model "
-                         f"(max_position_embeddings / sliding window), got {requested}")
+                         f"(max_position_embeddings, YaRN-scaled where configured / "
+                         f"sliding window), got {requested}")
     return requested

@@ -1,4 +1,8 @@
-"""Model facts read from a checkpoint's config.json, in the shape our model needs."""
+"""Model facts read from a checkpoint's config.json, in the shape our model needs.
+
+The shared fields (sizes, heads, RoPE, EOS) are read here for every family; the
+family module the registry picks (worker_svc/model/registry.py) reads its own fields
+and refuses what it cannot run (its `configure`)."""
 
 from __future__ import annotations
 
@@ -7,8 +11,8 @@ from pathlib import Path
 
 import torch
 
-# model_type -> whether q/k/v projections carry a bias regardless of config flags
-SUPPORTED_MODEL_TYPES = {"llama": False, "mistral": False, "qwen2": True}
+from worker_svc.model.layers import MoeSpec
+
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
@@ -28,7 +32,16 @@ class ModelConfig:
     eos_token_ids: list[int]
     inv_freq: torch.Tensor  # [head_dim // 2] fp32 RoPE inverse frequencies
     rope_scaling: float  # multiplies cos/sin (yarn's attention factor), 1.0 otherwise
+    # the positions the RoPE serves: max_position_embeddings, or more where the
+    # config's scaling extends it (yarn: original_max_position_embeddings * factor)
+    max_context: int = 0
     sliding_window: int | None = None
+    family: str = "llama"  # the registry's family (worker_svc/model/<family>.py)
+    # family fields, set by the family's configure()
+    qkv_bias: bool = False  # q/k/v projections carry a bias (Qwen2)
+    qk_norm: bool = False  # per-head RMSNorm of q and k before RoPE (Qwen3)
+    moe: MoeSpec | None = None  # the routed-experts layers' shape and router
+    moe_layers: tuple[bool, ...] = ()  # per layer: routed experts (True) or a dense MLP
     hf_config: object = field(default=None, repr=False)
 
 
@@ -38,12 +51,10 @@ def load_model_config(model_dir: Path) -> ModelConfig:
     from transformers import AutoConfig
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
+    from worker_svc.model.registry import family_of
+
     hf = AutoConfig.from_pretrained(str(model_dir))
-    if hf.model_type not in SUPPORTED_MODEL_TYPES:
-        raise ValueError(f"unsupported model_type {hf.model_type!r}; supported: "
-                         f"{', '.join(SUPPORTED_MODEL_TYPES)}")
-    if getattr(hf, "hidden_act", "silu") != "silu":
-        raise ValueError(f"unsupported hidden_act {hf.hidden_act!r}; only silu (SwiGLU)")
+    family = family_of(hf)
     head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
     rope = dict(getattr(hf, "rope_parameters", None) or {})
     rope_type = rope.get("rope_type", "default")
@@ -58,12 +69,7 @@ def load_model_config(model_dir: Path) -> ModelConfig:
         rope_scaling = 1.0
     else:
         inv_freq, rope_scaling = ROPE_INIT_FUNCTIONS[rope_type](hf, "cpu")
-    sliding_window = None
-    if hf.model_type == "mistral" and getattr(hf, "sliding_window", None):
-        sliding_window = int(hf.sliding_window)
-    if hf.model_type == "qwen2" and getattr(hf, "use_sliding_window", False):
-        raise ValueError("Qwen2 sliding-window attention is not supported")
-    return ModelConfig(
+    cfg = ModelConfig(
         model_type=hf.model_type,
         vocab_size=hf.vocab_size,
         hidden_size=hf.hidden_size,
@@ -78,9 +84,30 @@ def load_model_config(model_dir: Path) -> ModelConfig:
         eos_token_ids=_eos_ids(model_dir, hf),
         inv_freq=inv_freq.float(),
         rope_scaling=float(rope_scaling),
-        sliding_window=sliding_window,
+        max_context=rope_context(hf.max_position_embeddings, rope_type, rope),
+        family=family.name,
         hf_config=hf,
     )
+    return family.module().configure(hf, cfg)
+
+
+def require_silu(hf) -> None:
+    """A SwiGLU family's refusal of any other MLP activation (a family with its own,
+    such as Gemma's GeGLU, checks for that one instead)."""
+    if getattr(hf, "hidden_act", "silu") != "silu":
+        raise ValueError(f"unsupported hidden_act {hf.hidden_act!r} for model_type "
+                         f"{hf.model_type!r}; only silu (SwiGLU)")
+
+
+def rope_context(max_position_embeddings: int, rope_type: str, rope: dict) -> int:
+    """The positions a checkpoint serves. YaRN's tables are static, so a config that
+    scales pretraining's original_max_position_embeddings by `factor` serves that many
+    (Qwen2.5's 32K x 4 = 128K, as vLLM derives it); every other type, the config's
+    max_position_embeddings (llama3's already states its extended length)."""
+    if rope_type == "yarn" and rope.get("factor") and rope.get("original_max_position_embeddings"):
+        scaled = int(rope["original_max_position_embeddings"] * rope["factor"])
+        return max(max_position_embeddings, scaled)
+    return max_position_embeddings
 
 
 def _eos_ids(model_dir: Path, hf) -> list[int]:

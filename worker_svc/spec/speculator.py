@@ -115,6 +115,10 @@ def build_speculator(spec: SpeculativeConfig | None, *, config, device: torch.de
         return None
     if spec.method == "ngram":
         return Speculator(spec, NgramProposer(spec, max_model_len), tp, device)
+    if spec.method != "ngram" and not plan.c_layers:
+        raise ValueError(f"speculative method {spec.method!r} runs a llama-family draft "
+                         f"on the C layers; model family {plan.family!r} speculates with "
+                         "ngram only")
     if spec.is_int8_self_draft:
         if device.type != "cpu" or plan.small_batch == "off":
             raise ValueError(
@@ -136,7 +140,10 @@ def build_speculator(spec: SpeculativeConfig | None, *, config, device: torch.de
         raise ValueError(f"draft model {spec.model} has a vocabulary of "
                          f"{draft_cfg.vocab_size}, the served model {model_cfg.vocab_size}: "
                          "a draft model must share the served model's tokenizer")
-    limit = draft_cfg.max_position_embeddings
+    if draft_cfg.family != "llama":
+        raise ValueError(f"draft model {spec.model} is of model family "
+                         f"{draft_cfg.family!r}; a draft model must be of the llama family")
+    limit = draft_cfg.max_context or draft_cfg.max_position_embeddings
     if limit < max_model_len:
         raise ValueError(f"draft model {spec.model} handles {limit} positions, fewer than "
                          f"max_model_len {max_model_len}: lower --max-model-len")
