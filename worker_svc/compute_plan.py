@@ -66,6 +66,9 @@ class ComputePlan:
     ranks_on_host: int  # tensor-parallel ranks sharing this host's cores
     zero_cost_steps: bool  # test/benchmark only: steps skip the model (zero_cost.py)
     fault_stop_after_steps: int | None  # test/drill only: SIGSTOP after N steps
+    # some layers attend within a sliding window shorter than max_model_len: those take
+    # the backends' windowed path, never the C decode kernel or the C layer loop
+    windowed: bool = False
 
     @property
     def layer_loop(self) -> str:
@@ -84,6 +87,8 @@ class ComputePlan:
                  f"logits_small_rows={self.logits_max_rows}",
                  f"argmax_screen={on[self.argmax_screen]}", f"threads={self.threads}",
                  f"ranks_on_host={self.ranks_on_host}"]
+        if self.windowed:
+            parts.append("sliding_window=on")
         if self.zero_cost_steps:
             parts.append("zero_cost_steps=on")
         if self.fault_stop_after_steps is not None:
@@ -98,6 +103,7 @@ class ComputePlan:
                 "small_max_rows": self.small_max_rows,
                 "logits_max_rows": self.logits_max_rows, "argmax_screen": self.argmax_screen,
                 "threads": self.threads, "ranks_on_host": self.ranks_on_host,
+                "sliding_window": self.windowed,
                 "zero_cost_steps": self.zero_cost_steps,
                 "fault_stop_after_steps": self.fault_stop_after_steps}
 
@@ -122,11 +128,12 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 def build_plan(config: WorkerConfig, device: torch.device, model_cfg, *, biases: bool,
-               ranks_on_host: int = 1, kernels: Kernels | None = None,
+               windowed: bool = False, ranks_on_host: int = 1, kernels: Kernels | None = None,
                usable_cores: int | None = None, environ=None,
                fault_stop_after_steps: int | None = None) -> ComputePlan:
     """The plan for this worker. model_cfg: the model as this rank holds it (head_dim,
-    hidden_size); biases: whether any matmul has a bias (Qwen2's q/k/v). kernels,
+    hidden_size); biases: whether any matmul has a bias (Qwen2's q/k/v); windowed:
+    whether a sliding window applies (model.config.layer_windows). kernels,
     usable_cores and environ default to this machine's; tests pass their own."""
     from worker_svc.model import fused_ops, small_linear
     dtype = resolve_dtype(config.dtype, device)
@@ -145,7 +152,10 @@ def build_plan(config: WorkerConfig, device: torch.device, model_cfg, *, biases:
     prepack = cpu and config.cpu_prepack and (
         kernels.prepack_fp32 if dtype == torch.float32
         else kernels.prepack_bf16 if dtype == torch.bfloat16 else False)
-    fused = c_path and config.cpu_fused_ops and kernels.fused_ops \
+    # the C ops know the Llama layer with RoPE on whole heads (not Gemma's, not partial)
+    llama_layer = getattr(model_cfg, "family", "llama") == "llama" \
+        and getattr(model_cfg, "rotary_dim", None) is None
+    fused = c_path and config.cpu_fused_ops and kernels.fused_ops and llama_layer \
         and model_cfg.head_dim <= fused_ops.MAX_HEAD_DIM
     small = "off"
     if c_path and config.cpu_small_batch and kernels.small_batch:
@@ -158,7 +168,7 @@ def build_plan(config: WorkerConfig, device: torch.device, model_cfg, *, biases:
     tp = config.tensor_parallel_size > 1
     decode_layers = (fused and small != "off" and attention == "c_decode_kernel"
                      and config.cpu_decode_layers and kernels.decode_layers
-                     and not tp and not biases)
+                     and not tp and not biases and not windowed)
     # int8 projects in int8 already; the screen's copy needs whole int8 groups
     screen = (small == "plain" and not tp and config.cpu_argmax_screen
               and model_cfg.hidden_size % small_linear.GROUP == 0)
@@ -171,7 +181,7 @@ def build_plan(config: WorkerConfig, device: torch.device, model_cfg, *, biases:
         logits_max_rows=small_rows, argmax_screen=screen,
         threads=_threads(config.cpu_threads, ranks_on_host, usable_cores, environ),
         ranks_on_host=ranks_on_host, zero_cost_steps=config.zero_cost_steps,
-        fault_stop_after_steps=fault_stop_after_steps)
+        fault_stop_after_steps=fault_stop_after_steps, windowed=windowed)
 
 
 def _threads(requested: int, ranks_on_host: int, usable_cores: int | None, environ) -> int:

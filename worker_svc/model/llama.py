@@ -13,7 +13,8 @@ import torch.nn.functional as F
 
 from worker_svc.attention.metadata import AttentionMetadata
 from worker_svc.model import decode_layers, fused_ops, small_linear
-from worker_svc.model.config import ModelConfig
+from worker_svc.model.config import ModelConfig, layer_windows
+from worker_svc.model.rope import apply_rope, rope_tables
 from worker_svc.model.weights import ModelWeights
 
 
@@ -33,17 +34,17 @@ class DecoderModel:
         else:
             self._reduce = _unchanged
         self.scale = cfg.head_dim ** -0.5
+        # each layer's sliding window, None where it attends to every key
+        self.windows = layer_windows(cfg, max_positions)
+        if plan.decode_layers and any(self.windows):
+            raise RuntimeError("the compute plan's C layer loop has no sliding window")
         # activations and KV cache; bf16 matmul weights on CPU keep them fp32 (cpu_dtype)
         device, dtype = weights.embed.device, plan.act_dtype
         self.dtype = dtype
         # cos/sin per position, computed in fp32 like the reference, then cast once
-        freqs = torch.arange(max_positions, dtype=torch.float).unsqueeze(1) * cfg.inv_freq
-        emb = torch.cat((freqs, freqs), dim=-1)
-        self.cos = (emb.cos() * cfg.rope_scaling).to(device=device, dtype=dtype)
-        # rotate_half(x) == roll(x, half) * [-1..., +1...]: fold that sign into sin
-        half = cfg.head_dim // 2
-        sign = torch.cat((-torch.ones(half), torch.ones(half)))
-        self.sin = (emb.sin() * cfg.rope_scaling * sign).to(device=device, dtype=dtype)
+        cos, sin = rope_tables(cfg.inv_freq, cfg.rope_scaling, max_positions,
+                               cfg.long_inv_freq, cfg.long_from)
+        self.cos, self.sin = (t.to(device=device, dtype=dtype) for t in (cos, sin))
         # fp32 on CPU: a layer's element-wise ops in C (fused_ops)
         self.fused = fused_ops.load() if plan.fused_ops else None
         # steps of few tokens: the small-batch kernel on its copies (small_linear)
@@ -86,7 +87,7 @@ class DecoderModel:
         c, w = self.cfg, self.w
         n = input_ids.shape[0]
         nq, nkv, hd = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.head_dim
-        num_heads, half = c.num_heads, hd // 2
+        num_heads = c.num_heads
         cos = self.cos[positions].unsqueeze(1)  # [n, 1, head_dim], shared by all layers
         sin = self.sin[positions].unsqueeze(1)
         eps = c.rms_norm_eps
@@ -99,12 +100,11 @@ class DecoderModel:
             h = _rms_norm(x, lw.input_norm, eps)
             qkv = linear(h, lw.qkv, lw.qkv_bias)
             # RoPE on the q and k heads together: one pass instead of two
-            qk = qkv[:, :nq + nkv].view(n, -1, hd)
-            qk = torch.addcmul(qk * cos, qk.roll(half, dims=-1), sin)
+            qk = apply_rope(qkv[:, :nq + nkv].view(n, -1, hd), cos, sin)
             q, k = qk[:, :num_heads], qk[:, num_heads:]
             v = qkv[:, nq + nkv:].view(n, c.num_kv_heads, hd)
             write_kv(k, v, kv_caches[i], meta.slot_mapping)
-            attn = attention(q, kv_caches[i], meta, self.scale)
+            attn = attention(q, kv_caches[i], meta, self.scale, self.windows[i])
             x = residual + self._reduce(linear(attn.reshape(n, nq), lw.o_proj, lw.o_bias))
             residual = x
             h = _rms_norm(x, lw.post_norm, eps)
@@ -149,7 +149,7 @@ class DecoderModel:
             ops.rope_write_kv(qkv, c.num_heads, c.num_kv_heads, hd, self.cos, self.sin,
                               positions, kv_caches[i], meta.slot_mapping)
             attn = attention(qkv[:, :nq].view(n, c.num_heads, hd), kv_caches[i], meta,
-                             self.scale)
+                             self.scale, self.windows[i])
             o = self._reduce(linear(attn.reshape(n, nq), lw.o_proj, lw.o_bias))
             h = ops.add_rms_norm(residual, o, lw.post_norm, eps)
             gate_up = linear(h, lw.gate_up, lw.gate_up_bias)

@@ -28,6 +28,11 @@ class LayerWeights:
     gate_up_bias: torch.Tensor | None
     down: torch.Tensor
     down_bias: torch.Tensor | None
+    # Gemma: norms of the feed-forward's input and output, and per-head q/k norms
+    pre_ffn_norm: torch.Tensor | None = None
+    post_ffn_norm: torch.Tensor | None = None
+    q_norm: torch.Tensor | None = None
+    k_norm: torch.Tensor | None = None
 
 
 @dataclass(slots=True)
@@ -80,6 +85,39 @@ def row_slice(e: TensorEntry, start: int, stop: int) -> TensorEntry:
                                nbytes=(stop - start) * row_bytes)
 
 
+# where the decoder's tensors sit: a causal LM's, or the text model's inside
+# Gemma3ForConditionalGeneration as transformers 5 saves it and as the Hub stores it
+TEXT_MODEL_PREFIXES = ("model.", "model.language_model.", "language_model.model.")
+
+
+def _text_model_prefix(entries: dict[str, TensorEntry]) -> str:
+    for prefix in TEXT_MODEL_PREFIXES:
+        if prefix + "embed_tokens.weight" in entries:
+            return prefix
+    raise KeyError("checkpoint lacks the token embedding (tried "
+                   f"{', '.join(p + 'embed_tokens.weight' for p in TEXT_MODEL_PREFIXES)})")
+
+
+def _unfuse(entries: dict[str, TensorEntry], cfg: ModelConfig, prefix: str) -> None:
+    """Phi-3's fused qkv_proj and gate_up_proj, entered as the parts they stack (rows
+    of the file, read like tensors of their own), so loading and tensor-parallel
+    slicing see one layout."""
+    from worker_svc.model import phi3
+    for i in range(cfg.num_layers):
+        for fused, parts in phi3.FUSED.items():
+            name = f"{prefix}layers.{i}.{fused}.weight"
+            if name not in entries:
+                continue
+            e, start = entries.pop(name), 0
+            rows = phi3.part_rows(fused, cfg)
+            if sum(rows) != e.shape[0]:
+                raise CheckpointError(f"{e.path}: {name} has {e.shape[0]} rows, the config "
+                                      f"gives {' + '.join(map(str, rows))}")
+            for part, n in zip(parts, rows):
+                entries[f"{prefix}layers.{i}.{part}.weight"] = row_slice(e, start, start + n)
+                start += n
+
+
 def weight_bytes(w: ModelWeights) -> int:
     """Bytes of weights this process holds, each tensor once (a tied lm_head, the norms
     a plain copy of a layer shares)."""
@@ -101,6 +139,8 @@ def load_weights(model_dir: Path, cfg: ModelConfig, dtype: torch.dtype,
     tensor-parallel plan, only this rank's slices are allocated and read (see
     worker_svc.parallel.shard); `cfg` is the whole model's."""
     entries = checkpoint_entries(model_dir)
+    prefix = _text_model_prefix(entries)
+    _unfuse(entries, cfg, prefix)
     plan = plan or whole_plan(cfg)
     hd = cfg.head_dim
     q_rows = (plan.q_heads[0] * hd, plan.q_heads[1] * hd)
@@ -168,29 +208,44 @@ def load_weights(model_dir: Path, cfg: ModelConfig, dtype: torch.dtype,
         def row_parallel_bias(name: str) -> torch.Tensor | None:
             return maybe(name) if plan.first else None  # added once, before the all-reduce
 
+        def norm(name: str) -> torch.Tensor:
+            # Gemma's norms scale by (1 + w): folded in once here, the forward is RMSNorm's
+            t = take(name)
+            return t.add_(1.0) if cfg.family == "gemma" else t
+
+        def maybe_norm(name: str) -> torch.Tensor | None:
+            return norm(name) if name in entries else None
+
         layers = []
         for i in range(cfg.num_layers):
-            p = f"model.layers.{i}."
+            p = f"{prefix}layers.{i}."
             a, m = p + "self_attn.", p + "mlp."
             layers.append(LayerWeights(
-                input_norm=take(p + "input_layernorm.weight"),
+                input_norm=norm(p + "input_layernorm.weight"),
                 qkv=fused([a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"]),
                 qkv_bias=fused_bias([a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias"]),
                 o_proj=columns(a + "o_proj.weight", *q_rows),
                 o_bias=row_parallel_bias(a + "o_proj.bias"),
-                post_norm=take(p + "post_attention_layernorm.weight"),
+                post_norm=norm(p + "post_attention_layernorm.weight"),
                 gate_up=fused([m + "gate_proj.weight", m + "up_proj.weight"]),
                 gate_up_bias=fused_bias([m + "gate_proj.bias", m + "up_proj.bias"]),
                 down=columns(m + "down_proj.weight", *plan.intermediate),
                 down_bias=row_parallel_bias(m + "down_proj.bias"),
+                pre_ffn_norm=maybe_norm(p + "pre_feedforward_layernorm.weight"),
+                post_ffn_norm=maybe_norm(p + "post_feedforward_layernorm.weight"),
+                q_norm=maybe_norm(a + "q_norm.weight"),
+                k_norm=maybe_norm(a + "k_norm.weight"),
             ))
-        embed = take("model.embed_tokens.weight")
+        if cfg.family == "gemma" and any(lw.pre_ffn_norm is None for lw in layers):
+            raise KeyError(f"checkpoint in {model_dir} lacks Gemma's feed-forward norms "
+                           f"({prefix}layers.N.pre_feedforward_layernorm.weight)")
+        embed = take(prefix + "embed_tokens.weight")
         if cfg.tie_word_embeddings or "lm_head.weight" not in entries:
             lm_head = embed  # one tensor for both; a stored tied copy is never read
         else:
             lm_head = take("lm_head.weight")
         if not cfg.tie_word_embeddings and lm_head is embed:
             raise KeyError(f"checkpoint in {model_dir} lacks lm_head.weight (untied)")
-        final_norm = take("model.norm.weight")
+        final_norm = norm(prefix + "norm.weight")
     return ModelWeights(embed=embed, layers=layers, final_norm=final_norm, lm_head=lm_head)
 

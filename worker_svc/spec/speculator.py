@@ -19,9 +19,9 @@ from worker_svc.attention.select import select_backend
 from worker_svc.compute_plan import build_plan, has_biases
 from worker_svc.kv_capacity import bytes_per_block
 from worker_svc.model import small_linear
-from worker_svc.model.config import load_model_config
+from worker_svc.model.config import layer_windows, load_model_config
 from worker_svc.model.cpu_dtype import prepare_matmul_weights
-from worker_svc.model.llama import DecoderModel
+from worker_svc.model.families import decoder_class
 from worker_svc.model.weights import load_weights
 from worker_svc.spec.proposers import (DraftModelProposer, NgramProposer,
                                        int8_self_draft_weights)
@@ -32,7 +32,7 @@ log = get_logger(service="worker")
 
 class Speculator:
     def __init__(self, spec: SpeculativeConfig, proposer, tp, device: torch.device,
-                 draft_model: DecoderModel | None = None, draft_cfg=None) -> None:
+                 draft_model=None, draft_cfg=None) -> None:
         self.spec = spec
         self.proposer = proposer
         self.tp = tp
@@ -123,7 +123,7 @@ def build_speculator(spec: SpeculativeConfig | None, *, config, device: torch.de
         draft_plan = dataclasses.replace(
             plan, small_batch="int8", small_max_rows=small_linear.INT8_MAX_ROWS,
             logits_max_rows=small_linear.INT8_MAX_ROWS, argmax_screen=False)
-        model = DecoderModel(local_cfg, int8_self_draft_weights(weights),
+        model = decoder_class(local_cfg)(local_cfg, int8_self_draft_weights(weights),
                              select_backend(draft_plan), max_positions=max_model_len,
                              plan=draft_plan, tp=tp)
         log.info("speculator", method="int8_self_draft", k=spec.num_speculative_tokens)
@@ -144,14 +144,15 @@ def build_speculator(spec: SpeculativeConfig | None, *, config, device: torch.de
         return Speculator(spec, DraftModelProposer(None, block_size, device,
                                                    shares_kv=False), tp, device)
     draft_plan = build_plan(dataclasses.replace(config, tensor_parallel_size=1), device,
-                            draft_cfg, biases=has_biases(draft_cfg))
+                            draft_cfg, biases=has_biases(draft_cfg),
+                            windowed=any(layer_windows(draft_cfg, max_model_len)))
     draft_plan = dataclasses.replace(draft_plan, threads=plan.threads)
     with torch.inference_mode():
         w = load_weights(Path(spec.model), draft_cfg, draft_plan.act_dtype, device)
         if device.type == "cpu":
             small = None if draft_plan.small_batch == "off" else draft_plan.small_batch
             w = prepare_matmul_weights(w, draft_plan.dtype, draft_plan.prepack, small=small)
-    model = DecoderModel(draft_cfg, w, select_backend(draft_plan),
+    model = decoder_class(draft_cfg)(draft_cfg, w, select_backend(draft_plan),
                          max_positions=max_model_len, plan=draft_plan, tp=None)
     log.info("speculator", method="draft_model", model=spec.model,
              k=spec.num_speculative_tokens, draft_layers=draft_cfg.num_layers)
