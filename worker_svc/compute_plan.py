@@ -7,7 +7,12 @@ many threads: `build_plan` decides them all from the flags (the --cpu-* switches
 shared/config.py), the device, dtype and quantization, the model's shape, the C
 kernels this machine could build and the tensor-parallel ranks on this host. The
 model, the attention backend and the runner then only read the plan; no step asks
-the environment or a kernel's availability again. The worker logs it in one
+the environment or a kernel's availability again. Which family serves the model
+(worker_svc/model/registry.py) decides the layers: only the llama family's fast path
+takes the C element-wise ops, layer loop and small-batch matmul ("layers=c"); every
+other family runs its torch layers ("layers=torch"), sharing the attention backend,
+and an option only the C path serves (--quantization int8) is refused for it by
+name. The worker logs it in one
 `compute_plan` line and reports `summary()` in ModelInfo (GetModelInfo, /v1/status).
 """
 
@@ -66,6 +71,8 @@ class ComputePlan:
     ranks_on_host: int  # tensor-parallel ranks sharing this host's cores
     zero_cost_steps: bool  # test/benchmark only: steps skip the model (zero_cost.py)
     fault_stop_after_steps: int | None  # test/drill only: SIGSTOP after N steps
+    family: str = "llama"  # the model's family module (model/registry.py)
+    c_layers: bool = True  # its layers may take the C kernels (only the llama family)
     # some layers attend within a sliding window shorter than max_model_len: those take
     # the backends' windowed path, never the C decode kernel or the C layer loop
     windowed: bool = False
@@ -81,8 +88,10 @@ class ComputePlan:
         on = {True: "on", False: "off"}
         dtype = _name(self.dtype) if self.dtype == self.act_dtype else \
             f"{_name(self.dtype)}/{_name(self.act_dtype)}"
-        parts = [f"device={self.device}", f"dtype={dtype}", f"attention={self.attention}",
-                 f"layer_loop={self.layer_loop}", f"prepack={on[self.prepack]}",
+        parts = [f"device={self.device}", f"family={self.family}",
+                 f"layers={'c' if self.c_layers else 'torch'}", f"dtype={dtype}",
+                 f"attention={self.attention}", f"layer_loop={self.layer_loop}",
+                 f"prepack={on[self.prepack]}",
                  f"small_batch={self.small_batch}:{self.small_max_rows}",
                  f"logits_small_rows={self.logits_max_rows}",
                  f"argmax_screen={on[self.argmax_screen]}", f"threads={self.threads}",
@@ -96,7 +105,8 @@ class ComputePlan:
         return " ".join(parts)
 
     def log_fields(self) -> dict[str, object]:
-        return {"device": str(self.device), "dtype": _name(self.dtype),
+        return {"device": str(self.device), "family": self.family,
+                "layers": "c" if self.c_layers else "torch", "dtype": _name(self.dtype),
                 "act_dtype": _name(self.act_dtype), "attention": self.attention,
                 "layer_loop": self.layer_loop, "prepack": self.prepack,
                 "fused_ops": self.fused_ops, "small_batch": self.small_batch,
@@ -115,10 +125,9 @@ def _name(dtype: torch.dtype) -> str:
 def has_biases(model_cfg) -> bool:
     """Whether the model's matmuls carry biases (Qwen2's q/k/v), which the C layer
     loop has no place for; the rule weights and dummy_weights follow."""
-    from worker_svc.model.config import SUPPORTED_MODEL_TYPES
     hf = model_cfg.hf_config
-    return bool(SUPPORTED_MODEL_TYPES.get(model_cfg.model_type, False)
-                or getattr(hf, "attention_bias", False) or getattr(hf, "mlp_bias", False))
+    return bool(model_cfg.qkv_bias or getattr(hf, "attention_bias", False)
+                or getattr(hf, "mlp_bias", False))
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
@@ -136,29 +145,34 @@ def build_plan(config: WorkerConfig, device: torch.device, model_cfg, *, biases:
     whether a sliding window applies (model.config.layer_windows). kernels,
     usable_cores and environ default to this machine's; tests pass their own."""
     from worker_svc.model import fused_ops, small_linear
+    from worker_svc.model.registry import FAMILIES
     dtype = resolve_dtype(config.dtype, device)
     cpu = device.type == "cpu"
+    family = getattr(model_cfg, "family", "llama")
+    c_layers = FAMILIES[family].c_kernels
     if config.quantization == "int8" and not cpu:
         raise ValueError("--quantization int8 is the CPU small-batch kernel's weight "
                          f"format; this worker runs on {device.type}")
+    if config.quantization == "int8" and not c_layers:
+        raise ValueError(f"--quantization int8 runs on the C layers of the llama family "
+                         f"only; model family {family!r} runs torch layers")
     # bf16 on CPU: bf16 matmul weights, fp32 activations and KV cache (cpu_dtype)
     act_dtype = torch.float32 if cpu and dtype == torch.bfloat16 else dtype
     c_path = cpu and act_dtype == torch.float32  # the C kernels are fp32 CPU kernels
+    # the C attention kernel is shared by every family; the C layer kernels are not
+    c_layer_path = c_path and c_layers
     if cpu and kernels is None:
         kernels = probe_kernels()
     attention = "triton" if device.type == "cuda" and _triton_imports(device) else "torch_sdpa"
     if c_path and config.cpu_attention and kernels.attention:
         attention = "c_decode_kernel"
-    prepack = cpu and config.cpu_prepack and (
+    prepack = cpu and c_layers and config.cpu_prepack and (
         kernels.prepack_fp32 if dtype == torch.float32
         else kernels.prepack_bf16 if dtype == torch.bfloat16 else False)
-    # the C ops know the Llama layer with RoPE on whole heads (not Gemma's, not partial)
-    llama_layer = getattr(model_cfg, "family", "llama") == "llama" \
-        and getattr(model_cfg, "rotary_dim", None) is None
-    fused = c_path and config.cpu_fused_ops and kernels.fused_ops and llama_layer \
+    fused = c_layer_path and config.cpu_fused_ops and kernels.fused_ops \
         and model_cfg.head_dim <= fused_ops.MAX_HEAD_DIM
     small = "off"
-    if c_path and config.cpu_small_batch and kernels.small_batch:
+    if c_layer_path and config.cpu_small_batch and kernels.small_batch:
         small = "int8" if config.quantization == "int8" else "plain"
     if config.quantization == "int8" and small == "off":  # asked for, nothing would run it
         raise ValueError("--quantization int8 needs the small-batch kernel: a C compiler, "
@@ -181,7 +195,8 @@ def build_plan(config: WorkerConfig, device: torch.device, model_cfg, *, biases:
         logits_max_rows=small_rows, argmax_screen=screen,
         threads=_threads(config.cpu_threads, ranks_on_host, usable_cores, environ),
         ranks_on_host=ranks_on_host, zero_cost_steps=config.zero_cost_steps,
-        fault_stop_after_steps=fault_stop_after_steps, windowed=windowed)
+        fault_stop_after_steps=fault_stop_after_steps, family=family, c_layers=c_layers,
+        windowed=windowed)
 
 
 def _threads(requested: int, ranks_on_host: int, usable_cores: int | None, environ) -> int:

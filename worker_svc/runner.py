@@ -33,8 +33,8 @@ from worker_svc.model.config import layer_windows, load_model_config
 from worker_svc.model import small_linear
 from worker_svc.model.cpu_dtype import native_bf16, prepare_matmul_weights
 from worker_svc.model.dummy_weights import dummy_weights
-from worker_svc.model.families import decoder_class
-from worker_svc.model.weights import load_weights, weight_bytes
+from worker_svc.model.registry import FAMILIES
+from worker_svc.model.weights import weight_bytes
 from worker_svc.parallel.shard import shard_plan
 from worker_svc.worker_request import WorkerRequest
 from worker_svc.grammar import GrammarRuntime, apply_masks
@@ -76,20 +76,26 @@ class ModelRunner:
         # test-only paths bound here, not looked up every step
         self._passes = self._zero_cost_passes if plan.zero_cost_steps else self._model_passes
         self.after_step = fault_injection.after_step_hook(plan.fault_stop_after_steps)
+        # the family module that serves this checkpoint (model/registry.py)
+        family = FAMILIES[cfg.family]
+        module = family.module()
+        if config.load_format == "dummy" and not family.c_kernels:
+            raise ValueError(f"--load-format dummy makes the llama family's weights only; "
+                             f"model family {cfg.family!r} needs its checkpoint")
         with torch.inference_mode():
             if config.load_format == "dummy":  # never split: refused with tensor parallelism
                 weights = dummy_weights(cfg, act_dtype, self.device, seed=config.seed)
             else:
-                weights = load_weights(self.model_dir, cfg, act_dtype, self.device, self.plan)
-            if self.device.type == "cpu":  # prepacked; bf16 for the matmuls only
+                weights = module.load_weights(self.model_dir, cfg, act_dtype, self.device,
+                                              self.plan, matmul_dtype=self.dtype)
+            if self.device.type == "cpu" and family.c_kernels:  # prepacked; bf16 matmuls
                 small = None if plan.small_batch == "off" else plan.small_batch
                 weights = prepare_matmul_weights(weights, self.dtype, plan.prepack, small=small)
                 if plan.argmax_screen:
                     weights.argmax_screen = _argmax_screen(weights)
             self.weight_bytes = weight_bytes(weights)
-            model_cls = decoder_class(self.local_config)
-            self.model = model_cls(self.local_config, weights, select_backend(plan),
-                                   max_positions=self.max_model_len, plan=plan, tp=self.tp)
+            self.model = module.Model(self.local_config, weights, select_backend(plan),
+                                      max_positions=self.max_model_len, plan=plan, tp=self.tp)
             # speculative decoding: the proposer, and the draft model it may run
             self.speculator = build_speculator(
                 config.speculative_config, config=config, device=self.device, plan=plan,
@@ -478,11 +484,13 @@ def _argmax_only(samplers: list[WorkerRequest], max_rows: int) -> bool:
 
 
 def _resolve_max_model_len(requested: int | None, cfg) -> int:
+    # the RoPE's positions: max_position_embeddings, or YaRN's scaled length (config.py);
     # a sliding window does not cap it: attention applies the window (layer_windows)
-    limit = cfg.max_position_embeddings
+    limit = cfg.max_context or cfg.max_position_embeddings
     if requested is None:
         return limit
     if not 0 < requested <= limit:
         raise ValueError(f"max_model_len must be in [1, {limit}] for this model "
-                         f"(max_position_embeddings), got {requested}")
+                         f"(max_position_embeddings, YaRN-scaled where configured), "
+                         f"got {requested}")
     return requested

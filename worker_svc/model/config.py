@@ -1,4 +1,8 @@
-"""Model facts read from a checkpoint's config.json, in the shape our model needs."""
+"""Model facts read from a checkpoint's config.json, in the shape our model needs.
+
+The shared fields (sizes, heads, RoPE, EOS) are read here for every family; the
+family module the registry picks (worker_svc/model/registry.py) reads its own fields
+and refuses what it cannot run (its `configure`)."""
 
 from __future__ import annotations
 
@@ -7,11 +11,11 @@ from pathlib import Path
 
 import torch
 
-# model_type -> whether q/k/v projections carry a bias regardless of config flags
-SUPPORTED_MODEL_TYPES = {"llama": False, "mistral": False, "qwen2": True, "phi3": False,
-                         "gemma2": False, "gemma3_text": False, "gemma3": False}
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
-GEMMA_TYPES = ("gemma2", "gemma3_text")  # the layer of worker_svc/model/gemma.py
+from worker_svc.model.layers import MoeSpec
+
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+# families whose configure() takes more: longrope and partial rotary (Phi-3)
+LONGROPE_FAMILIES = ("phi3",)
 
 
 @dataclass(slots=True)
@@ -30,16 +34,22 @@ class ModelConfig:
     eos_token_ids: list[int]
     inv_freq: torch.Tensor  # [head_dim // 2] fp32 RoPE inverse frequencies
     rope_scaling: float  # multiplies cos/sin (yarn's attention factor), 1.0 otherwise
+    # the positions the RoPE serves: max_position_embeddings, or more where the
+    # config's scaling extends it (yarn: original_max_position_embeddings * factor)
+    max_context: int = 0
     sliding_window: int | None = None
-    # "llama" (Llama, Mistral, Qwen2, Phi-3: model/llama.py, the C ops can run it) or
-    # "gemma" (Gemma 2/3: model/gemma.py, torch ops)
-    family: str = "llama"
+    family: str = "llama"  # the registry's family (worker_svc/model/<family>.py)
+    # family fields, set by the family's configure()
+    qkv_bias: bool = False  # q/k/v projections carry a bias (Qwen2)
+    qk_norm: bool = False  # per-head RMSNorm of q and k before RoPE (Qwen3)
+    moe: MoeSpec | None = None  # the routed-experts layers' shape and router
+    moe_layers: tuple[bool, ...] = ()  # per layer: routed experts (True) or a dense MLP
+    # which layers attend within sliding_window (Gemma alternates); None: all of them
+    sliding_layers: tuple[bool, ...] | None = None
     rotary_dim: int | None = None  # RoPE on the first rotary_dim dims of a head; None: all
     # longrope (Phi-3): positions from long_from on rotate with long_inv_freq
     long_inv_freq: torch.Tensor | None = None
     long_from: int | None = None
-    # which layers attend within sliding_window (Gemma alternates); None: all of them
-    sliding_layers: tuple[bool, ...] | None = None
     hf_config: object = field(default=None, repr=False)
 
 
@@ -67,59 +77,41 @@ def model_config_from_hf(hf, eos_token_ids: list[int]) -> ModelConfig:
     config.json, or by transformers from a GGUF file's metadata)."""
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    if hf.model_type not in SUPPORTED_MODEL_TYPES:
-        raise ValueError(f"unsupported model_type {hf.model_type!r}; supported: "
-                         f"{', '.join(SUPPORTED_MODEL_TYPES)}")
+    from worker_svc.model.registry import family_of
+
+    family = family_of(hf)
     if hf.model_type == "gemma3":  # Gemma3ForConditionalGeneration: serve its text model
         hf = hf.text_config
+    if family.name != "gemma" and getattr(hf, "hidden_act", "silu") != "silu":
+        raise ValueError(f"unsupported hidden_act {hf.hidden_act!r}; only silu (SwiGLU)")
     head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
-    if hf.model_type in GEMMA_TYPES:
-        from worker_svc.model import gemma
-        gemma.check_config(hf)
-        rope = dict(hf.rope_parameters.get("full_attention", hf.rope_parameters)) \
-            if hf.model_type == "gemma3_text" else dict(hf.rope_parameters or {})
-        layer_type = "full_attention" if hf.model_type == "gemma3_text" else None
-    else:
-        if getattr(hf, "hidden_act", "silu") != "silu":
-            raise ValueError(f"unsupported hidden_act {hf.hidden_act!r}; only silu (SwiGLU)")
-        rope = dict(getattr(hf, "rope_parameters", None) or {})
-        layer_type = None
+    rope = dict(getattr(hf, "rope_parameters", None) or {})
+    layer_type = None
+    if "full_attention" in rope:  # per layer type (Gemma 3): the global layers' here
+        layer_type, rope = "full_attention", dict(rope["full_attention"])
     rope_type = rope.get("rope_type", "default")
-    if rope_type not in SUPPORTED_ROPE_TYPES or (rope_type == "longrope"
-                                                 and hf.model_type != "phi3"):
+    longrope = family.name in LONGROPE_FAMILIES
+    if rope_type not in SUPPORTED_ROPE_TYPES and not (longrope and rope_type == "longrope"):
         raise ValueError(f"unsupported rope_type {rope_type!r} for {hf.model_type}; "
-                         f"supported: {', '.join(SUPPORTED_ROPE_TYPES[:-1])}, and longrope "
-                         "for phi3")
-    partial = float(rope.get("partial_rotary_factor", getattr(hf, "partial_rotary_factor",
-                                                                1.0) or 1.0))
-    if partial != 1.0 and hf.model_type != "phi3":
+                         f"supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
+                         + (", longrope" if longrope else ""))
+    partial = float(rope.get("partial_rotary_factor", 1.0) or 1.0)
+    if partial != 1.0 and not longrope:
         raise ValueError(f"partial rotary embeddings (partial_rotary_factor {partial}) are "
-                         f"not supported for {hf.model_type}; only for phi3")
+                         f"not supported for {hf.model_type}")
     rotary_dim = int(head_dim * partial)
     if rotary_dim % 2 or not 0 < rotary_dim <= head_dim:
         raise ValueError(f"partial_rotary_factor {partial} of head_dim {head_dim} gives an "
                          f"unusable rotary dimension {rotary_dim}")
-    kw = {"layer_type": layer_type} if layer_type else {}
-    long_inv_freq = long_from = None
     if rope_type == "default":
         theta = rope.get("rope_theta", getattr(hf, "rope_theta", 10000.0))
         inv_freq = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, dtype=torch.float)
                                     / rotary_dim))
         rope_scaling = 1.0
     else:
+        kw = {"layer_type": layer_type} if layer_type else {}
         inv_freq, rope_scaling = ROPE_INIT_FUNCTIONS[rope_type](hf, "cpu", **kw)
-    if rope_type == "longrope":
-        from worker_svc.model import phi3
-        long_inv_freq, long_from = phi3.long_rope(hf)
-    sliding_window, sliding_layers = None, None
-    if hf.model_type in ("mistral", "phi3") and getattr(hf, "sliding_window", None):
-        sliding_window = int(hf.sliding_window)
-    if hf.model_type in GEMMA_TYPES and getattr(hf, "sliding_window", None):
-        sliding_window = int(hf.sliding_window)
-        sliding_layers = tuple(t == "sliding_attention" for t in hf.layer_types)
-    if hf.model_type == "qwen2" and getattr(hf, "use_sliding_window", False):
-        raise ValueError("Qwen2 sliding-window attention is not supported")
-    return ModelConfig(
+    cfg = ModelConfig(
         model_type=hf.model_type,
         vocab_size=hf.vocab_size,
         hidden_size=hf.hidden_size,
@@ -134,14 +126,23 @@ def model_config_from_hf(hf, eos_token_ids: list[int]) -> ModelConfig:
         eos_token_ids=eos_token_ids,
         inv_freq=inv_freq.float(),
         rope_scaling=float(rope_scaling),
-        sliding_window=sliding_window,
-        sliding_layers=sliding_layers,
-        family="gemma" if hf.model_type in GEMMA_TYPES else "llama",
+        max_context=rope_context(hf.max_position_embeddings, rope_type, rope),
+        family=family.name,
         rotary_dim=None if rotary_dim == head_dim else rotary_dim,
-        long_inv_freq=long_inv_freq,
-        long_from=long_from,
         hf_config=hf,
     )
+    return family.module().configure(hf, cfg)
+
+
+def rope_context(max_position_embeddings: int, rope_type: str, rope: dict) -> int:
+    """The positions a checkpoint serves. YaRN's tables are static, so a config that
+    scales pretraining's original_max_position_embeddings by `factor` serves that many
+    (Qwen2.5's 32K x 4 = 128K, as vLLM derives it); every other type, the config's
+    max_position_embeddings (llama3's already states its extended length)."""
+    if rope_type == "yarn" and rope.get("factor") and rope.get("original_max_position_embeddings"):
+        scaled = int(rope["original_max_position_embeddings"] * rope["factor"])
+        return max(max_position_embeddings, scaled)
+    return max_position_embeddings
 
 
 def _eos_ids(model_dir: Path, hf) -> list[int]:

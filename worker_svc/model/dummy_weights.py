@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from worker_svc.model.config import SUPPORTED_MODEL_TYPES, ModelConfig
+from worker_svc.model.config import ModelConfig
 from worker_svc.model.weights import LayerWeights, ModelWeights
 
 LOW, HIGH = -1e-3, 1e-3
@@ -29,8 +29,7 @@ def dummy_weights(cfg: ModelConfig, dtype: torch.dtype, device: torch.device,
         return torch.ones(n, dtype=dtype, device=device)
 
     hf = cfg.hf_config
-    qkv_bias = SUPPORTED_MODEL_TYPES.get(cfg.model_type, False) or \
-        bool(getattr(hf, "attention_bias", False))
+    qkv_bias = cfg.qkv_bias or bool(getattr(hf, "attention_bias", False))
     mlp_bias = bool(getattr(hf, "mlp_bias", False))
     h, inter = cfg.hidden_size, cfg.intermediate_size
     nq, nkv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim

@@ -1,4 +1,5 @@
-"""The decoder forward for Llama, Mistral, SmolLM and Qwen2 checkpoints.
+"""The llama family (Llama, Mistral, SmolLM, Qwen2): its config rules and the fast
+path's decoder forward, the only one the C kernels run (registry.py).
 
 One call runs every scheduled token of a step (prefill chunks and decodes of many
 requests, flattened into one [num_tokens] batch, no padding). Layers are plain
@@ -12,10 +13,29 @@ import torch
 import torch.nn.functional as F
 
 from worker_svc.attention.metadata import AttentionMetadata
-from worker_svc.model import decode_layers, fused_ops, small_linear
+from worker_svc.model import decode_layers, fused_ops, layers, small_linear
 from worker_svc.model.config import ModelConfig, layer_windows
-from worker_svc.model.rope import apply_rope, rope_tables
-from worker_svc.model.weights import ModelWeights
+from worker_svc.model.weights import ModelWeights, load_weights as _load_weights
+
+# model_type -> whether q/k/v projections carry a bias regardless of config flags
+QKV_BIAS = {"llama": False, "mistral": False, "qwen2": True}
+
+
+def configure(hf, cfg: ModelConfig) -> ModelConfig:
+    """The family's own fields: Qwen2's q/k/v bias, Mistral's sliding window."""
+    cfg.qkv_bias = QKV_BIAS[hf.model_type] or bool(getattr(hf, "attention_bias", False))
+    if hf.model_type == "mistral" and getattr(hf, "sliding_window", None):
+        cfg.sliding_window = int(hf.sliding_window)
+    if hf.model_type == "qwen2" and getattr(hf, "use_sliding_window", False):
+        raise ValueError("Qwen2 sliding-window attention is not supported")
+    return cfg
+
+
+def load_weights(model_dir, cfg: ModelConfig, dtype: torch.dtype, device: torch.device,
+                 shard=None, matmul_dtype: torch.dtype | None = None) -> ModelWeights:
+    """In the activation dtype; the runner's cpu_dtype.prepare_matmul_weights makes the
+    matmul copies (bf16, prepacked, int8) the compute plan asks for."""
+    return _load_weights(model_dir, cfg, dtype, device, shard)
 
 
 class DecoderModel:
@@ -41,10 +61,9 @@ class DecoderModel:
         # activations and KV cache; bf16 matmul weights on CPU keep them fp32 (cpu_dtype)
         device, dtype = weights.embed.device, plan.act_dtype
         self.dtype = dtype
-        # cos/sin per position, computed in fp32 like the reference, then cast once
-        cos, sin = rope_tables(cfg.inv_freq, cfg.rope_scaling, max_positions,
-                               cfg.long_inv_freq, cfg.long_from)
-        self.cos, self.sin = (t.to(device=device, dtype=dtype) for t in (cos, sin))
+        # cos/sin per position (sin carries rotate_half's sign: layers.rope_tables)
+        self.cos, self.sin = layers.rope_tables(cfg.inv_freq, cfg.rope_scaling, cfg.head_dim,
+                                                max_positions, device, dtype)
         # fp32 on CPU: a layer's element-wise ops in C (fused_ops)
         self.fused = fused_ops.load() if plan.fused_ops else None
         # steps of few tokens: the small-batch kernel on its copies (small_linear)
@@ -87,7 +106,7 @@ class DecoderModel:
         c, w = self.cfg, self.w
         n = input_ids.shape[0]
         nq, nkv, hd = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.head_dim
-        num_heads = c.num_heads
+        num_heads, half = c.num_heads, hd // 2
         cos = self.cos[positions].unsqueeze(1)  # [n, 1, head_dim], shared by all layers
         sin = self.sin[positions].unsqueeze(1)
         eps = c.rms_norm_eps
@@ -100,7 +119,8 @@ class DecoderModel:
             h = _rms_norm(x, lw.input_norm, eps)
             qkv = linear(h, lw.qkv, lw.qkv_bias)
             # RoPE on the q and k heads together: one pass instead of two
-            qk = apply_rope(qkv[:, :nq + nkv].view(n, -1, hd), cos, sin)
+            qk = qkv[:, :nq + nkv].view(n, -1, hd)
+            qk = torch.addcmul(qk * cos, qk.roll(half, dims=-1), sin)
             q, k = qk[:, :num_heads], qk[:, num_heads:]
             v = qkv[:, nq + nkv:].view(n, c.num_kv_heads, hd)
             write_kv(k, v, kv_caches[i], meta.slot_mapping)
@@ -168,15 +188,7 @@ class DecoderModel:
 
     def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Embeddings in the activation dtype (fp32 under bf16 CPU weights)."""
-        if self.tp is None:
-            return F.embedding(input_ids, self.w.embed).to(self.dtype)
-        # vocab-parallel: each rank looks up the ids in its rows, zeros elsewhere; the
-        # sum over ranks is exact (one nonzero term per element)
-        start, stop = self.vocab
-        mine = (input_ids >= start) & (input_ids < stop)
-        x = F.embedding((input_ids - start) * mine, self.w.embed).to(self.dtype)
-        x *= mine.unsqueeze(1).to(x.dtype)
-        return self.tp.all_reduce(x)
+        return layers.vocab_parallel_embed(input_ids, self.w.embed, self.dtype, self.tp)
 
     def _logits(self, x: torch.Tensor, argmax_only: bool = False) -> torch.Tensor | None:
         """[rows, vocab] fp32 logits; with tensor parallelism each rank computes its
@@ -193,33 +205,13 @@ class DecoderModel:
             logits = self.small(x, self._small_lm_head)
         else:
             logits = _linear(x, self.w.lm_head)
-        if self.tp is None:
-            return logits.float()
-        if x.shape[0] == 0:  # every rank agrees: no row samples this step
-            return logits.float() if self.tp.rank == 0 else None
-        full = self.tp.gather_to_first(logits, self.cfg.vocab_size)
-        return None if full is None else full.float()
+        return layers.gathered_logits(logits, self.tp, self.cfg.vocab_size)
 
 
 def _unchanged(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def _linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
-            ) -> torch.Tensor:
-    """F.linear, or oneDNN's on a weight prepacked by cpu_dtype; with bf16 weights under
-    fp32 activations the input is rounded to bf16 and the output widened back."""
-    if weight.is_mkldnn:  # prepacked by cpu_dtype: oneDNN's own layout
-        return torch.ops.mkldnn._linear_pointwise(x.to(weight.dtype), weight, bias, "none",
-                                                  [], "").to(x.dtype)
-    if weight.dtype == x.dtype:
-        return F.linear(x, weight, bias)
-    return F.linear(x.to(weight.dtype), weight, bias).to(x.dtype)
-
-
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    if x.dtype == torch.float32:  # the fused kernel; same result as the reference's steps
-        return F.rms_norm(x, weight.shape, weight, eps)
-    xf = x.float()  # half precision: normalize in fp32, then scale, like the reference
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(x.dtype)
+_linear = layers.linear
+_rms_norm = layers.rms_norm
+Model = DecoderModel  # the family's model (registry.py)

@@ -28,11 +28,6 @@ class LayerWeights:
     gate_up_bias: torch.Tensor | None
     down: torch.Tensor
     down_bias: torch.Tensor | None
-    # Gemma: norms of the feed-forward's input and output, and per-head q/k norms
-    pre_ffn_norm: torch.Tensor | None = None
-    post_ffn_norm: torch.Tensor | None = None
-    q_norm: torch.Tensor | None = None
-    k_norm: torch.Tensor | None = None
 
 
 @dataclass(slots=True)
@@ -85,167 +80,201 @@ def row_slice(e: TensorEntry, start: int, stop: int) -> TensorEntry:
                                nbytes=(stop - start) * row_bytes)
 
 
-# where the decoder's tensors sit: a causal LM's, or the text model's inside
-# Gemma3ForConditionalGeneration as transformers 5 saves it and as the Hub stores it
+def weight_bytes(w) -> int:
+    """Bytes of weights this process holds, each tensor once (a tied lm_head, the norms
+    a plain copy of a layer shares), of any family's weights: tensors found through
+    dataclass fields and lists."""
+    unique: dict[int, torch.Tensor] = {}
+
+    def visit(obj) -> None:
+        if obj is None:
+            return
+        if isinstance(obj, torch.Tensor):
+            unique[id(obj)] = obj
+        elif hasattr(obj, "tensors"):  # an int8 copy (small_linear.Int8Weight)
+            for t in obj.tensors():
+                unique[id(t)] = t
+        elif isinstance(obj, (list, tuple)):
+            for item in obj:
+                visit(item)
+        elif dataclasses.is_dataclass(obj):
+            # not dataclasses.astuple: it deep-copies every weight
+            for f in dataclasses.fields(obj):
+                visit(getattr(obj, f.name))
+    visit(w)
+    return sum(t.numel() * t.element_size() for t in unique.values())
+
+
+# where a checkpoint keeps the decoder: a causal LM's "model.", or the text model
+# inside Gemma3ForConditionalGeneration as transformers 5 saves it and as the Hub has it
 TEXT_MODEL_PREFIXES = ("model.", "model.language_model.", "language_model.model.")
+# projections some checkpoints store fused (Phi-3) -> the parts they stack, in order
+FUSED_IN_CHECKPOINT = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj",
+                                              "self_attn.v_proj"),
+                       "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj")}
 
 
-def _text_model_prefix(entries: dict[str, TensorEntry]) -> str:
-    for prefix in TEXT_MODEL_PREFIXES:
-        if prefix + "embed_tokens.weight" in entries:
-            return prefix
-    raise KeyError("checkpoint lacks the token embedding (tried "
-                   f"{', '.join(p + 'embed_tokens.weight' for p in TEXT_MODEL_PREFIXES)})")
-
-
-def _unfuse(entries: dict[str, TensorEntry], cfg: ModelConfig, prefix: str) -> None:
-    """Phi-3's fused qkv_proj and gate_up_proj, entered as the parts they stack (rows
-    of the file, read like tensors of their own), so loading and tensor-parallel
-    slicing see one layout."""
-    from worker_svc.model import phi3
+def causal_lm_entries(entries: dict[str, TensorEntry], cfg: ModelConfig
+                      ) -> dict[str, TensorEntry]:
+    """The entries under a causal LM's names: the text model's prefix read as "model.",
+    and fused projections entered as their parts (rows of the file, read like tensors
+    of their own), so every family's loading and tensor-parallel slicing see one layout."""
+    prefix = next((p for p in TEXT_MODEL_PREFIXES if p + "embed_tokens.weight" in entries),
+                  "model.")
+    if prefix != "model.":
+        entries = {("model." + n[len(prefix):] if n.startswith(prefix) else n): e
+                   for n, e in entries.items()}
     for i in range(cfg.num_layers):
-        for fused, parts in phi3.FUSED.items():
-            name = f"{prefix}layers.{i}.{fused}.weight"
+        for fused, parts in FUSED_IN_CHECKPOINT.items():
+            name = f"model.layers.{i}.{fused}.weight"
             if name not in entries:
                 continue
             e, start = entries.pop(name), 0
-            rows = phi3.part_rows(fused, cfg)
+            rows = _part_rows(fused, cfg)
             if sum(rows) != e.shape[0]:
                 raise CheckpointError(f"{e.path}: {name} has {e.shape[0]} rows, the config "
                                       f"gives {' + '.join(map(str, rows))}")
             for part, n in zip(parts, rows):
-                entries[f"{prefix}layers.{i}.{part}.weight"] = row_slice(e, start, start + n)
+                entries[f"model.layers.{i}.{part}.weight"] = row_slice(e, start, start + n)
                 start += n
+    return entries
 
 
-def weight_bytes(w: ModelWeights) -> int:
-    """Bytes of weights this process holds, each tensor once (a tied lm_head, the norms
-    a plain copy of a layer shares)."""
-    tensors = [w.embed, w.final_norm, w.lm_head, w.plain_lm_head, w.argmax_screen]
-    for lw in [*w.layers, *(w.plain_layers or ())]:
-        # not dataclasses.astuple: it deep-copies every weight
-        tensors += [getattr(lw, f.name) for f in dataclasses.fields(lw)]
-    # an int8 copy (small_linear.Int8Weight) is its values and its scales
-    tensors = [part for t in tensors if t is not None
-               for part in (t.tensors() if hasattr(t, "tensors") else (t,))]
-    unique = {id(t): t for t in tensors}
-    return sum(t.numel() * t.element_size() for t in unique.values())
+def _part_rows(fused: str, cfg: ModelConfig) -> list[int]:
+    if fused == "self_attn.qkv_proj":
+        kv = cfg.num_kv_heads * cfg.head_dim
+        return [cfg.num_heads * cfg.head_dim, kv, kv]
+    return [cfg.intermediate_size, cfg.intermediate_size]
+
+
+class CheckpointSlices:
+    """A checkpoint's tensors as one tensor-parallel rank reads them: each weight
+    allocated once in its final (fused) place and read straight into it, no file
+    mapping, no intermediate copies (see safetensors_io). Column-parallel parts are
+    cut to this rank's rows by their name (q_proj, k_proj, v_proj: its heads;
+    gate_proj, up_proj: its intermediate rows; embed_tokens, lm_head: its vocabulary);
+    `columns` cuts row-parallel ones. Use inside `with TensorReader() as reader`."""
+
+    def __init__(self, model_dir: Path, cfg: ModelConfig, plan: ShardPlan,
+                 reader: TensorReader, dtype: torch.dtype, device: torch.device) -> None:
+        self.model_dir, self.plan, self.reader = model_dir, plan, reader
+        self.dtype, self.device = dtype, device
+        self.entries = causal_lm_entries(checkpoint_entries(model_dir), cfg)
+        hd = cfg.head_dim
+        self.q_rows = (plan.q_heads[0] * hd, plan.q_heads[1] * hd)
+        kv_rows = (plan.kv_heads[0] * hd, plan.kv_heads[1] * hd)
+        # column-parallel rows of each fused part, by the part's name
+        self.rows_of = {"q_proj": self.q_rows, "k_proj": kv_rows, "v_proj": kv_rows,
+                        "gate_proj": plan.intermediate, "up_proj": plan.intermediate,
+                        "embed_tokens": plan.vocab, "lm_head": plan.vocab}
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.entries
+
+    def entry(self, name: str, whole: bool = False) -> TensorEntry:
+        """whole: the full tensor whatever its name (an expert's gate_proj is held whole
+        by the rank that holds the expert)."""
+        if name not in self.entries:
+            raise KeyError(f"checkpoint in {self.model_dir} lacks tensor {name}")
+        e = self.entries[name]
+        part = name.rsplit(".", 2)[-2]  # "model.layers.0.self_attn.q_proj.weight" -> q_proj
+        if whole or self.plan.whole or part not in self.rows_of or not e.shape:
+            return e
+        return row_slice(e, *self.rows_of[part])
+
+    def take(self, name: str, dtype: torch.dtype | None = None, whole: bool = False
+             ) -> torch.Tensor:
+        e = self.entry(name, whole)
+        out = new_tensor(e.shape, dtype or self.dtype, self.device)
+        self.reader.read_into(e, out)
+        return out
+
+    def maybe(self, name: str) -> torch.Tensor | None:
+        return self.take(name) if name in self.entries else None
+
+    def fused(self, names: list[str], dtype: torch.dtype | None = None, whole: bool = False,
+              out: torch.Tensor | None = None) -> torch.Tensor:
+        """The parts stacked by rows into one tensor (into `out` if given)."""
+        parts = [self.entry(n, whole) for n in names]
+        if any(len(p.shape) == 0 or p.shape[1:] != parts[0].shape[1:] for p in parts):
+            raise CheckpointError(f"checkpoint in {self.model_dir}: cannot stack {names} "
+                                  f"with shapes {[list(p.shape) for p in parts]}")
+        rows = sum(p.shape[0] for p in parts)
+        if out is None:
+            out = new_tensor((rows, *parts[0].shape[1:]), dtype or self.dtype, self.device)
+        elif tuple(out.shape) != (rows, *parts[0].shape[1:]):
+            raise CheckpointError(f"checkpoint in {self.model_dir}: {names} stack to "
+                                  f"{[rows, *parts[0].shape[1:]]}, expected {list(out.shape)}")
+        start = 0
+        for p in parts:  # each part read into its rows of the fused tensor
+            self.reader.read_into(p, out[start:start + p.shape[0]])
+            start += p.shape[0]
+        return out
+
+    def fused_bias(self, names: list[str]) -> torch.Tensor | None:
+        present = [n in self.entries for n in names]
+        if not any(present):
+            return None
+        if not all(present):
+            raise ValueError("a fused projection has a bias on some parts only")
+        return self.fused(names)
+
+    def columns(self, name: str, start: int, stop: int,
+                dtype: torch.dtype | None = None) -> torch.Tensor:
+        """Row-parallel: columns [start, stop) of every row, through one temporary
+        the size of the whole tensor (strided bytes in the file)."""
+        if self.plan.whole:
+            return self.take(name, dtype)
+        e = self.entry(name)
+        if len(e.shape) != 2 or not 0 <= start <= stop <= e.shape[1]:
+            raise CheckpointError(f"{e.path}: tensor {name} of shape {list(e.shape)} has "
+                                  f"no columns [{start}, {stop})")
+        tmp = torch.empty(e.shape, dtype=e.torch_dtype())
+        self.reader.read_into(e, tmp)
+        out = new_tensor((e.shape[0], stop - start), dtype or self.dtype, self.device)
+        out.copy_(tmp[:, start:stop])
+        return out
+
+    def row_parallel_bias(self, name: str) -> torch.Tensor | None:
+        return self.maybe(name) if self.plan.first else None  # added once, before the all-reduce
+
+    def embed_and_head(self, tie: bool, dtype: torch.dtype | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        embed = self.take("model.embed_tokens.weight", dtype)
+        if tie or "lm_head.weight" not in self.entries:
+            lm_head = embed  # one tensor for both; a stored tied copy is never read
+        else:
+            lm_head = self.take("lm_head.weight", dtype)
+        if not tie and lm_head is embed:
+            raise KeyError(f"checkpoint in {self.model_dir} lacks lm_head.weight (untied)")
+        return embed, lm_head
 
 
 def load_weights(model_dir: Path, cfg: ModelConfig, dtype: torch.dtype,
                  device: torch.device, plan: ShardPlan | None = None) -> ModelWeights:
-    """Each weight is allocated once in its final (fused) place and read straight into
-    it: no file mapping, no intermediate copies (see safetensors_io). With a
-    tensor-parallel plan, only this rank's slices are allocated and read (see
-    worker_svc.parallel.shard); `cfg` is the whole model's."""
-    entries = checkpoint_entries(model_dir)
-    prefix = _text_model_prefix(entries)
-    _unfuse(entries, cfg, prefix)
+    """Llama, Mistral and Qwen2's fused weights (CheckpointSlices): this rank's slices
+    with a tensor-parallel plan (see worker_svc.parallel.shard); `cfg` is the whole
+    model's."""
     plan = plan or whole_plan(cfg)
-    hd = cfg.head_dim
-    q_rows = (plan.q_heads[0] * hd, plan.q_heads[1] * hd)
-    kv_rows = (plan.kv_heads[0] * hd, plan.kv_heads[1] * hd)
-    # column-parallel rows of each fused part, by the part's name
-    rows_of = {"q_proj": q_rows, "k_proj": kv_rows, "v_proj": kv_rows,
-               "gate_proj": plan.intermediate, "up_proj": plan.intermediate,
-               "embed_tokens": plan.vocab, "lm_head": plan.vocab}
-
-    def entry(name: str) -> TensorEntry:
-        if name not in entries:
-            raise KeyError(f"checkpoint in {model_dir} lacks tensor {name}")
-        e = entries[name]
-        part = name.rsplit(".", 2)[-2]  # "model.layers.0.self_attn.q_proj.weight" -> q_proj
-        if plan.whole or part not in rows_of or not e.shape:
-            return e
-        return row_slice(e, *rows_of[part])
-
     with TensorReader() as reader:
-        def take(name: str) -> torch.Tensor:
-            e = entry(name)
-            out = new_tensor(e.shape, dtype, device)
-            reader.read_into(e, out)
-            return out
-
-        def fused(names: list[str]) -> torch.Tensor:
-            parts = [entry(n) for n in names]
-            if any(len(p.shape) == 0 or p.shape[1:] != parts[0].shape[1:] for p in parts):
-                raise CheckpointError(f"checkpoint in {model_dir}: cannot stack {names} "
-                                      f"with shapes {[list(p.shape) for p in parts]}")
-            rows = sum(p.shape[0] for p in parts)
-            out = new_tensor((rows, *parts[0].shape[1:]), dtype, device)
-            start = 0
-            for p in parts:  # each part read into its rows of the fused tensor
-                reader.read_into(p, out[start:start + p.shape[0]])
-                start += p.shape[0]
-            return out
-
-        def fused_bias(names: list[str]) -> torch.Tensor | None:
-            present = [n in entries for n in names]
-            if not any(present):
-                return None
-            if not all(present):
-                raise ValueError("a fused projection has a bias on some parts only")
-            return fused(names)
-
-        def maybe(name: str) -> torch.Tensor | None:
-            return take(name) if name in entries else None
-
-        def columns(name: str, start: int, stop: int) -> torch.Tensor:
-            """Row-parallel: columns [start, stop) of every row, through one temporary
-            the size of the whole tensor (strided bytes in the file)."""
-            if plan.whole:
-                return take(name)
-            e = entry(name)
-            if len(e.shape) != 2 or not 0 <= start <= stop <= e.shape[1]:
-                raise CheckpointError(f"{e.path}: tensor {name} of shape {list(e.shape)} has "
-                                      f"no columns [{start}, {stop})")
-            tmp = torch.empty(e.shape, dtype=e.torch_dtype())
-            reader.read_into(e, tmp)
-            out = new_tensor((e.shape[0], stop - start), dtype, device)
-            out.copy_(tmp[:, start:stop])
-            return out
-
-        def row_parallel_bias(name: str) -> torch.Tensor | None:
-            return maybe(name) if plan.first else None  # added once, before the all-reduce
-
-        def norm(name: str) -> torch.Tensor:
-            # Gemma's norms scale by (1 + w): folded in once here, the forward is RMSNorm's
-            t = take(name)
-            return t.add_(1.0) if cfg.family == "gemma" else t
-
-        def maybe_norm(name: str) -> torch.Tensor | None:
-            return norm(name) if name in entries else None
-
+        ck = CheckpointSlices(model_dir, cfg, plan, reader, dtype, device)
         layers = []
         for i in range(cfg.num_layers):
-            p = f"{prefix}layers.{i}."
+            p = f"model.layers.{i}."
             a, m = p + "self_attn.", p + "mlp."
             layers.append(LayerWeights(
-                input_norm=norm(p + "input_layernorm.weight"),
-                qkv=fused([a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"]),
-                qkv_bias=fused_bias([a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias"]),
-                o_proj=columns(a + "o_proj.weight", *q_rows),
-                o_bias=row_parallel_bias(a + "o_proj.bias"),
-                post_norm=norm(p + "post_attention_layernorm.weight"),
-                gate_up=fused([m + "gate_proj.weight", m + "up_proj.weight"]),
-                gate_up_bias=fused_bias([m + "gate_proj.bias", m + "up_proj.bias"]),
-                down=columns(m + "down_proj.weight", *plan.intermediate),
-                down_bias=row_parallel_bias(m + "down_proj.bias"),
-                pre_ffn_norm=maybe_norm(p + "pre_feedforward_layernorm.weight"),
-                post_ffn_norm=maybe_norm(p + "post_feedforward_layernorm.weight"),
-                q_norm=maybe_norm(a + "q_norm.weight"),
-                k_norm=maybe_norm(a + "k_norm.weight"),
+                input_norm=ck.take(p + "input_layernorm.weight"),
+                qkv=ck.fused([a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"]),
+                qkv_bias=ck.fused_bias([a + "q_proj.bias", a + "k_proj.bias",
+                                        a + "v_proj.bias"]),
+                o_proj=ck.columns(a + "o_proj.weight", *ck.q_rows),
+                o_bias=ck.row_parallel_bias(a + "o_proj.bias"),
+                post_norm=ck.take(p + "post_attention_layernorm.weight"),
+                gate_up=ck.fused([m + "gate_proj.weight", m + "up_proj.weight"]),
+                gate_up_bias=ck.fused_bias([m + "gate_proj.bias", m + "up_proj.bias"]),
+                down=ck.columns(m + "down_proj.weight", *plan.intermediate),
+                down_bias=ck.row_parallel_bias(m + "down_proj.bias"),
             ))
-        if cfg.family == "gemma" and any(lw.pre_ffn_norm is None for lw in layers):
-            raise KeyError(f"checkpoint in {model_dir} lacks Gemma's feed-forward norms "
-                           f"({prefix}layers.N.pre_feedforward_layernorm.weight)")
-        embed = take(prefix + "embed_tokens.weight")
-        if cfg.tie_word_embeddings or "lm_head.weight" not in entries:
-            lm_head = embed  # one tensor for both; a stored tied copy is never read
-        else:
-            lm_head = take("lm_head.weight")
-        if not cfg.tie_word_embeddings and lm_head is embed:
-            raise KeyError(f"checkpoint in {model_dir} lacks lm_head.weight (untied)")
-        final_norm = norm(prefix + "norm.weight")
+        embed, lm_head = ck.embed_and_head(cfg.tie_word_embeddings)
+        final_norm = ck.take("model.norm.weight")
     return ModelWeights(embed=embed, layers=layers, final_norm=final_norm, lm_head=lm_head)
-

@@ -8,7 +8,9 @@ requires num_heads % tp == 0 (9 % 2 != 0 refuses this model) and replicates KV h
 when tp > num_kv_heads; we refuse tp > num_kv_heads rather than replicate. The MLP
 (most of the weights) splits its intermediate dimension as evenly as it goes, and
 the vocabulary (embedding and lm_head) splits by rows, so each rank holds about
-1/tp of the weights. Every split is contiguous: rank r's slice is [start, stop).
+1/tp of the weights. A mixture-of-experts layer splits by whole experts (as evenly
+as they go): a rank runs the routed tokens of the experts it holds and the partial
+sums meet in the all-reduce, like a row-parallel layer's. Every split is contiguous: rank r's slice is [start, stop).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ class ShardPlan:
     q_heads: tuple[int, int]  # the query heads of those KV groups
     intermediate: tuple[int, int]  # rows of gate/up, columns of down
     vocab: tuple[int, int]  # rows of the embedding and of lm_head
+    experts: tuple[int, int] = (0, 0)  # the routed experts this rank holds whole
 
     @property
     def first(self) -> bool:
@@ -66,9 +69,11 @@ def shard_plan(cfg: ModelConfig, rank: int, size: int) -> ShardPlan:
         raise ValueError(f"tensor_parallel_size {size} is larger than the model")
     group = cfg.num_heads // cfg.num_kv_heads  # query heads per KV head
     kv = even_split(cfg.num_kv_heads, size, rank)
+    num_experts = cfg.moe.num_experts if cfg.moe is not None else 0
     return ShardPlan(rank=rank, size=size, kv_heads=kv, q_heads=(kv[0] * group, kv[1] * group),
                      intermediate=even_split(cfg.intermediate_size, size, rank),
-                     vocab=even_split(cfg.vocab_size, size, rank))
+                     vocab=even_split(cfg.vocab_size, size, rank),
+                     experts=even_split(num_experts, size, rank))
 
 
 def whole_plan(cfg: ModelConfig) -> ShardPlan:

@@ -21,7 +21,7 @@ from worker_svc.kv_capacity import bytes_per_block
 from worker_svc.model import small_linear
 from worker_svc.model.config import layer_windows, load_model_config
 from worker_svc.model.cpu_dtype import prepare_matmul_weights
-from worker_svc.model.families import decoder_class
+from worker_svc.model.llama import DecoderModel
 from worker_svc.model.weights import load_weights
 from worker_svc.spec.proposers import (DraftModelProposer, NgramProposer,
                                        int8_self_draft_weights)
@@ -32,7 +32,7 @@ log = get_logger(service="worker")
 
 class Speculator:
     def __init__(self, spec: SpeculativeConfig, proposer, tp, device: torch.device,
-                 draft_model=None, draft_cfg=None) -> None:
+                 draft_model: DecoderModel | None = None, draft_cfg=None) -> None:
         self.spec = spec
         self.proposer = proposer
         self.tp = tp
@@ -115,6 +115,10 @@ def build_speculator(spec: SpeculativeConfig | None, *, config, device: torch.de
         return None
     if spec.method == "ngram":
         return Speculator(spec, NgramProposer(spec, max_model_len), tp, device)
+    if spec.method != "ngram" and not plan.c_layers:
+        raise ValueError(f"speculative method {spec.method!r} runs a llama-family draft "
+                         f"on the C layers; model family {plan.family!r} speculates with "
+                         "ngram only")
     if spec.is_int8_self_draft:
         if device.type != "cpu" or plan.small_batch == "off":
             raise ValueError(
@@ -123,7 +127,7 @@ def build_speculator(spec: SpeculativeConfig | None, *, config, device: torch.de
         draft_plan = dataclasses.replace(
             plan, small_batch="int8", small_max_rows=small_linear.INT8_MAX_ROWS,
             logits_max_rows=small_linear.INT8_MAX_ROWS, argmax_screen=False)
-        model = decoder_class(local_cfg)(local_cfg, int8_self_draft_weights(weights),
+        model = DecoderModel(local_cfg, int8_self_draft_weights(weights),
                              select_backend(draft_plan), max_positions=max_model_len,
                              plan=draft_plan, tp=tp)
         log.info("speculator", method="int8_self_draft", k=spec.num_speculative_tokens)
@@ -136,7 +140,10 @@ def build_speculator(spec: SpeculativeConfig | None, *, config, device: torch.de
         raise ValueError(f"draft model {spec.model} has a vocabulary of "
                          f"{draft_cfg.vocab_size}, the served model {model_cfg.vocab_size}: "
                          "a draft model must share the served model's tokenizer")
-    limit = draft_cfg.max_position_embeddings
+    if draft_cfg.family != "llama":
+        raise ValueError(f"draft model {spec.model} is of model family "
+                         f"{draft_cfg.family!r}; a draft model must be of the llama family")
+    limit = draft_cfg.max_context or draft_cfg.max_position_embeddings
     if limit < max_model_len:
         raise ValueError(f"draft model {spec.model} handles {limit} positions, fewer than "
                          f"max_model_len {max_model_len}: lower --max-model-len")
@@ -152,7 +159,7 @@ def build_speculator(spec: SpeculativeConfig | None, *, config, device: torch.de
         if device.type == "cpu":
             small = None if draft_plan.small_batch == "off" else draft_plan.small_batch
             w = prepare_matmul_weights(w, draft_plan.dtype, draft_plan.prepack, small=small)
-    model = decoder_class(draft_cfg)(draft_cfg, w, select_backend(draft_plan),
+    model = DecoderModel(draft_cfg, w, select_backend(draft_plan),
                          max_positions=max_model_len, plan=draft_plan, tp=None)
     log.info("speculator", method="draft_model", model=spec.model,
              k=spec.num_speculative_tokens, draft_layers=draft_cfg.num_layers)

@@ -1,0 +1,45 @@
+"""Qwen3-MoE: Qwen3's attention (per-head q/k norms) and, in the layers the config
+makes sparse, routed experts (layers.moe): softmax over the experts, top-k, the top-k
+probabilities renormalised only under norm_topk_prob; the other layers (mlp_only_layers,
+or off decoder_sparse_step) keep a dense MLP of intermediate_size."""
+
+from __future__ import annotations
+
+from worker_svc.model import torch_decoder
+from worker_svc.model.config import ModelConfig
+from worker_svc.model.layers import MoeSpec
+from worker_svc.model.qwen3 import PACKED_MODULES_MAPPING as QWEN3_NAMES
+from worker_svc.model.qwen3 import refuse_sliding_window
+
+PACKED_MODULES_MAPPING = {**QWEN3_NAMES,
+                          "router": ("mlp.gate",),
+                          "expert_gate_up": ("mlp.experts.{e}.gate_proj",
+                                             "mlp.experts.{e}.up_proj"),
+                          "expert_down": ("mlp.experts.{e}.down_proj",)}
+
+
+def configure(hf, cfg: ModelConfig) -> ModelConfig:
+    refuse_sliding_window(hf)
+    if getattr(hf, "shared_expert_intermediate_size", 0):
+        raise ValueError("qwen3_moe shared experts (shared_expert_intermediate_size) are "
+                         "not supported")
+    cfg.qk_norm = True
+    cfg.qkv_bias = bool(getattr(hf, "attention_bias", False))
+    num_experts = int(hf.num_experts)
+    cfg.moe = MoeSpec(num_experts=num_experts, top_k=int(hf.num_experts_per_tok),
+                      intermediate_size=int(hf.moe_intermediate_size),
+                      renormalize=bool(hf.norm_topk_prob))
+    dense = set(getattr(hf, "mlp_only_layers", None) or [])
+    step = int(getattr(hf, "decoder_sparse_step", 1) or 1)
+    # transformers' rule (Qwen3MoeDecoderLayer)
+    cfg.moe_layers = tuple(i not in dense and num_experts > 0 and (i + 1) % step == 0
+                           for i in range(cfg.num_layers))
+    return cfg
+
+
+def load_weights(model_dir, cfg, dtype, device, shard=None, matmul_dtype=None):
+    return torch_decoder.load_weights(model_dir, cfg, dtype, device, shard, matmul_dtype,
+                                      PACKED_MODULES_MAPPING)
+
+
+Model = torch_decoder.TorchDecoder
