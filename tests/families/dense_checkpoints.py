@@ -53,6 +53,20 @@ def _gemma3_text_softcap():
     return model_cls, cfg
 
 
+def _gemma3_multimodal():
+    """Gemma3ForConditionalGeneration: a tiny vision tower beside the text model, whose
+    weights sit under model.language_model."""
+    from transformers import (Gemma3Config, Gemma3ForConditionalGeneration,
+                              SiglipVisionConfig)
+    _, text = _gemma3_text()
+    vision = SiglipVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                num_attention_heads=2, image_size=28, patch_size=14)
+    return Gemma3ForConditionalGeneration, Gemma3Config(
+        text_config=text.to_dict(), vision_config=vision.to_dict(), mm_tokens_per_image=4,
+        boi_token_index=253, eoi_token_index=254, image_token_index=255,
+        eos_token_id=2, bos_token_id=1, pad_token_id=0)
+
+
 def _phi3_longrope():
     from transformers import Phi3Config, Phi3ForCausalLM
     return Phi3ForCausalLM, Phi3Config(**BASE, rope_parameters=_longrope(16),
@@ -70,6 +84,7 @@ def _phi4_mini():
 
 VARIANTS = {"mistral_sliding_window": _mistral, "gemma2": _gemma2,
             "gemma3_text": _gemma3_text, "gemma3_text_softcap": _gemma3_text_softcap,
+            "gemma3_multimodal_text": _gemma3_multimodal,
             "phi3_longrope": _phi3_longrope, "phi4_mini_partial_rotary": _phi4_mini}
 
 
@@ -86,6 +101,9 @@ def write(name: str, out: Path) -> Path:
 
 def reference(path: Path):
     """transformers' own model, eager attention (the one path that soft-caps scores)."""
-    from transformers import AutoModelForCausalLM
-    return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32,
-                                                attn_implementation="eager").eval()
+    import json
+
+    import transformers
+    arch = json.loads((path / "config.json").read_text())["architectures"][0]
+    return getattr(transformers, arch).from_pretrained(
+        str(path), dtype=torch.float32, attn_implementation="eager").eval()
