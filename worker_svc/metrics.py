@@ -56,6 +56,11 @@ ARGMAX_SCREEN = Counter(
     "copy (outcome=screened), or projected in full after the screen left too many "
     "candidates (outcome=full).", [*_L, "outcome"])
 
+MOE_EXPERT_TOKENS = Counter(
+    "gapserve:worker_moe_expert_tokens",
+    "Tokens routed to each routed expert this rank holds, summed over the model's MoE "
+    "layers: an uneven spread is the expert load imbalance.", [*_L, "expert"])
+
 _tracer = get_tracer("gapserve.worker")
 
 
@@ -72,6 +77,7 @@ class WorkerTelemetry:
     _series: tuple = ()  # this rank's labelled children, looked up once
     _last_end_s: float = 0.0  # when the previous step ended (unix seconds)
     _screen_seen: dict = field(default_factory=dict)  # outcome -> rows counted so far
+    _experts_seen: list = field(default_factory=list)  # expert -> tokens counted so far
 
     def __post_init__(self) -> None:
         labels = (self.model_name, str(self.rank))
@@ -86,6 +92,19 @@ class WorkerTelemetry:
             if new:
                 ARGMAX_SCREEN.labels(self.model_name, str(self.rank), outcome).inc(new)
                 self._screen_seen[outcome] = total
+
+    def expert_tokens(self, totals: list[int] | None) -> None:
+        """The model's running per-expert token counts (TorchDecoder.expert_tokens);
+        None or empty for a model without routed experts."""
+        if not totals:
+            return
+        if len(self._experts_seen) != len(totals):
+            self._experts_seen = [0] * len(totals)
+        for expert, total in enumerate(totals):
+            new = total - self._experts_seen[expert]
+            if new:
+                MOE_EXPERT_TOKENS.labels(self.model_name, str(self.rank), str(expert)).inc(new)
+                self._experts_seen[expert] = total
 
     def step(self, step: SchedulerOutput, timings: StepTimings) -> None:
         """Record one executed step: metrics, then spans placed at the times the

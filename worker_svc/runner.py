@@ -123,9 +123,13 @@ class ModelRunner:
             str(self.model_dir), cfg.vocab_size, list(cfg.eos_token_ids),
             flags.structured_output_compile_timeout_s()) if self.plan.first else None
         self._mask_s = 0.0  # this step's, for StepTimings.mask_ms
+        # a routed-experts model: how many experts, top-k, and which ones this rank holds
+        moe = {} if cfg.moe is None else {
+            "num_experts": cfg.moe.num_experts, "experts_top_k": cfg.moe.top_k,
+            "experts_held": f"{self.plan.experts[0]}-{self.plan.experts[1] - 1}"}
         log.info("compute_plan", rank=self.plan.rank, **plan.log_fields(),
                  weight_mib=round(self.weight_bytes / 2**20, 1),
-                 cpu_bf16=native_bf16() or "none")
+                 cpu_bf16=native_bf16() or "none", **moe)
 
     def model_info(self) -> ModelInfo:
         cfg = self.model_config

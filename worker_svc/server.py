@@ -188,6 +188,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 if self.telemetry is not None:
                     self.telemetry.step(step, result.timings)
                     self.telemetry.argmax_screen(self.runner.model.screen_rows)
+                    self.telemetry.expert_tokens(getattr(self.runner.model, "expert_tokens", None))
                 if self.rank != 0:  # all ranks run the step; rank 0 answers with tokens
                     result = ModelRunnerOutput(step_id=result.step_id, timings=result.timings)
                 yield pc.runner_output_to_proto(result)

@@ -176,11 +176,13 @@ def route(router_logits: torch.Tensor, spec: MoeSpec) -> tuple[torch.Tensor, tor
     return weights, ids
 
 
-def moe(x: torch.Tensor, w: MoeWeights, spec: MoeSpec, act=silu_and_mul) -> torch.Tensor:
+def moe(x: torch.Tensor, w: MoeWeights, spec: MoeSpec, act=silu_and_mul,
+        tally: list[int] | None = None) -> torch.Tensor:
     """The layer's output for x [tokens, hidden]: each token through its top-k experts,
     weighted. Only the routed experts run, each once on the rows routed to it (tokens
     grouped by expert, never a dense all-experts pass); a rank runs only the experts it
-    holds, so under tensor parallelism the result is a partial sum (the caller reduces)."""
+    holds, so under tensor parallelism the result is a partial sum (the caller reduces).
+    tally: per-expert running counts of routed tokens, added to (the load metric)."""
     weights, ids = route(linear(x, w.router), spec)
     out = torch.zeros_like(x)
     flat = ids.flatten()
@@ -193,6 +195,8 @@ def moe(x: torch.Tensor, w: MoeWeights, spec: MoeSpec, act=silu_and_mul) -> torc
         e = w.first + local
         if counts[e] == 0:
             continue
+        if tally is not None:
+            tally[e] += counts[e]
         pairs = order[starts[e]:starts[e + 1]]
         rows = pairs // spec.top_k
         y = linear(act(linear(x[rows], w.gate_up[local])), w.down[local])

@@ -148,6 +148,9 @@ class TorchDecoder:
         # each layer's sliding window, None where it attends to every key
         self.windows = layer_windows(cfg, max_positions)
         self.screen_rows = {"screened": 0, "full": 0}  # no screen on this path
+        # tokens routed to each expert this rank holds, summed over layers (a metric:
+        # gapserve:worker_moe_expert_tokens); empty without routed experts
+        self.expert_tokens = [0] * (cfg.moe.num_experts if cfg.moe is not None else 0)
 
     def allocate_kv_caches(self, num_blocks: int, block_size: int) -> list[torch.Tensor]:
         c = self.cfg
@@ -198,5 +201,5 @@ class TorchDecoder:
     def mlp(self, i: int, lw: TorchLayer, h: torch.Tensor) -> torch.Tensor:
         """The dense gated MLP, or the routed experts (layers.moe): a partial sum."""
         if isinstance(lw.mlp, MoeWeights):
-            return layers.moe(h, lw.mlp, self.cfg.moe)
+            return layers.moe(h, lw.mlp, self.cfg.moe, tally=self.expert_tokens)
         return layers.gated_mlp(h, lw.mlp.gate_up, lw.mlp.down)

@@ -1,0 +1,102 @@
+"""Every family and variant computes transformers' float32 logits over the paged KV
+cache: in one shot, prefilled in chunks across steps, and (YaRN) past the config's
+max_position_embeddings. The MoE layer runs only the routed experts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.families.conftest import VARIANTS
+from tests.worker.test_model_matches_transformers import (_chunk_logits, _prompt,
+                                                          _relative_error, _state)
+from worker_svc.config import WorkerConfig
+from worker_svc.model import layers
+from worker_svc.runner import ModelRunner
+
+
+def _runner(path, max_model_len: int = 256) -> ModelRunner:
+    return ModelRunner(WorkerConfig(model=str(path), device="cpu", max_model_len=max_model_len,
+                                    num_gpu_blocks_override=64, max_num_seqs=8))
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_full_prompt_logits_match_transformers(name, family_dir, hf_family):
+    path = family_dir(name)
+    prompt = _prompt(0, 83)
+    got = _chunk_logits(_runner(path), _state(prompt), len(prompt))
+    with torch.no_grad():
+        want = hf_family(path)(torch.tensor([prompt])).logits[0]
+    assert _relative_error(got, want) < 1e-4
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_prompt_prefilled_in_chunks_gives_one_shot_logits(name, family_dir):
+    path = family_dir(name)
+    prompt = _prompt(1, 70)
+    one_shot = _chunk_logits(_runner(path), _state(prompt), len(prompt))
+    runner, state = _runner(path), _state(prompt)
+    chunks = [_chunk_logits(runner, state, n) for n in (7, 16, 30, 1, 16)]
+    assert _relative_error(torch.cat(chunks), one_shot) < 1e-5
+
+
+def test_yarn_logits_match_transformers_past_max_position_embeddings(family_dir, hf_family):
+    """max_position_embeddings 64, YaRN x4: positions 0..199 all match."""
+    path = family_dir("qwen2_yarn")
+    prompt = _prompt(2, 200)
+    runner = _runner(path, max_model_len=256)
+    state = _state(prompt)
+    state.block_ids = list(range(1, 14))  # 13 blocks of 16 hold 200 tokens
+    chunks = [_chunk_logits(runner, state, n) for n in (64, 64, 72)]
+    with torch.no_grad():
+        want = hf_family(path)(torch.tensor([prompt])).logits[0]
+    assert _relative_error(torch.cat(chunks), want) < 1e-4
+
+
+def _moe_case(renormalize: bool, experts: int = 6, top_k: int = 2, tokens: int = 9):
+    g = torch.Generator().manual_seed(3)
+    spec = layers.MoeSpec(num_experts=experts, top_k=top_k, intermediate_size=8,
+                          renormalize=renormalize)
+    w = layers.MoeWeights(router=torch.randn(experts, 16, generator=g),
+                          gate_up=torch.randn(experts, 16, 16, generator=g) * 0.3,
+                          down=torch.randn(experts, 16, 8, generator=g) * 0.3, first=0)
+    return spec, w, torch.randn(tokens, 16, generator=g)
+
+
+@pytest.mark.parametrize("renormalize", [True, False])
+def test_moe_equals_softmax_topk_renormalise_over_each_tokens_experts(renormalize):
+    spec, w, x = _moe_case(renormalize)
+    probs = torch.softmax(x @ w.router.T, dim=-1)
+    top, ids = probs.topk(spec.top_k, dim=-1)
+    if renormalize:
+        top = top / top.sum(-1, keepdim=True)
+    want = torch.zeros_like(x)
+    for t in range(x.shape[0]):
+        for weight, e in zip(top[t], ids[t]):
+            want[t] += weight * layers.gated_mlp(x[t:t + 1], w.gate_up[e], w.down[e])[0]
+    torch.testing.assert_close(layers.moe(x, w, spec), want, rtol=1e-5, atol=1e-6)
+
+
+def test_moe_computes_only_the_routed_experts():
+    """Poison every expert no token routes to with NaN: a dense all-experts pass
+    (even one multiplied by zero weights) would turn the output NaN."""
+    spec, w, x = _moe_case(True, experts=8, top_k=2, tokens=3)
+    _, ids = layers.route(x @ w.router.T, spec)
+    unused = sorted(set(range(8)) - set(ids.flatten().tolist()))
+    assert unused  # 3 tokens x top-2 leave some of 8 experts idle
+    want = layers.moe(x, w, spec)
+    w.gate_up[unused] = float("nan")
+    w.down[unused] = float("nan")
+    assert torch.equal(layers.moe(x, w, spec), want)
+
+
+def test_experts_split_across_ranks_sum_to_the_whole_layer():
+    """Rank r holds experts [first, stop) whole: the partial sums add to the layer."""
+    from worker_svc.parallel.shard import even_split
+    spec, w, x = _moe_case(False, experts=5, top_k=3)
+    parts = []
+    for rank in range(2):
+        first, stop = even_split(5, 2, rank)
+        parts.append(layers.moe(x, layers.MoeWeights(w.router, w.gate_up[first:stop],
+                                                     w.down[first:stop], first), spec))
+    torch.testing.assert_close(parts[0] + parts[1], layers.moe(x, w, spec))
