@@ -82,8 +82,6 @@ def model_config_from_hf(hf, eos_token_ids: list[int]) -> ModelConfig:
     family = family_of(hf)
     if hf.model_type == "gemma3":  # Gemma3ForConditionalGeneration: serve its text model
         hf = hf.text_config
-    if family.name != "gemma" and getattr(hf, "hidden_act", "silu") != "silu":
-        raise ValueError(f"unsupported hidden_act {hf.hidden_act!r}; only silu (SwiGLU)")
     head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
     rope = dict(getattr(hf, "rope_parameters", None) or {})
     layer_type = None
@@ -132,6 +130,14 @@ def model_config_from_hf(hf, eos_token_ids: list[int]) -> ModelConfig:
         hf_config=hf,
     )
     return family.module().configure(hf, cfg)
+
+
+def require_silu(hf) -> None:
+    """A SwiGLU family's refusal of any other MLP activation (a family with its own,
+    such as Gemma's GeGLU, checks for that one instead)."""
+    if getattr(hf, "hidden_act", "silu") != "silu":
+        raise ValueError(f"unsupported hidden_act {hf.hidden_act!r} for model_type "
+                         f"{hf.model_type!r}; only silu (SwiGLU)")
 
 
 def rope_context(max_position_embeddings: int, rope_type: str, rope: dict) -> int:

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from worker_svc.attention.metadata import AttentionMetadata
 from worker_svc.model import decode_layers, fused_ops, layers, small_linear
-from worker_svc.model.config import ModelConfig, layer_windows
+from worker_svc.model.config import ModelConfig, layer_windows, require_silu
 from worker_svc.model.weights import ModelWeights, load_weights as _load_weights
 
 # model_type -> whether q/k/v projections carry a bias regardless of config flags
@@ -23,6 +23,7 @@ QKV_BIAS = {"llama": False, "mistral": False, "qwen2": True}
 
 def configure(hf, cfg: ModelConfig) -> ModelConfig:
     """The family's own fields: Qwen2's q/k/v bias, Mistral's sliding window."""
+    require_silu(hf)
     cfg.qkv_bias = QKV_BIAS[hf.model_type] or bool(getattr(hf, "attention_bias", False))
     if hf.model_type == "mistral" and getattr(hf, "sliding_window", None):
         cfg.sliding_window = int(hf.sliding_window)

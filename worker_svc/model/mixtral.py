@@ -5,7 +5,7 @@ checkpoints name an expert's gate, down and up projections w1, w2 and w3."""
 from __future__ import annotations
 
 from worker_svc.model import torch_decoder
-from worker_svc.model.config import ModelConfig
+from worker_svc.model.config import ModelConfig, require_silu
 from worker_svc.model.layers import MoeSpec
 
 PACKED_MODULES_MAPPING = {**torch_decoder.LLAMA_NAMES,
@@ -16,6 +16,7 @@ PACKED_MODULES_MAPPING = {**torch_decoder.LLAMA_NAMES,
 
 
 def configure(hf, cfg: ModelConfig) -> ModelConfig:
+    require_silu(hf)
     if getattr(hf, "sliding_window", None):  # applied past it (config.layer_windows)
         cfg.sliding_window = int(hf.sliding_window)
     cfg.moe = MoeSpec(num_experts=int(hf.num_local_experts), top_k=int(hf.num_experts_per_tok),

@@ -16,13 +16,14 @@ original_max_position_embeddings differs from transformers' one-call prefill of 
 from __future__ import annotations
 
 from worker_svc.model import torch_decoder
-from worker_svc.model.config import ModelConfig
+from worker_svc.model.config import ModelConfig, require_silu
 
 PACKED_MODULES_MAPPING = torch_decoder.LLAMA_NAMES
 
 
 def configure(hf, cfg: ModelConfig) -> ModelConfig:
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    require_silu(hf)
     rope = hf.rope_parameters
     if rope.get("rope_type") == "longrope":
         original = int(rope["original_max_position_embeddings"])

@@ -4,13 +4,14 @@ q/k/v bias (unless attention_bias), on the torch path (torch_decoder.py)."""
 from __future__ import annotations
 
 from worker_svc.model import torch_decoder
-from worker_svc.model.config import ModelConfig
+from worker_svc.model.config import ModelConfig, require_silu
 
 PACKED_MODULES_MAPPING = {**torch_decoder.LLAMA_NAMES,
                           "q_norm": ("self_attn.q_norm",), "k_norm": ("self_attn.k_norm",)}
 
 
 def configure(hf, cfg: ModelConfig) -> ModelConfig:
+    require_silu(hf)
     refuse_sliding_window(hf)
     cfg.qk_norm = True
     cfg.qkv_bias = bool(getattr(hf, "attention_bias", False))

@@ -6,7 +6,7 @@ or off decoder_sparse_step) keep a dense MLP of intermediate_size."""
 from __future__ import annotations
 
 from worker_svc.model import torch_decoder
-from worker_svc.model.config import ModelConfig
+from worker_svc.model.config import ModelConfig, require_silu
 from worker_svc.model.layers import MoeSpec
 from worker_svc.model.qwen3 import PACKED_MODULES_MAPPING as QWEN3_NAMES
 from worker_svc.model.qwen3 import refuse_sliding_window
@@ -19,6 +19,7 @@ PACKED_MODULES_MAPPING = {**QWEN3_NAMES,
 
 
 def configure(hf, cfg: ModelConfig) -> ModelConfig:
+    require_silu(hf)
     refuse_sliding_window(hf)
     if getattr(hf, "shared_expert_intermediate_size", 0):
         raise ValueError("qwen3_moe shared experts (shared_expert_intermediate_size) are "
