@@ -117,17 +117,48 @@ def test_greedy_tokens_equal_transformers_under_every_scheduling_rule(
     assert sched.num_free_blocks == sched.num_total_blocks - 1
 
 
-def test_the_window_changes_greedy_tokens_of_a_prompt_past_it(checkpoint, hf):
-    """The tiny checkpoints are sensitive to the window: full attention over a prompt
-    past it picks other tokens (so the tests above would see a missing window)."""
-    from transformers import MistralForCausalLM
-    path = checkpoint("mistral_sliding_window")
-    full = MistralForCausalLM.from_pretrained(str(path), dtype=torch.float32,
-                                              sliding_window=None).eval()
-    prompt = PROMPTS[2]
-    assert len(prompt) > WINDOW
-    assert hf_greedy(full, prompt, MAX_TOKENS) != hf_greedy(hf("mistral_sliding_window"),
-                                                            prompt, MAX_TOKENS)
+_GEMMA3_ROPE = {"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                "sliding_attention": {"rope_type": "default", "rope_theta": 100.0}}
+_PHI3_ROPE = {"rope_type": "longrope", "rope_theta": 10000.0,
+              "original_max_position_embeddings": 64,
+              "short_factor": [1.0 + 0.05 * i for i in range(8)],
+              "long_factor": [1.0 + 0.05 * i for i in range(8)]}
+
+
+@pytest.mark.parametrize("variant,change", [
+    ("mistral_sliding_window", dict(sliding_window=512)),
+    ("gemma2", dict(sliding_window=512)),
+    ("gemma2", dict(attn_logit_softcapping=None)),
+    ("gemma2", dict(final_logit_softcapping=None)),
+    ("gemma2", dict(query_pre_attn_scalar=16)),
+    ("gemma3_text", dict(sliding_window=512)),
+    ("gemma3_text", dict(rope_parameters={**_GEMMA3_ROPE, "sliding_attention": {
+        "rope_type": "default", "rope_theta": 10000.0}})),
+    ("gemma3_text", dict(rope_parameters={**_GEMMA3_ROPE, "full_attention": {
+        "rope_type": "default", "rope_theta": 1e6}})),
+    ("gemma3_text_softcap", dict(final_logit_softcapping=None)),
+    ("phi3_longrope", dict(rope_parameters=_PHI3_ROPE)),  # long factors = short ones
+], ids=lambda v: v if isinstance(v, str) else "-".join(v))
+def test_each_checkpoint_detail_moves_transformers_logits_past_the_tolerance(
+        variant, change, checkpoint, hf):
+    """The tiny checkpoints are sensitive to what the tests above hold us to: without
+    the detail (a window wider than any context, no cap, another scale or RoPE),
+    transformers' own logits over a prompt past the window, and past longrope's 64
+    positions, move by at least twice the 1e-4 the logits test allows. (Greedy tokens
+    alone are a weaker check here: Gemma's tiny checkpoints settle on repeating a
+    token, whatever the detail.)"""
+    import json
+
+    import transformers
+    path = checkpoint(variant)
+    arch = json.loads((path / "config.json").read_text())["architectures"][0]
+    changed = getattr(transformers, arch).from_pretrained(
+        str(path), dtype=torch.float32, attn_implementation="eager", **change).eval()
+    prompt = _prompt(0, 70)
+    with torch.no_grad():
+        want = hf(variant)(torch.tensor([prompt])).logits[0]
+        moved = changed(torch.tensor([prompt])).logits[0]
+    assert _relative_error(moved, want) > 2e-4
 
 
 def test_max_model_len_is_no_longer_capped_at_the_sliding_window(checkpoint):
