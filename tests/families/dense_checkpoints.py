@@ -33,7 +33,7 @@ def _gemma2():
     return Gemma2ForCausalLM, Gemma2Config(
         **BASE, head_dim=16, query_pre_attn_scalar=24, sliding_window=WINDOW,
         final_logit_softcapping=2.0, attn_logit_softcapping=1.5, rope_theta=10000.0,
-        hidden_activation="gelu_pytorch_tanh")
+        hidden_activation="gelu_pytorch_tanh", tie_word_embeddings=False)
 
 
 def _gemma3_text():
@@ -44,12 +44,13 @@ def _gemma3_text():
         **BASE, head_dim=16, query_pre_attn_scalar=24, sliding_window=WINDOW,
         layer_types=["sliding_attention", "sliding_attention", "full_attention",
                      "sliding_attention"], rope_parameters=rope,
-        final_logit_softcapping=None)
+        final_logit_softcapping=None, tie_word_embeddings=False)
 
 
 def _gemma3_text_softcap():
     model_cls, cfg = _gemma3_text()
     cfg.final_logit_softcapping = 2.0
+    cfg.tie_word_embeddings = True  # as the Hub's Gemma 3 checkpoints are
     return model_cls, cfg
 
 
@@ -59,6 +60,7 @@ def _gemma3_multimodal():
     from transformers import (Gemma3Config, Gemma3ForConditionalGeneration,
                               SiglipVisionConfig)
     _, text = _gemma3_text()
+    text.tie_word_embeddings = True
     vision = SiglipVisionConfig(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
                                 num_attention_heads=2, image_size=28, patch_size=14)
     return Gemma3ForConditionalGeneration, Gemma3Config(
