@@ -308,8 +308,10 @@ class ModelRunner:
         preempted request); only rank 0 reports logprobs."""
         if samplers and self.grammars is not None:  # rank 0: before everything, as vLLM
             self._mask_s += apply_masks(logits, samplers, self.model_config.eos_token_ids)
-        if self.tp is None or not samplers:
+        if self.tp is None:
             return sample(logits, samplers, self.model_config.eos_token_ids, self.generator)
+        if not samplers:  # a step of prefill chunks only: every rank agrees, nothing to send
+            return torch.empty(0, dtype=torch.long, device=self.device), [], []
         if self.plan.first:
             tokens, token_list, logprobs = sample(logits, samplers,
                                                   self.model_config.eos_token_ids,

@@ -14,6 +14,8 @@ from tests.integration.conftest import TINY_FLAGS, start_stack
 from tests.integration.hf_reference import hf_greedy
 from tests.integration.test_tensor_parallel import SMALL_POOL, _addresses, _ranks
 from tests.integration.tp_group import RankGroupClient
+from tests.spec.conftest import NGRAM
+from tests.spec.engine_loop import run
 from tests.worker.step_driver import StepDriver
 
 PROMPTS = [[1, 504, 3209, 28, 253, 4821, 99], [7, 8, 9, 10, 11],
@@ -68,3 +70,30 @@ def test_the_stack_serves_the_family_greedy_equal_to_transformers(
     ids = tok("The capital of France is")["input_ids"]
     assert text.choices[0].text == tok.decode(hf_greedy(hf, ids, 10))
     assert status.num_kv_blocks > 0
+
+
+@pytest.mark.parametrize("name", ["qwen3", "qwen3_moe_unnormalized_sparse_step", "mixtral",
+                                  "qwen2_yarn"])
+def test_two_ranks_with_ngram_drafts_chunks_and_preemption_are_greedy_equal(
+        family_dir, hf_family, tmp_path, name):
+    """The ranks driven by the real scheduler core (tests/spec/engine_loop.py): n-gram
+    drafts verified on both ranks, 16-token chunks, a pool that preempts."""
+    path = family_dir(name)
+    prompts = [[5, 17, 99, 200, 3] * 6, [7, 8, 9, 10, 11] * 4, [42, 43] * 2,
+               [250, 1, 77, 90, 120, 33, 64, 18, 200, 3, 9, 140]]
+    pool = ["--max-model-len", "256", "--num-gpu-blocks-override", "64", "--max-num-seqs", "4"]
+    stack = _ranks(path, tmp_path, flags=[*pool, "--speculative-config", NGRAM % 3])
+    try:
+        group = RankGroupClient(_addresses(stack))
+        params = [SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+                  for _ in prompts]
+        got, _, sched = run(group, prompts, params, num_blocks=8, max_model_len=96,
+                            max_num_batched_tokens=16, long_prefill_token_threshold=8)
+        group.close()
+    finally:
+        stack.stop()
+    hf = hf_family(path)
+    for i, prompt in enumerate(prompts):
+        assert got[f"r{i}"] == hf_greedy(hf, prompt, 24), (name, i)
+    st = sched.stats()
+    assert st.num_preemptions_total > 0 and st.spec_num_draft_tokens > 0
