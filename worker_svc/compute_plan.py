@@ -77,6 +77,9 @@ class ComputePlan:
     fault_fail_on_token: int | None = None  # test/drill only: a step with this token raises
     family: str = "llama"  # the model's family module (model/registry.py)
     c_layers: bool = True  # its layers may take the C kernels (only the llama family)
+    # some layers attend within a sliding window shorter than max_model_len: those take
+    # the backends' windowed path, never the C decode kernel or the C layer loop
+    windowed: bool = False
 
     @property
     def layer_loop(self) -> str:
@@ -99,6 +102,8 @@ class ComputePlan:
                  f"ranks_on_host={self.ranks_on_host}"]
         if self.cpu_quota is not None:
             parts.append(f"cpu_quota={self.cpu_quota:g}")
+        if self.windowed:
+            parts.append("sliding_window=on")
         if self.zero_cost_steps:
             parts.append("zero_cost_steps=on")
         if self.fault_stop_after_steps is not None:
@@ -117,6 +122,7 @@ class ComputePlan:
                 "logits_max_rows": self.logits_max_rows, "argmax_screen": self.argmax_screen,
                 "threads": self.threads, "ranks_on_host": self.ranks_on_host,
                 "cpu_quota": self.cpu_quota, "wait_policy": self.wait_policy,
+                "sliding_window": self.windowed,
                 "zero_cost_steps": self.zero_cost_steps,
                 "fault_stop_after_steps": self.fault_stop_after_steps,
                 "fault_fail_on_token": self.fault_fail_on_token}
@@ -141,12 +147,13 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 
 def build_plan(config: WorkerConfig, device: torch.device, model_cfg, *, biases: bool,
-               ranks_on_host: int = 1, kernels: Kernels | None = None,
+               windowed: bool = False, ranks_on_host: int = 1, kernels: Kernels | None = None,
                usable_cores: int | None = None, quota_cpus: float | None = None,
                environ=None, fault_stop_after_steps: int | None = None,
                fault_fail_on_token: int | None = None) -> ComputePlan:
     """The plan for this worker. model_cfg: the model as this rank holds it (head_dim,
-    hidden_size); biases: whether any matmul has a bias (Qwen2's q/k/v). kernels,
+    hidden_size); biases: whether any matmul has a bias (Qwen2's q/k/v); windowed:
+    whether a sliding window applies (model.config.layer_windows). kernels,
     usable_cores (with quota_cpus, its cgroup's CPU quota) and environ default to this
     machine's; tests pass their own."""
     from worker_svc.model import fused_ops, small_linear
@@ -187,7 +194,7 @@ def build_plan(config: WorkerConfig, device: torch.device, model_cfg, *, biases:
     tp = config.tensor_parallel_size > 1
     decode_layers = (fused and small != "off" and attention == "c_decode_kernel"
                      and config.cpu_decode_layers and kernels.decode_layers
-                     and not tp and not biases)
+                     and not tp and not biases and not windowed)
     if usable_cores is None:  # this machine's: its affinity and its cgroup's quota
         usable_cores, quota_cpus = cpu_threads.usable_cores(), cpu_threads.cpu_quota()
     # int8 projects in int8 already; the screen's copy needs whole int8 groups
@@ -204,7 +211,7 @@ def build_plan(config: WorkerConfig, device: torch.device, model_cfg, *, biases:
         cpu_quota=quota_cpus, wait_policy=cpu_threads.applied_wait_policy,
         ranks_on_host=ranks_on_host, zero_cost_steps=config.zero_cost_steps,
         fault_stop_after_steps=fault_stop_after_steps, fault_fail_on_token=fault_fail_on_token,
-        family=family, c_layers=c_layers)
+        family=family, c_layers=c_layers, windowed=windowed)
 
 
 def _threads(requested: int, ranks_on_host: int, usable_cores: int,

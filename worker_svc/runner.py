@@ -29,7 +29,7 @@ from worker_svc.config import WorkerConfig
 from worker_svc import fault_injection
 from worker_svc.inputs import prepare_inputs
 from worker_svc.kv_capacity import bytes_per_block, cpu_num_blocks, cuda_num_blocks
-from worker_svc.model.config import load_model_config
+from worker_svc.model.config import layer_windows, load_model_config
 from worker_svc.model import small_linear
 from worker_svc.model.cpu_dtype import native_bf16, prepare_matmul_weights
 from worker_svc.model.dummy_weights import dummy_weights
@@ -67,6 +67,7 @@ class ModelRunner:
         # every choice of how steps compute, once (compute_plan.py); steps only follow it
         self.compute_plan = plan = build_plan(
             config, self.device, self.local_config, biases=has_biases(cfg),
+            windowed=any(layer_windows(cfg, self.max_model_len)),
             ranks_on_host=1 if self.tp is None else self.tp.ranks_on_this_host(),
             fault_stop_after_steps=flags.fault_stop_after_steps(),
             fault_fail_on_token=flags.fault_fail_on_token())
@@ -507,14 +508,13 @@ def _argmax_only(samplers: list[WorkerRequest], max_rows: int) -> bool:
 
 
 def _resolve_max_model_len(requested: int | None, cfg) -> int:
-    # the RoPE's positions: max_position_embeddings, or YaRN's scaled length (config.py)
+    # the RoPE's positions: max_position_embeddings, or YaRN's scaled length (config.py);
+    # a sliding window does not cap it: attention applies the window (layer_windows)
     limit = cfg.max_context or cfg.max_position_embeddings
-    if cfg.sliding_window is not None:
-        limit = min(limit, cfg.sliding_window)  # within the window, full attention is exact
     if requested is None:
         return limit
     if not 0 < requested <= limit:
         raise ValueError(f"max_model_len must be in [1, {limit}] for this model "
-                         f"(max_position_embeddings, YaRN-scaled where configured / "
-                         f"sliding window), got {requested}")
+                         f"(max_position_embeddings, YaRN-scaled where configured), "
+                         f"got {requested}")
     return requested

@@ -163,9 +163,14 @@ def test_an_activation_other_than_silu_is_refused_by_name(family_dir, tmp_path):
         load_model_config(path)
 
 
-def test_a_mixtral_sliding_window_caps_max_model_len_like_mistral(family_dir, tmp_path):
-    """Within the window full attention is exact; past it is not served (yet)."""
+def test_a_mixtral_sliding_window_no_longer_caps_max_model_len_it_applies_past_it(
+        family_dir, tmp_path):
+    """Served past the window: its layers attend within it (config.layer_windows)."""
+    from worker_svc.model.config import layer_windows
     from worker_svc.runner import _resolve_max_model_len
     path = _edit_config(family_dir("mixtral"), tmp_path / "c", sliding_window=48)
     cfg = load_model_config(path)
-    assert cfg.sliding_window == 48 and _resolve_max_model_len(None, cfg) == 48
+    assert cfg.sliding_window == 48
+    assert _resolve_max_model_len(None, cfg) == cfg.max_position_embeddings > 48
+    assert layer_windows(cfg, 512) == [48] * cfg.num_layers
+    assert layer_windows(cfg, 48) == [None] * cfg.num_layers  # hides nothing: full kernels

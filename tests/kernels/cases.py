@@ -20,11 +20,13 @@ class Batch:
     kv_cache: torch.Tensor  # [2, num_blocks, page, num_kv_heads, head_dim]
     meta: AttentionMetadata
     scale: float
+    window: int | None = None  # a sliding window, as the kernels take it
+    softcap: float | None = None  # capped scores (Gemma 2)
 
     def expected(self) -> torch.Tensor:
         """The reference in fp32 on the same (already rounded) inputs."""
         return reference_attention(self.query.float(), self.kv_cache.float(), self.meta,
-                                   self.scale)
+                                   self.scale, self.window, self.softcap)
 
     def kernel_args(self):
         m = self.meta

@@ -73,3 +73,19 @@ def test_bad_shapes_are_rejected_before_launch():
         paged_decode(*batch.kernel_args(), batch.scale, block_n=24)
     with pytest.raises(ValueError, match="must match query"):
         paged_decode(*batch.kernel_args(), batch.scale, out=batch.query.half())
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("window", [1, 7, 16, 40, 1000])
+def test_decode_with_sliding_window_sees_only_the_last_window_keys(window, num_splits):
+    batch = make_batch([1] * 4, EDGE_LENS, seed=5)
+    batch.window = window
+    assert_matches(run(batch, block_n=16, num_splits=num_splits, window=window), batch)
+
+
+@pytest.mark.parametrize("window", [None, 7])
+def test_decode_with_soft_capped_scores_matches_reference(window):
+    batch = make_batch([1] * 4, EDGE_LENS, seed=6)
+    batch.query = batch.query * 4  # scores past the cap
+    batch.window, batch.softcap = window, 1.5
+    assert_matches(run(batch, block_n=16, window=window, softcap=1.5), batch)

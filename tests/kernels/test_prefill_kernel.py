@@ -59,3 +59,19 @@ def test_query_may_be_a_strided_view_and_out_is_contiguous():
     got = paged_prefill(*batch.kernel_args(), batch.meta.max_query_len, batch.scale)
     assert got.is_contiguous()
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("window", [1, 5, 16, 33, 1000])
+def test_prefill_with_sliding_window_hides_keys_a_window_behind_each_row(window):
+    # chunks after context, a fresh prompt longer than the window, decodes
+    batch = make_batch([13, 6, 1, 1, 20], [13, 22, 1, 17, 50], seed=7)
+    batch.window = window
+    assert_matches(run(batch, block_m=32, block_n=16, window=window), batch)
+
+
+@pytest.mark.parametrize("window", [None, 9])
+def test_prefill_with_soft_capped_scores_matches_reference(window):
+    batch = make_batch([13, 6, 1, 20], [13, 22, 17, 50], seed=8)
+    batch.query = batch.query * 4
+    batch.window, batch.softcap = window, 1.5
+    assert_matches(run(batch, block_m=32, block_n=16, window=window, softcap=1.5), batch)

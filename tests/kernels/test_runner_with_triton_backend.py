@@ -54,3 +54,28 @@ def test_triton_backend_greedy_tokens_equal_transformers(gqa_9_3_llama):
     driver.run_to_completion()
     for i, p in enumerate(prompts):
         assert driver.requests[f"r{i}"].output == hf_greedy(hf, p, 6), f"request r{i}"
+
+
+@pytest.mark.parametrize("variant", ["mistral_sliding_window", "gemma2"])
+def test_triton_backend_applies_the_sliding_window_and_soft_cap_like_transformers(
+        variant, tmp_path):
+    """Prompts past the 24-token window, in chunks and beside decodes; Gemma 2's scores
+    soft-capped in the kernels."""
+    from tests.families.dense_checkpoints import reference, write
+    from tests.integration.hf_reference import hf_greedy as hf_greedy_loop
+    path = write(variant, tmp_path / variant)
+    runner = ModelRunner(WorkerConfig(model=str(path), device="cpu", dtype="float32",
+                                      block_size=4, num_gpu_blocks_override=64,
+                                      max_num_seqs=4, max_model_len=64))
+    runner.model.backend = triton_backend
+    g = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(3, 256, (n,), generator=g).tolist() for n in (30, 27, 2)]
+    driver = StepDriver(runner)
+    for i, p in enumerate(prompts):
+        driver.add(f"r{i}", p, max_new=6)
+    driver.step({"r0": 17, "r1": 27, "r2": 2})  # r0's first chunk; r1 and r2 whole
+    driver.step({"r0": 13, "r1": 1, "r2": 1})  # r0's last chunk beside two decodes
+    driver.run_to_completion()
+    hf = reference(path)
+    for i, p in enumerate(prompts):
+        assert driver.requests[f"r{i}"].output == hf_greedy_loop(hf, p, 6), f"request r{i}"

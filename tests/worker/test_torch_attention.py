@@ -95,3 +95,41 @@ def test_write_kv_puts_each_token_in_its_slot_and_skips_negative_slots():
     flat_k, flat_v = kv_cache[0].view(-1, 1, 3), kv_cache[1].view(-1, 1, 3)
     assert torch.equal(flat_k[5], key[0]) and torch.equal(flat_v[2], value[2])
     assert int((flat_k != 0).any(-1).sum()) == 2  # the -1 row was written nowhere
+
+
+@pytest.mark.parametrize("window", [1, 5, 16, 1000])
+@pytest.mark.parametrize("name", CASES)
+def test_sliding_window_hides_keys_a_window_or_more_behind_the_query(name, window,
+                                                                     decode_path):
+    """The C kernel serves the full layers of a step, the windowed ones take their own
+    plan; both against the reference with its window (1000: wider than any context)."""
+    q_lens, ctx_lens = CASES[name]
+    query, key, value, kv_cache, meta = random_case(len(name) + window, q_lens, ctx_lens,
+                                                    num_blocks=200)
+    decode_path.write_kv(key, value, kv_cache, meta.slot_mapping)
+    want_full = reference_attention(query, kv_cache, dataclasses.replace(meta), 0.35)
+    want = reference_attention(query, kv_cache, dataclasses.replace(meta), 0.35,
+                               window=window)
+    got_full = decode_path.attention(query, kv_cache, meta, 0.35)
+    got = decode_path.attention(query, kv_cache, meta, 0.35, window=window)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(got_full, want_full, rtol=1e-5, atol=1e-5)
+    if window == 1:  # each query sees only itself: out is its own value
+        assert not torch.allclose(got, got_full)
+
+
+@pytest.mark.parametrize("window", [None, 5])
+@pytest.mark.parametrize("name", CASES)
+def test_soft_capped_scores_match_the_reference(name, window, decode_path):
+    q_lens, ctx_lens = CASES[name]
+    query, key, value, kv_cache, meta = random_case(len(name), q_lens, ctx_lens,
+                                                    num_blocks=200)
+    query = query * 8  # scores well past the cap, where tanh bends them
+    decode_path.write_kv(key, value, kv_cache, meta.slot_mapping)
+    want = reference_attention(query, kv_cache, dataclasses.replace(meta), 0.35,
+                               window=window, softcap=2.0)
+    got = decode_path.attention(query, kv_cache, meta, 0.35, window=window, softcap=2.0)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    uncapped = reference_attention(query, kv_cache, dataclasses.replace(meta), 0.35,
+                                   window=window)
+    assert not torch.allclose(got, uncapped, rtol=1e-3, atol=1e-3)

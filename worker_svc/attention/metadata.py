@@ -18,6 +18,9 @@ class AttentionMetadata:
     max_seq_len: int
     # what a backend derives from the above once per step and reuses in every layer
     backend_state: Any = None
+    # the same, without the C decode kernel, for layers with a sliding window (by
+    # window) or capped scores (key None)
+    windowed_states: dict | None = None
 
     @property
     def num_reqs(self) -> int:

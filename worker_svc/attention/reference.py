@@ -9,8 +9,11 @@ from worker_svc.attention.metadata import AttentionMetadata
 
 
 def reference_attention(query: torch.Tensor, kv_cache: torch.Tensor,
-                        meta: AttentionMetadata, scale: float) -> torch.Tensor:
-    """query [num_tokens, num_heads, head_dim] -> out of the same shape and dtype."""
+                        meta: AttentionMetadata, scale: float, window: int | None = None,
+                        softcap: float | None = None) -> torch.Tensor:
+    """query [num_tokens, num_heads, head_dim] -> out of the same shape and dtype.
+    window: a query at position p sees keys at p - window + 1 .. p (transformers'
+    sliding window); softcap: scores become softcap * tanh(scores / softcap)."""
     num_heads, head_dim = query.shape[1], query.shape[2]
     block_size, num_kv_heads = kv_cache.shape[2], kv_cache.shape[3]
     group = num_heads // num_kv_heads
@@ -30,10 +33,15 @@ def reference_attention(query: torch.Tensor, kv_cache: torch.Tensor,
         v = v.repeat_interleave(group, dim=1)
         q = query[q_start:q_end].float()
         scores = torch.einsum("qhd,khd->hqk", q, k) * scale
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
         # query j sits at absolute position seq_len - q_len + j and sees keys up to it
         q_pos = torch.arange(seq_len - q_len, seq_len).unsqueeze(1)
         k_pos = torch.arange(seq_len).unsqueeze(0)
-        scores = scores.masked_fill(k_pos > q_pos, float("-inf"))
+        hidden = k_pos > q_pos
+        if window is not None:
+            hidden |= q_pos - k_pos >= window
+        scores = scores.masked_fill(hidden, float("-inf"))
         probs = torch.softmax(scores, dim=-1)
         out[q_start:q_end] = torch.einsum("hqk,khd->qhd", probs, v).to(query.dtype)
     return out

@@ -8,6 +8,12 @@ chunks (several query tokens) run one SDPA each: a step holds few of them, and
 padding a long chunk to the batch would cost far more than the loop. The per-step
 plan (which rows are decodes, gather indices, masks) is built once and reused by
 every layer.
+
+Layers with a sliding window (Mistral, Gemma's local layers) past that window, and
+attention-score soft-capping (Gemma 2), take their own per-step plan: masks that
+also hide keys a window or more behind the query, batched SDPA for the decodes
+(the C kernel has no window), and the reference's math where scores are capped,
+which SDPA cannot do.
 """
 
 from __future__ import annotations
@@ -71,8 +77,9 @@ class TorchBackend:
     write_kv = staticmethod(write_kv)
 
     def attention(self, query: torch.Tensor, kv_cache: torch.Tensor,
-                  meta: AttentionMetadata, scale: float) -> torch.Tensor:
-        return attention(query, kv_cache, meta, scale, self.decode_kernel)
+                  meta: AttentionMetadata, scale: float, window: int | None = None,
+                  softcap: float | None = None) -> torch.Tensor:
+        return attention(query, kv_cache, meta, scale, self.decode_kernel, window, softcap)
 
     def decode_kernel_plan(self, meta: AttentionMetadata, num_heads: int,
                            kv_cache: torch.Tensor, scale: float):
@@ -80,12 +87,21 @@ class TorchBackend:
 
 
 def attention(query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
-              scale: float, decode_kernel: ctypes.CDLL | None = None) -> torch.Tensor:
+              scale: float, decode_kernel: ctypes.CDLL | None = None,
+              window: int | None = None, softcap: float | None = None) -> torch.Tensor:
     """query [num_tokens, num_heads, head_dim] -> out of the same shape and dtype;
-    decode_kernel: the C kernel's library, None for the torch path."""
-    plan = meta.backend_state
-    if not isinstance(plan, _Plan):
-        plan = meta.backend_state = _make_plan(meta, query, kv_cache, scale, decode_kernel)
+    decode_kernel: the C kernel's library, None for the torch path; window: keys at
+    most window - 1 positions behind each query (None: all); softcap: scores capped
+    at +-softcap by tanh (None: not capped)."""
+    if window is not None or softcap is not None:
+        plan = _torch_plan(meta, query, kv_cache, window)
+    else:
+        plan = meta.backend_state
+        if not isinstance(plan, _Plan):
+            plan = meta.backend_state = _make_plan(meta, query, kv_cache, scale,
+                                                   decode_kernel)
+    if softcap is not None:
+        return _capped(query, kv_cache, plan, scale, softcap)
     gqa = query.shape[1] != kv_cache.shape[3]
     if plan.decode_all_rows and not plan.prefills and plan.decode_kernel is None:
         return _decode(query, kv_cache, plan, scale)
@@ -137,8 +153,64 @@ def _decode(query: torch.Tensor, kv_cache: torch.Tensor, plan: _Plan,
     return o.reshape(num_decodes, num_heads, head_dim)
 
 
+def _torch_plan(meta: AttentionMetadata, query: torch.Tensor, kv_cache: torch.Tensor,
+                window: int | None) -> _Plan:
+    """The step's plan without the C kernel for layers with this sliding window (or
+    none, for capped scores), made by the first of them."""
+    if meta.windowed_states is None:
+        meta.windowed_states = {}
+    plan = meta.windowed_states.get(window)
+    if plan is None:
+        plan = meta.windowed_states[window] = _make_plan(meta, query, kv_cache, 1.0, None,
+                                                         window)
+    return plan
+
+
+def _capped(query: torch.Tensor, kv_cache: torch.Tensor, plan: _Plan, scale: float,
+            softcap: float) -> torch.Tensor:
+    """Attention with scores soft-capped (Gemma 2), in transformers' eager order:
+    scale, cap, mask, softmax in fp32. Every row through the plan's masks."""
+    out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
+    group = query.shape[1] // kv_cache.shape[3]
+    if plan.decode_rows is not None:
+        n, max_len = plan.decode_rows.shape[0], plan.decode_len
+        k = kv_cache[0].index_select(0, plan.decode_blocks).view(n, -1, *kv_cache.shape[3:])
+        v = kv_cache[1].index_select(0, plan.decode_blocks).view(n, -1, *kv_cache.shape[3:])
+        mask = plan.decode_mask
+        if mask is None:  # a lone decode sees all its keys
+            mask = torch.ones(n, 1, 1, max_len, dtype=torch.bool, device=query.device)
+        q = query[plan.decode_rows].unsqueeze(2)  # [n, heads, 1, head_dim]
+        o = _capped_sdpa(q, k[:, :max_len].transpose(1, 2), v[:, :max_len].transpose(1, 2),
+                         mask, scale, softcap, group)
+        out[plan.decode_rows] = o[:, :, 0]
+    for p in plan.prefills:
+        k = kv_cache[0].index_select(0, p.blocks).flatten(0, 1)[:p.seq_len].transpose(0, 1)
+        v = kv_cache[1].index_select(0, p.blocks).flatten(0, 1)[:p.seq_len].transpose(0, 1)
+        q = query[p.rows].transpose(0, 1)
+        mask = p.mask
+        if mask is None:
+            mask = torch.ones(q.shape[1], p.seq_len, dtype=torch.bool,
+                              device=query.device).tril()
+        out[p.rows] = _capped_sdpa(q[None], k[None], v[None], mask, scale, softcap,
+                                   group)[0].transpose(0, 1)
+    return out
+
+
+def _capped_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                 scale: float, softcap: float, group: int) -> torch.Tensor:
+    """q [b, heads, q_len, d], k/v [b, kv_heads, k_len, d], mask broadcast to scores."""
+    k = k.repeat_interleave(group, dim=1)
+    v = v.repeat_interleave(group, dim=1)
+    scores = torch.matmul(q, k.transpose(2, 3)) * scale
+    scores = torch.tanh(scores / softcap) * softcap
+    scores = scores.masked_fill(~mask, float("-inf"))
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(q.dtype)
+    return torch.matmul(probs, v)
+
+
 def _make_plan(meta: AttentionMetadata, query: torch.Tensor, kv_cache: torch.Tensor,
-               scale: float, decode_kernel: ctypes.CDLL | None) -> _Plan:
+               scale: float, decode_kernel: ctypes.CDLL | None,
+               window: int | None = None) -> _Plan:
     block_size, device = kv_cache.shape[2], query.device
     starts = meta.query_start_loc.tolist()
     seq_lens = meta.seq_lens.tolist()
@@ -151,9 +223,13 @@ def _make_plan(meta: AttentionMetadata, query: torch.Tensor, kv_cache: torch.Ten
         seq_len = seq_lens[i]
         num_blocks = -(-seq_len // block_size)
         mask = None
-        if seq_len != q_len:  # cached context before the chunk: causal with an offset
+        windowed = window is not None and seq_len > window  # else the window hides nothing
+        if seq_len != q_len or windowed:  # cached context before the chunk, or a window
             q_pos = torch.arange(seq_len - q_len, seq_len, device=device).unsqueeze(1)
-            mask = torch.arange(seq_len, device=device).unsqueeze(0) <= q_pos
+            k_pos = torch.arange(seq_len, device=device).unsqueeze(0)
+            mask = k_pos <= q_pos
+            if windowed:
+                mask &= q_pos - k_pos < window
         prefills.append(_Prefill(rows=slice(starts[i], starts[i + 1]),
                                  blocks=meta.block_table[i, :num_blocks].long(),
                                  seq_len=seq_len, mask=mask))
@@ -166,14 +242,17 @@ def _make_plan(meta: AttentionMetadata, query: torch.Tensor, kv_cache: torch.Ten
     rows = torch.tensor([starts[i] for i in decodes], device=device)
     all_rows = len(decodes) == starts[-1] and decodes == list(range(len(seq_lens)))
     # the plan chose the kernel for fp32 CPU; supports() only guards the tensors' layout
-    lib = decode_kernel if cpu_kernel.supports(query, kv_cache) else None
+    lib = decode_kernel if window is None and cpu_kernel.supports(query, kv_cache) else None
     if lib is not None:  # every layer has the same scale and cache layout: fix them now
         kernel = cpu_kernel.paged_decode_for_step(lib, query.shape[1], kv_cache.shape, table,
                                                   meta.seq_lens[idx], rows, max_len, scale)
         return _Plan(rows, None, None, max_len, kernel, all_rows, prefills)
     mask = None  # a lone decode attends to exactly its keys: no mask, no padding
-    if len(decodes) > 1:
-        key_pos = torch.arange(max_len, device=device)
-        lens = meta.seq_lens[idx].long()
-        mask = (key_pos.unsqueeze(0) < lens.unsqueeze(1)).view(len(decodes), 1, 1, -1)
+    if len(decodes) > 1 or (window is not None and max_len > window):
+        key_pos = torch.arange(max_len, device=device).unsqueeze(0)
+        lens = meta.seq_lens[idx].long().unsqueeze(1)
+        mask = key_pos < lens
+        if window is not None:  # the decode sits at lens - 1
+            mask &= key_pos >= lens - window
+        mask = mask.view(len(decodes), 1, 1, -1)
     return _Plan(rows, table.reshape(-1), mask, max_len, None, all_rows, prefills)

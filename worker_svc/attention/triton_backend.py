@@ -29,9 +29,11 @@ def write_kv(key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
 
 
 def attention(query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetadata,
-              scale: float) -> torch.Tensor:
+              scale: float, window: int | None = None,
+              softcap: float | None = None) -> torch.Tensor:
     """query [num_tokens, num_heads, head_dim] -> out of the same shape and dtype.
-    Rows outside every request's query range are left unwritten."""
+    Rows outside every request's query range are left unwritten. window: each query
+    sees its last `window` keys (None: all); softcap: scores capped by tanh."""
     if query.dim() != 3 or kv_cache.dim() != 5 or kv_cache.shape[0] != 2:
         raise ValueError(f"query {tuple(query.shape)} must be [tokens, heads, head_dim] and "
                          f"kv_cache {tuple(kv_cache.shape)} [2, blocks, block_size, kv_heads, "
@@ -46,5 +48,6 @@ def attention(query: torch.Tensor, kv_cache: torch.Tensor, meta: AttentionMetada
     if meta.max_query_len <= 1:
         splits = choose_num_splits(meta.num_reqs, kv_cache.shape[3], meta.max_seq_len,
                                    _num_sms(query.device))
-        return paged_decode(*common, scale, num_splits=splits)
-    return paged_prefill(*common, meta.max_query_len, scale)
+        return paged_decode(*common, scale, num_splits=splits, window=window,
+                            softcap=softcap)
+    return paged_prefill(*common, meta.max_query_len, scale, window=window, softcap=softcap)

@@ -51,3 +51,13 @@ def paged_offsets(block_table_row, positions, mask, stride_block, stride_slot,
     """Element offset (int64: caches exceed 2**31 elements) of each position's slot."""
     page = tl.load(block_table_row + positions // PAGE, mask=mask, other=0).to(tl.int64)
     return page * stride_block + (positions % PAGE).to(tl.int64) * stride_slot
+
+
+NO_WINDOW = 1 << 30  # the window argument of a layer without one: wider than any context
+
+
+@triton.jit
+def soft_cap(s, cap):
+    """cap * tanh(s / cap), tanh through exp2 (saturates cleanly at +-1)."""
+    e = tl.exp2(s * (2.8853900817779268 / cap))  # exp(2 s / cap): 2.885... = 2 log2(e)
+    return cap * (1.0 - 2.0 / (e + 1.0))

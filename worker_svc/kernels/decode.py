@@ -5,7 +5,9 @@ share the KV head (GQA/MQA), walks the request's context tile by tile through th
 block table, and keeps an online softmax, so K/V are read from the cache exactly
 once per KV head. With one split it writes the normalized output; with several
 (split-K, for few long requests) each split writes a partial output and its
-log-sum-exp, and a second kernel merges them.
+log-sum-exp, and a second kernel merges them. A sliding window (Mistral, Gemma's
+local layers) starts the walk at the window's first key; soft-capped scores (Gemma 2)
+pass through cap * tanh(score / cap) before the softmax.
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
-from worker_svc.kernels.common import (LOG2E, block_d, check_dtype, dot_settings,
-                                       output_for, paged_offsets)
+from worker_svc.kernels.common import (LOG2E, NO_WINDOW, block_d, check_dtype,
+                                       dot_settings, output_for, paged_offsets, soft_cap)
 
 MIN_TOKENS_PER_SPLIT = 256  # below this a split's fixed cost outweighs its parallelism
 MAX_SPLITS = 64
@@ -24,13 +26,14 @@ LAUNCH = dict(num_warps=4, num_stages=2)
 
 @triton.jit
 def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, seq_lens_ptr, qsl_ptr,
-                   out_ptr, part_out_ptr, part_lse_ptr, qk_scale,
+                   out_ptr, part_out_ptr, part_lse_ptr, qk_scale, window, softcap,
                    stride_q_tok, stride_q_head,
                    stride_c_block, stride_c_slot, stride_c_head,
                    stride_bt_req, stride_o_tok, stride_o_head,
                    GROUP: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_G: tl.constexpr,
                    BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, PAGE: tl.constexpr,
-                   SPLIT: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr):
+                   SPLIT: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+                   CAPPED: tl.constexpr):
     req = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -38,11 +41,13 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, seq_lens_pt
     if tl.load(qsl_ptr + req + 1) == q_row:
         return  # a request with no query token this step
     seq_len = tl.load(seq_lens_ptr + req)
-    num_tiles = tl.cdiv(seq_len, BLOCK_N)
+    first_key = tl.maximum(seq_len - window, 0)  # the query at seq_len - 1 sees window keys
+    first_tile = first_key // BLOCK_N
+    num_tiles = tl.cdiv(seq_len, BLOCK_N) - first_tile
     num_splits = tl.num_programs(2)  # a runtime value: no recompile per split count
     tiles_per_split = tl.cdiv(num_tiles, num_splits)
-    tile_start = split * tiles_per_split
-    tile_end = tl.minimum(tile_start + tiles_per_split, num_tiles)
+    tile_start = first_tile + split * tiles_per_split
+    tile_end = tl.minimum(tile_start + tiles_per_split, first_tile + num_tiles)
 
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, BLOCK_D)
@@ -61,7 +66,7 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, seq_lens_pt
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
     for tile in range(tile_start, tile_end):
         pos = tile * BLOCK_N + tl.arange(0, BLOCK_N)
-        mask_n = pos < seq_len
+        mask_n = (pos < seq_len) & (pos >= first_key)
         tok_off = paged_offsets(bt_row, pos, mask_n, stride_c_block, stride_c_slot, PAGE)
         tok_off += head_off
         kv_mask = mask_n[:, None] & mask_d[None, :]
@@ -72,6 +77,8 @@ def _decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, block_table_ptr, seq_lens_pt
             k_t = k_t.to(tl.float32)
             v = v.to(tl.float32)
         s = tl.dot(q, k_t, input_precision=PRECISION) * qk_scale
+        if CAPPED:
+            s = soft_cap(s, softcap)
         s = tl.where(mask_n[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
         alpha = tl.exp2(m_i - m_new)
@@ -130,13 +137,13 @@ def choose_num_splits(num_reqs: int, num_kv_heads: int, max_seq_len: int,
 
 
 def decode_constexprs(group: int, head_dim: int, page: int, num_splits: int, block_n: int,
-                      dtype: torch.dtype, device: torch.device) -> dict:
+                      dtype: torch.dtype, device: torch.device, capped: bool = False) -> dict:
     """The decode kernel's compile-time arguments (also used by the offline GPU
     compile check, so it builds exactly what a launch would)."""
     upcast, precision = dot_settings(dtype, device)
     return dict(GROUP=group, HEAD_DIM=head_dim, BLOCK_G=max(16, triton.next_power_of_2(group)),
                 BLOCK_D=block_d(head_dim), BLOCK_N=block_n, PAGE=page, SPLIT=num_splits > 1,
-                UPCAST=upcast, PRECISION=precision)
+                UPCAST=upcast, PRECISION=precision, CAPPED=capped)
 
 
 def merge_constexprs(num_heads: int, head_dim: int, num_splits: int) -> dict:
@@ -148,9 +155,11 @@ def paged_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
                  block_table: torch.Tensor, seq_lens: torch.Tensor,
                  query_start_loc: torch.Tensor, scale: float, num_splits: int = 1,
                  block_n: int = 64,
-                 out: torch.Tensor | None = None) -> torch.Tensor:
+                 out: torch.Tensor | None = None, window: int | None = None,
+                 softcap: float | None = None) -> torch.Tensor:
     """query [num_tokens, num_heads, head_dim], one row per request (query_start_loc);
-    k_cache/v_cache [num_blocks, page, num_kv_heads, head_dim]. Returns out like query."""
+    k_cache/v_cache [num_blocks, page, num_kv_heads, head_dim]. Returns out like query.
+    window: each query sees its last `window` keys; softcap: scores capped by tanh."""
     check_dtype(query, "query")
     num_heads, head_dim = query.shape[1], query.shape[2]
     page, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
@@ -174,12 +183,13 @@ def paged_decode(query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
         part_out = part_lse = out  # unused
     _decode_kernel[(num_reqs, num_kv_heads, num_splits)](
         query, k_cache, v_cache, block_table, seq_lens, query_start_loc,
-        out, part_out, part_lse, scale * LOG2E,
+        out, part_out, part_lse, scale * LOG2E, window or NO_WINDOW,
+        (softcap or 1.0) * LOG2E,
         query.stride(0), query.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_table.stride(0), out.stride(0), out.stride(1),
         **decode_constexprs(group, head_dim, page, num_splits, block_n, query.dtype,
-                            query.device), **LAUNCH)
+                            query.device, softcap is not None), **LAUNCH)
     if num_splits > 1:
         _merge_splits_kernel[(num_reqs, num_heads)](
             part_out, part_lse, query_start_loc, out, out.stride(0), out.stride(1), num_splits,

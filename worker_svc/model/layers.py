@@ -46,13 +46,19 @@ def rms_norm_one_plus(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torc
 # ---------------------------------------------------------------- rotary embeddings
 
 def rope_tables(inv_freq: torch.Tensor, scaling: float, head_dim: int, max_positions: int,
-                device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin [max_positions, head_dim] of the rotate-half RoPE, computed in fp32
-    like the reference and cast once; rotate_half(x) == roll(x, half) * [-1.., +1..], so
-    that sign is folded into sin and apply_rope is two multiplies and a roll."""
-    freqs = torch.arange(max_positions, dtype=torch.float).unsqueeze(1) * inv_freq
+                device, dtype, long_inv_freq: torch.Tensor | None = None,
+                long_from: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin [max_positions, 2 * len(inv_freq)] of the rotate-half RoPE (head_dim
+    wide, or the rotary part of a head under partial rotary), computed in fp32 like the
+    reference and cast once; rotate_half(x) == roll(x, half) * [-1.., +1..], so that
+    sign is folded into sin and apply_rope is two multiplies and a roll. Positions from
+    long_from on rotate with long_inv_freq (longrope, model/phi3.py)."""
+    positions = torch.arange(max_positions, dtype=torch.float).unsqueeze(1)
+    freqs = positions * inv_freq
+    if long_inv_freq is not None and long_from < max_positions:
+        freqs[long_from:] = positions[long_from:] * long_inv_freq
     emb = torch.cat((freqs, freqs), dim=-1)
-    half = head_dim // 2
+    half = inv_freq.shape[0]
     sign = torch.cat((-torch.ones(half), torch.ones(half)))
     cos = (emb.cos() * scaling).to(device=device, dtype=dtype)
     sin = (emb.sin() * scaling * sign).to(device=device, dtype=dtype)
@@ -60,19 +66,30 @@ def rope_tables(inv_freq: torch.Tensor, scaling: float, head_dim: int, max_posit
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [tokens, heads, head_dim]; cos/sin [tokens, 1, head_dim] (rope_tables' rows of
-    the tokens' positions)."""
-    return torch.addcmul(x * cos, x.roll(x.shape[-1] // 2, dims=-1), sin)
+    """x [tokens, heads, head_dim]; cos/sin [tokens, 1, rotary_dim] (rope_tables' rows of
+    the tokens' positions): the first rotary_dim dims rotated, the rest passed through
+    (partial rotary, Phi-4-mini)."""
+    rotary_dim = cos.shape[-1]
+    if rotary_dim == x.shape[-1]:
+        return torch.addcmul(x * cos, x.roll(rotary_dim // 2, dims=-1), sin)
+    rot = x[..., :rotary_dim]
+    rot = torch.addcmul(rot * cos, rot.roll(rotary_dim // 2, dims=-1), sin)
+    return torch.cat((rot, x[..., rotary_dim:]), dim=-1)
 
 
 # ---------------------------------------------------------------- attention
 
 def paged_attention(backend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                    kv_cache: torch.Tensor, meta, scale: float) -> torch.Tensor:
+                    kv_cache: torch.Tensor, meta, scale: float, window: int | None = None,
+                    softcap: float | None = None) -> torch.Tensor:
     """Write this step's k/v into the paged cache, then attend q over each request's
-    cached tokens (the backend the compute plan chose). q [tokens, heads, head_dim]."""
+    cached tokens (the backend the compute plan chose). q [tokens, heads, head_dim];
+    window: the layer's sliding window (config.layer_windows), None: every key;
+    softcap: scores capped at +-softcap by tanh (Gemma 2)."""
     backend.write_kv(k, v, kv_cache, meta.slot_mapping)
-    return backend.attention(q, kv_cache, meta, scale)
+    if window is None and softcap is None:
+        return backend.attention(q, kv_cache, meta, scale)
+    return backend.attention(q, kv_cache, meta, scale, window, softcap)
 
 
 # ---------------------------------------------------------------- gated MLPs

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from worker_svc.attention.metadata import AttentionMetadata
 from worker_svc.model import decode_layers, fused_ops, layers, small_linear
-from worker_svc.model.config import ModelConfig, require_silu
+from worker_svc.model.config import ModelConfig, layer_windows, require_silu
 from worker_svc.model.weights import ModelWeights, load_weights as _load_weights
 
 # model_type -> whether q/k/v projections carry a bias regardless of config flags
@@ -55,6 +55,10 @@ class DecoderModel:
         else:
             self._reduce = _unchanged
         self.scale = cfg.head_dim ** -0.5
+        # each layer's sliding window, None where it attends to every key
+        self.windows = layer_windows(cfg, max_positions)
+        if plan.decode_layers and any(self.windows):
+            raise RuntimeError("the compute plan's C layer loop has no sliding window")
         # activations and KV cache; bf16 matmul weights on CPU keep them fp32 (cpu_dtype)
         device, dtype = weights.embed.device, plan.act_dtype
         self.dtype = dtype
@@ -121,7 +125,7 @@ class DecoderModel:
             q, k = qk[:, :num_heads], qk[:, num_heads:]
             v = qkv[:, nq + nkv:].view(n, c.num_kv_heads, hd)
             write_kv(k, v, kv_caches[i], meta.slot_mapping)
-            attn = attention(q, kv_caches[i], meta, self.scale)
+            attn = attention(q, kv_caches[i], meta, self.scale, self.windows[i])
             x = residual + self._reduce(linear(attn.reshape(n, nq), lw.o_proj, lw.o_bias))
             residual = x
             h = _rms_norm(x, lw.post_norm, eps)
@@ -166,7 +170,7 @@ class DecoderModel:
             ops.rope_write_kv(qkv, c.num_heads, c.num_kv_heads, hd, self.cos, self.sin,
                               positions, kv_caches[i], meta.slot_mapping)
             attn = attention(qkv[:, :nq].view(n, c.num_heads, hd), kv_caches[i], meta,
-                             self.scale)
+                             self.scale, self.windows[i])
             o = self._reduce(linear(attn.reshape(n, nq), lw.o_proj, lw.o_bias))
             h = ops.add_rms_norm(residual, o, lw.post_norm, eps)
             gate_up = linear(h, lw.gate_up, lw.gate_up_bias)

@@ -17,7 +17,7 @@ PACKED_MODULES_MAPPING = {**torch_decoder.LLAMA_NAMES,
 
 def configure(hf, cfg: ModelConfig) -> ModelConfig:
     require_silu(hf)
-    if getattr(hf, "sliding_window", None):  # within the window full attention is exact
+    if getattr(hf, "sliding_window", None):  # applied past it (config.layer_windows)
         cfg.sliding_window = int(hf.sliding_window)
     cfg.moe = MoeSpec(num_experts=int(hf.num_local_experts), top_k=int(hf.num_experts_per_tok),
                       intermediate_size=int(hf.intermediate_size), renormalize=True)

@@ -44,6 +44,8 @@ LLAMA = Family("llama", c_kernels=True)
 QWEN3 = Family("qwen3", c_kernels=False)
 QWEN3_MOE = Family("qwen3_moe", c_kernels=False)
 MIXTRAL = Family("mixtral", c_kernels=False)
+GEMMA = Family("gemma", c_kernels=False)
+PHI3 = Family("phi3", c_kernels=False)
 
 # config.json's "architectures" entry -> the family that serves it
 ARCHITECTURES: dict[str, Family] = {
@@ -53,6 +55,10 @@ ARCHITECTURES: dict[str, Family] = {
     "Qwen3ForCausalLM": QWEN3,
     "Qwen3MoeForCausalLM": QWEN3_MOE,
     "MixtralForCausalLM": MIXTRAL,
+    "Gemma2ForCausalLM": GEMMA,
+    "Gemma3ForCausalLM": GEMMA,
+    "Gemma3ForConditionalGeneration": GEMMA,  # its text model (config.py, weights.py)
+    "Phi3ForCausalLM": PHI3,
 }
 
 # "model_type" -> family, for configs without architectures; also the model types a
@@ -64,6 +70,10 @@ MODEL_TYPES: dict[str, Family] = {
     "qwen3": QWEN3,
     "qwen3_moe": QWEN3_MOE,
     "mixtral": MIXTRAL,
+    "gemma2": GEMMA,
+    "gemma3_text": GEMMA,
+    "gemma3": GEMMA,
+    "phi3": PHI3,
 }
 
 

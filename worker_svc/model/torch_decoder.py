@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from worker_svc.model import layers
-from worker_svc.model.config import ModelConfig
+from worker_svc.model.config import ModelConfig, layer_windows
 from worker_svc.model.layers import MoeWeights
 from worker_svc.model.safetensors_io import TensorReader
 from worker_svc.model.weights import CheckpointSlices
@@ -143,7 +143,10 @@ class TorchDecoder:
         self.scale = cfg.head_dim ** -0.5
         self._reduce = tp.all_reduce if tp is not None else _unchanged
         self.cos, self.sin = layers.rope_tables(cfg.inv_freq, cfg.rope_scaling, cfg.head_dim,
-                                                max_positions, weights.embed.device, self.dtype)
+                                                max_positions, weights.embed.device, self.dtype,
+                                                cfg.long_inv_freq, cfg.long_from)
+        # each layer's sliding window, None where it attends to every key
+        self.windows = layer_windows(cfg, max_positions)
         self.screen_rows = {"screened": 0, "full": 0}  # no screen on this path
         # tokens routed to each expert this rank holds, summed over layers (a metric:
         # gapserve:worker_moe_expert_tokens); empty without routed experts
@@ -172,13 +175,15 @@ class TorchDecoder:
               meta) -> torch.Tensor:
         eps = self.cfg.rms_norm_eps
         x = x + self._reduce(self.attention(lw, layers.rms_norm(x, lw.input_norm, eps),
-                                            rope, kv_cache, meta))
+                                            rope, kv_cache, meta, self.windows[i]))
         return x + self._reduce(self.mlp(i, lw, layers.rms_norm(x, lw.post_norm, eps)))
 
     def attention(self, lw: TorchLayer, h: torch.Tensor, rope, kv_cache: torch.Tensor,
-                  meta) -> torch.Tensor:
+                  meta, window: int | None = None, softcap: float | None = None,
+                  norm=layers.rms_norm) -> torch.Tensor:
         """o_proj(attention(rope(q), rope(k), v)): a row-parallel partial sum; q and k
-        go through their per-head norms first where the family has them."""
+        go through their per-head norms (`norm`) first where the family has them;
+        window: the layer's sliding window; softcap: the scores' cap (Gemma 2)."""
         c, n = self.cfg, h.shape[0]
         nq, nkv, hd = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.head_dim
         qkv = layers.linear(h, lw.qkv, lw.qkv_bias)
@@ -186,10 +191,11 @@ class TorchDecoder:
         k = qkv[:, nq:nq + nkv].view(n, c.num_kv_heads, hd)
         v = qkv[:, nq + nkv:].view(n, c.num_kv_heads, hd)
         if lw.q_norm is not None:
-            q = layers.rms_norm(q, lw.q_norm, c.rms_norm_eps)
-            k = layers.rms_norm(k, lw.k_norm, c.rms_norm_eps)
+            q = norm(q, lw.q_norm, c.rms_norm_eps)
+            k = norm(k, lw.k_norm, c.rms_norm_eps)
         q, k = layers.apply_rope(q, *rope), layers.apply_rope(k, *rope)
-        attn = layers.paged_attention(self.backend, q, k, v, kv_cache, meta, self.scale)
+        attn = layers.paged_attention(self.backend, q, k, v, kv_cache, meta, self.scale,
+                                      window, softcap)
         return layers.linear(attn.reshape(n, nq), lw.o_proj, lw.o_bias)
 
     def mlp(self, i: int, lw: TorchLayer, h: torch.Tensor) -> torch.Tensor:

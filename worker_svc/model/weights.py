@@ -106,6 +106,48 @@ def weight_bytes(w) -> int:
     return sum(t.numel() * t.element_size() for t in unique.values())
 
 
+# where a checkpoint keeps the decoder: a causal LM's "model.", or the text model
+# inside Gemma3ForConditionalGeneration as transformers 5 saves it and as the Hub has it
+TEXT_MODEL_PREFIXES = ("model.", "model.language_model.", "language_model.model.")
+# projections some checkpoints store fused (Phi-3) -> the parts they stack, in order
+FUSED_IN_CHECKPOINT = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj",
+                                              "self_attn.v_proj"),
+                       "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj")}
+
+
+def causal_lm_entries(entries: dict[str, TensorEntry], cfg: ModelConfig
+                      ) -> dict[str, TensorEntry]:
+    """The entries under a causal LM's names: the text model's prefix read as "model.",
+    and fused projections entered as their parts (rows of the file, read like tensors
+    of their own), so every family's loading and tensor-parallel slicing see one layout."""
+    prefix = next((p for p in TEXT_MODEL_PREFIXES if p + "embed_tokens.weight" in entries),
+                  "model.")
+    if prefix != "model.":
+        entries = {("model." + n[len(prefix):] if n.startswith(prefix) else n): e
+                   for n, e in entries.items()}
+    for i in range(cfg.num_layers):
+        for fused, parts in FUSED_IN_CHECKPOINT.items():
+            name = f"model.layers.{i}.{fused}.weight"
+            if name not in entries:
+                continue
+            e, start = entries.pop(name), 0
+            rows = _part_rows(fused, cfg)
+            if sum(rows) != e.shape[0]:
+                raise CheckpointError(f"{e.path}: {name} has {e.shape[0]} rows, the config "
+                                      f"gives {' + '.join(map(str, rows))}")
+            for part, n in zip(parts, rows):
+                entries[f"model.layers.{i}.{part}.weight"] = row_slice(e, start, start + n)
+                start += n
+    return entries
+
+
+def _part_rows(fused: str, cfg: ModelConfig) -> list[int]:
+    if fused == "self_attn.qkv_proj":
+        kv = cfg.num_kv_heads * cfg.head_dim
+        return [cfg.num_heads * cfg.head_dim, kv, kv]
+    return [cfg.intermediate_size, cfg.intermediate_size]
+
+
 class CheckpointSlices:
     """A checkpoint's tensors as one tensor-parallel rank reads them: each weight
     allocated once in its final (fused) place and read straight into it, no file
@@ -118,7 +160,7 @@ class CheckpointSlices:
                  reader: TensorReader, dtype: torch.dtype, device: torch.device) -> None:
         self.model_dir, self.plan, self.reader = model_dir, plan, reader
         self.dtype, self.device = dtype, device
-        self.entries = checkpoint_entries(model_dir)
+        self.entries = causal_lm_entries(checkpoint_entries(model_dir), cfg)
         hd = cfg.head_dim
         self.q_rows = (plan.q_heads[0] * hd, plan.q_heads[1] * hd)
         kv_rows = (plan.kv_heads[0] * hd, plan.kv_heads[1] * hd)

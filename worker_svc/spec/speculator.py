@@ -19,7 +19,7 @@ from worker_svc.attention.select import select_backend
 from worker_svc.compute_plan import build_plan, has_biases
 from worker_svc.kv_capacity import bytes_per_block
 from worker_svc.model import small_linear
-from worker_svc.model.config import load_model_config
+from worker_svc.model.config import layer_windows, load_model_config
 from worker_svc.model.cpu_dtype import prepare_matmul_weights
 from worker_svc.model.llama import DecoderModel
 from worker_svc.model.weights import load_weights
@@ -151,7 +151,8 @@ def build_speculator(spec: SpeculativeConfig | None, *, config, device: torch.de
         return Speculator(spec, DraftModelProposer(None, block_size, device,
                                                    shares_kv=False), tp, device)
     draft_plan = build_plan(dataclasses.replace(config, tensor_parallel_size=1), device,
-                            draft_cfg, biases=has_biases(draft_cfg))
+                            draft_cfg, biases=has_biases(draft_cfg),
+                            windowed=any(layer_windows(draft_cfg, max_model_len)))
     draft_plan = dataclasses.replace(draft_plan, threads=plan.threads)
     with torch.inference_mode():
         w = load_weights(Path(spec.model), draft_cfg, draft_plan.act_dtype, device)
