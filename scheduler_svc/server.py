@@ -30,6 +30,7 @@ from scheduler_svc.kv_events import KVEventsConfig, start_publisher
 from scheduler_svc.worker_group import WorkerGroup
 from shared import config as flags
 from shared import proto_convert as pc
+from shared.arg_types import worker_groups
 from shared.grpc_server import COALESCE_BYTES, ServiceServer
 from shared.link_security import LinkSecurity, inner_bind_problem
 from shared.proto import common_pb2, engine_pb2, engine_pb2_grpc
@@ -267,7 +268,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.metrics_port:
         start_metrics_server(args.metrics_port, args.host)
     log.info("scheduler_listening", port=port, workers=list(args.worker_addresses),
-             spares=flags.worker_groups(args.worker_addresses)[1:])
+             spares=worker_groups(args.worker_addresses)[1:])
     group = WorkerGroup(args.worker_addresses, step_timeout_s=args.step_timeout_s or None,
                         security=security)
     engine = kv_events = None

@@ -20,7 +20,7 @@ import grpc
 from scheduler_svc.core.config import ConfigError
 from scheduler_svc.engine import WorkerDisagreement, WorkerLost
 from shared import proto_convert as pc
-from shared.config import WorkerGroups, worker_groups
+from shared.arg_types import WorkerGroups, worker_groups
 from shared.grpc_server import CHANNEL_OPTIONS
 from shared.link_security import LinkSecurity
 from shared.proto import worker_pb2, worker_pb2_grpc

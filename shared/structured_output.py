@@ -28,6 +28,8 @@ from pathlib import Path
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from shared.config import DEFAULT_COMPILE_TIMEOUT_S
+
 # Per process: the frontend's validation and rank 0's compiles each count their own.
 COMPILE_TIME = Histogram("gapserve:structured_output_compile_seconds",
                          "Time to compile one structured-output grammar (a cache miss).",
@@ -42,9 +44,6 @@ STUCK_COMPILES = Gauge("gapserve:structured_output_stuck_compiles",
 
 KINDS = ("json", "json_object", "regex", "choice", "grammar")
 
-# Seconds a compile may take before the request is refused (the frontend's and the
-# worker's); shared.config's --structured-output-compile-timeout overrides it.
-DEFAULT_COMPILE_TIMEOUT_S = 10.0
 # How many compiled grammars stay cached (per process): a compiled matcher is a few
 # hundred KB for a nested schema; 256 is a few tens of MB at most.
 CACHE_SIZE = 256
@@ -246,12 +245,13 @@ class CompileCache:
     at most `threads + max_stuck` threads, never every later compile."""
 
     def __init__(self, size: int = CACHE_SIZE, threads: int = COMPILE_THREADS,
-                 max_stuck: int = MAX_STUCK_COMPILES, stuck_after_s: float | None = None
-                 ) -> None:
+                 max_stuck: int = MAX_STUCK_COMPILES,
+                 stuck_after_s: float = DEFAULT_COMPILE_TIMEOUT_S) -> None:
         self.size = size
         self.threads = threads
         self.max_stuck = max_stuck
-        self._stuck_after_s = stuck_after_s  # None: the configured compile timeout
+        # the process's compile timeout: each service's main sets its flag's value
+        self.stuck_after_s = stuck_after_s
         self._lock = threading.Lock()
         self._done: OrderedDict[tuple, CompiledGrammar] = OrderedDict()
         self._pending: dict[tuple, _Job] = {}  # queued or running
@@ -260,13 +260,6 @@ class CompileCache:
         self.stuck = 0
         self.hits = 0
         self.misses = 0
-
-    @property
-    def stuck_after_s(self) -> float:
-        if self._stuck_after_s is None:
-            from shared import config
-            self._stuck_after_s = config.structured_output_compile_timeout_s()
-        return self._stuck_after_s
 
     def lookup(self, spec: StructuredOutputSpec, vocab: GrammarVocab) -> CompiledGrammar | None:
         """The compiled grammar when cached (counts a hit), else None (no count)."""
@@ -429,15 +422,3 @@ def validate(spec: StructuredOutputSpec, vocab: GrammarVocab,
     StructuredOutputError naming the problem (CompileCapacityError: none can be
     compiled now). Returns whether it was a cache hit; changes nothing else."""
     return CACHE.fetch(spec, vocab, timeout_s)[1]
-
-
-def validate_for_model(spec: StructuredOutputSpec, model_dir, vocab_size: int | None = None,
-                       eos_token_ids: list[int] | None = None,
-                       timeout_s: float | None = None) -> None:
-    """validate() against a model's vocabulary (the frontend's door: the model
-    directory it tokenizes with and the workers' vocab size and EOS ids from
-    ModelInfo, so it compiles what rank 0 will compile)."""
-    from shared import config
-    vocab = grammar_vocab(model_dir, vocab_size, eos_token_ids)
-    validate(spec, vocab, config.structured_output_compile_timeout_s()
-             if timeout_s is None else timeout_s)

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import torch
 
-from shared import config as flags
 from shared.default_model import resolve_model
 from shared.telemetry import get_logger
 from shared.types import (InvalidRequestError, ModelInfo, ModelRunnerOutput,
@@ -68,7 +67,7 @@ class ModelRunner:
         self.compute_plan = plan = build_plan(
             config, self.device, self.local_config, biases=has_biases(cfg),
             ranks_on_host=1 if self.tp is None else self.tp.ranks_on_this_host(),
-            fault_stop_after_steps=flags.fault_stop_after_steps())
+            fault_stop_after_steps=config.fault_stop_after_steps)
         self.dtype, act_dtype = plan.dtype, plan.act_dtype
         if torch.get_num_threads() != plan.threads:  # this is the compute thread (compute.py)
             torch.set_num_threads(plan.threads)
@@ -113,7 +112,7 @@ class ModelRunner:
         # structured outputs: rank 0 samples, so it alone compiles and holds matchers
         self.grammars = GrammarRuntime(
             str(self.model_dir), cfg.vocab_size, list(cfg.eos_token_ids),
-            flags.structured_output_compile_timeout_s()) if self.plan.first else None
+            config.structured_outputs_compile_timeout_s) if self.plan.first else None
         self._mask_s = 0.0  # this step's, for StepTimings.mask_ms
         log.info("compute_plan", rank=self.plan.rank, **plan.log_fields(),
                  weight_mib=round(self.weight_bytes / 2**20, 1),

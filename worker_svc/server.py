@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import fields
 
 import grpc
 
@@ -241,7 +242,9 @@ def worker_config(args) -> WorkerConfig:
         distributed_backend=args.distributed_backend,
         load_format=args.load_format, zero_cost_steps=args.zero_cost_steps,
         speculative_config=args.speculative_config,
-        **{name: getattr(args, name) for name in flags.CPU_FLAG_DESTS})
+        structured_outputs_compile_timeout_s=args.structured_outputs_compile_timeout_s,
+        fault_stop_after_steps=flags.fault_stop_after_steps(),
+        **{f.name: getattr(args, f.name) for f in fields(flags.CpuFlags)})
     if args.max_num_batched_tokens is not None:
         cfg.max_num_batched_tokens = args.max_num_batched_tokens
     if args.max_num_seqs is not None:
@@ -279,8 +282,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         start_metrics_server(metrics_port, args.host)
     log.info("worker_listening", port=port, rank=args.rank, metrics_port=metrics_port)
     try:
+        from shared import structured_output
         from worker_svc.metrics import WEIGHT_BYTES, WorkerTelemetry
         from worker_svc.runner import ModelRunner
+
+        # a compile running past the bound no longer holds a compile thread
+        structured_output.CACHE.stuck_after_s = cfg.structured_outputs_compile_timeout_s
 
         # loads the weights and sizes the KV pool, on the thread that will run the steps
         runner = compute.run(ModelRunner, cfg)

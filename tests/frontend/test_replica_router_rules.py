@@ -85,11 +85,11 @@ def test_the_defaults_are_the_pinned_sglang_routers_own():
     Router's docstring still names 0.5 / 32 / 1.0001, which its CLI does not use)."""
     from sglang_router.router_args import RouterArgs
 
-    from shared.config import add_data_parallel_routing_flags
+    from shared.config import RoutingFlags, add_flags
     import argparse
 
     parser = argparse.ArgumentParser()
-    add_data_parallel_routing_flags(parser)
+    add_flags(parser, RoutingFlags)
     args = parser.parse_args([])
     ours = RoutingRule.from_args(args)
     theirs = RouterArgs()
