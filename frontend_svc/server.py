@@ -18,7 +18,7 @@ import uvicorn
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from shared import structured_output
+from shared.structured import compile_cache
 from shared.config import frontend_parser, parse_args, tool_flags_problem
 from shared.default_model import resolve_model
 from shared.grpc_server import CHANNEL_OPTIONS
@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(tool_flags_problem(args))
     observe.setup(args)
     # a compile running past the bound no longer holds a compile thread
-    structured_output.CACHE.stuck_after_s = args.structured_outputs_compile_timeout_s
+    compile_cache.CACHE.stuck_after_s = args.structured_outputs_compile_timeout_s
     model_dir = resolve_model(args.model)
     tokenizer = TextTokenizer.from_dir(model_dir)
     if args.chat_template:  # vLLM's --chat-template: replaces the model's for every chat

@@ -282,12 +282,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         start_metrics_server(metrics_port, args.host)
     log.info("worker_listening", port=port, rank=args.rank, metrics_port=metrics_port)
     try:
-        from shared import structured_output
+        from shared.structured import compile_cache
         from worker_svc.metrics import WEIGHT_BYTES, WorkerTelemetry
         from worker_svc.runner import ModelRunner
 
         # a compile running past the bound no longer holds a compile thread
-        structured_output.CACHE.stuck_after_s = cfg.structured_outputs_compile_timeout_s
+        compile_cache.CACHE.stuck_after_s = cfg.structured_outputs_compile_timeout_s
 
         # loads the weights and sizes the KV pool, on the thread that will run the steps
         runner = compute.run(ModelRunner, cfg)

@@ -10,7 +10,8 @@ import grpc
 
 from shared import proto_convert as convert
 from shared.proto import generate_pb2, generate_pb2_grpc
-from shared.structured_output import CompileCapacityError, StructuredOutputError, validate
+from shared.structured.compile_cache import validate
+from shared.structured.spec import CompileCapacityError, StructuredOutputError
 from shared.types import FinishReason, InvalidRequestError
 
 from frontend_svc.request import generation

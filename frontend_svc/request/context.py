@@ -15,7 +15,7 @@ from typing import TypeVar
 import grpc
 
 from shared.config import DEFAULT_COMPILE_TIMEOUT_S
-from shared.structured_output import grammar_vocab
+from shared.structured.compile_cache import grammar_vocab
 
 from frontend_svc.request.admission import Admission
 from frontend_svc.api.auth import ApiKeys

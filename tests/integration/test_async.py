@@ -22,9 +22,9 @@ import jsonschema
 import pytest
 
 from shared import proto_convert as pc
-from shared import structured_output as so
+from shared.structured import compile_cache as so
 from shared.proto import common_pb2, engine_pb2, generate_pb2
-from shared.structured_output import StructuredOutputSpec as Spec
+from shared.structured.spec import StructuredOutputSpec as Spec
 from shared.types import SamplingParams
 from tests.integration.hf_reference import hf_greedy as greedy
 from tests.structured.reference import GrammarLogitsProcessor, hf_constrained_greedy

@@ -18,7 +18,7 @@ import pytest
 
 from shared import proto_convert as pc
 from shared.proto import common_pb2, engine_pb2, generate_pb2
-from shared.structured_output import StructuredOutputSpec as Spec
+from shared.structured.spec import StructuredOutputSpec as Spec
 from shared.types import SamplingParams
 from tests.integration.conftest import TINY_FLAGS, free_ports
 

@@ -29,7 +29,7 @@ ASK = [{"role": "user", "content": "Weather in Paris?"}]
 @pytest.fixture(scope="module")
 def limits():
     from shared.default_model import ensure_default_model
-    from shared.structured_output import grammar_vocab
+    from shared.structured.compile_cache import grammar_vocab
     return ModelLimits(2048, 49152, grammar_vocab=functools.partial(
         grammar_vocab, str(ensure_default_model())))
 
