@@ -49,7 +49,7 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from shared import proto_convert as pc  # noqa: E402
+from shared.wire.common import sampling_to_proto  # noqa: E402
 from shared.structured import compile_cache as so  # noqa: E402
 from shared.structured.spec import StructuredOutputSpec  # noqa: E402
 from shared.grpc_server import check_health  # noqa: E402
@@ -151,7 +151,7 @@ def one_stream(stub, prompt_ids: list[int], constrained: bool, max_tokens: int) 
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=not constrained,
                             structured_output=spec)
     request = generate_pb2.GenerateRequest(token_ids=generate_pb2.TokenIds(ids=prompt_ids),
-                                           sampling_params=pc.sampling_to_proto(params))
+                                           sampling_params=sampling_to_proto(params))
     start, first, tokens, text, stopped = time.monotonic(), None, 0, "", False
     for msg in stub.Generate(request, timeout=600):
         if msg.token_ids and first is None:

@@ -29,7 +29,8 @@ from scheduler_svc.engine import (CLOSED, Engine, EngineFailed, ErrorCode, Failu
 from scheduler_svc.kv_events import KVEventsConfig, start_publisher
 from scheduler_svc.worker_group import WorkerGroup
 from shared import config as flags
-from shared import proto_convert as pc
+from shared.wire.common import model_info_to_proto, sampling_from_proto
+from shared.wire.engine import request_output_to_proto
 from shared.arg_types import worker_groups
 from shared.grpc_server import COALESCE_BYTES, ServiceServer
 from shared.link_security import LinkSecurity, inner_bind_problem
@@ -58,7 +59,7 @@ REJECTED_FULL = Counter("gapserve:scheduler_rejected_requests",
 def _request_from_proto(msg: engine_pb2.AddRequest, eos_token_ids: list[int]) -> Request:
     return Request(
         msg.request_id, list(msg.prompt_token_ids),
-        pc.sampling_from_proto(msg.sampling_params), eos_token_ids,
+        sampling_from_proto(msg.sampling_params), eos_token_ids,
         arrival_time=msg.arrival_unix_s or time.time(), priority=msg.priority,
         cache_salt=msg.cache_salt if msg.HasField("cache_salt") else None)
 
@@ -72,7 +73,7 @@ def _response(items: list, reply: engine_pb2.EngineResponse | None = None
             reply.rejections.add(request_id=item.req_id, status=common_pb2.Status(
                 code=_CODES[item.code].value[0], message=item.message))
         else:
-            reply.outputs.append(pc.request_output_to_proto(item))
+            reply.outputs.append(request_output_to_proto(item))
     return reply
 
 
@@ -124,7 +125,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         return engine
 
     def GetModelInfo(self, request, context):
-        return pc.model_info_to_proto(self._engine(context).model_info)
+        return model_info_to_proto(self._engine(context).model_info)
 
     def GetStatus(self, request, context):
         self._engine(context)

@@ -20,7 +20,8 @@ from dataclasses import fields
 import grpc
 
 from shared import config as flags
-from shared import proto_convert as pc
+from shared.wire.common import model_info_to_proto
+from shared.wire.worker import runner_output_to_proto, scheduler_output_from_proto
 from shared.grpc_server import ServiceServer
 from shared.link_security import LinkSecurity, inner_bind_problem
 from shared.proto import worker_pb2, worker_pb2_grpc
@@ -79,7 +80,7 @@ class StepPipe:
         try:
             for msg in request_iterator:
                 try:
-                    step = pc.scheduler_output_from_proto(msg)
+                    step = scheduler_output_from_proto(msg)
                 except Exception as e:  # noqa: BLE001 - a malformed step fails the stream
                     self.steps.put(StepFailed(msg.step_id, e))
                     return
@@ -155,7 +156,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                           f"{runner.max_num_batched_tokens} tokens; give both services the "
                           f"same --max-num-batched-tokens")
         return worker_pb2.HandshakeResponse(
-            model_info=pc.model_info_to_proto(runner.model_info()), rank=self.rank,
+            model_info=model_info_to_proto(runner.model_info()), rank=self.rank,
             tensor_parallel_size=self.tensor_parallel_size)
 
     def Step(self, request_iterator, context):
@@ -191,7 +192,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                     self.telemetry.argmax_screen(self.runner.model.screen_rows)
                 if self.rank != 0:  # all ranks run the step; rank 0 answers with tokens
                     result = ModelRunnerOutput(step_id=result.step_id, timings=result.timings)
-                yield pc.runner_output_to_proto(result)
+                yield runner_output_to_proto(result)
             log.info("step_stream_closed")
         finally:
             try:

@@ -8,8 +8,8 @@ import msgspec
 import pytest
 
 from frontend_svc.engine.kv_index import KvIndex, block_keys
-from frontend_svc.engine.kv_subscriber import (AllBlocksCleared, BlockRemoved, BlockStored,
-                                        KVEventBatch, feed)
+from frontend_svc.engine.kv_subscriber import feed
+from shared.kv_event_wire import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 from frontend_svc.engine.replica_router import Candidate, ReplicaRouter, RoutingRule
 
 BS = 4

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import jsonschema
 import pytest
 
-from shared import proto_convert as pc
+from shared.wire.common import sampling_to_proto
 from shared.structured import compile_cache as so
 from shared.proto import common_pb2, engine_pb2, generate_pb2
 from shared.structured.spec import StructuredOutputSpec as Spec
@@ -147,7 +147,7 @@ def run_case(stub, case: Case) -> tuple[list[int], generate_pb2.GenerateFinal]:
     request = generate_pb2.GenerateRequest(
         request_id=f"{case.name}-{time.monotonic_ns()}",
         token_ids=generate_pb2.TokenIds(ids=case.prompt_ids),
-        sampling_params=pc.sampling_to_proto(params))
+        sampling_params=sampling_to_proto(params))
     tokens: list[int] = []
     aborted = False
     for msg in stub.Generate(request, timeout=600):

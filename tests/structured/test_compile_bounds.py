@@ -18,7 +18,7 @@ import grpc
 import httpx
 import pytest
 
-from shared import proto_convert as pc
+from shared.wire.common import sampling_to_proto
 from shared import config
 from shared.structured import compile_cache as so
 from shared.proto import generate_pb2
@@ -140,7 +140,7 @@ def test_at_the_cap_a_new_grammar_is_a_503_on_http_and_resource_exhausted_on_grp
     params = SamplingParams(temperature=0.0, max_tokens=4, structured_output=quick_spec())
     with pytest.raises(grpc.RpcError) as info:
         list(stack.generation_stub().Generate(generate_pb2.GenerateRequest(
-            text="x", sampling_params=pc.sampling_to_proto(params)), timeout=60))
+            text="x", sampling_params=sampling_to_proto(params)), timeout=60))
     assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "past the compile timeout" in info.value.details()
     assert complete(stack, cached).status_code == 200  # a cached grammar is still served
