@@ -22,6 +22,13 @@ the variable over the default. A switch (`--x` / `--no-x`) reads 1/0, true/false
 yes/no or on/off. `gapserve serve` takes the union of the services' flags, less the
 ports and addresses it sets for each child, and forwards each child its own (secrets
 in the child's environment, not its command line).
+
+A new flag is one field in its group's dataclass in `shared/config.py` (e.g.
+`thread_policy: str = worker("auto", "help", choices=(...))`; `secret=True` for a
+value that must not appear on a command line); the parsers, `serve`'s forwarding and
+the environment variable follow. Then `python -m shared.flags_doc` rewrites this page
+(`tests/test_flags_doc.py` fails until it is). A variable without a flag goes in
+`VARIABLES` there, with its reader.
 """
 
 

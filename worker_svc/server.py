@@ -227,29 +227,19 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 
 
 def worker_config(args) -> WorkerConfig:
+    """WorkerConfig from the worker's flags: a flag (shared/config.py WorkerFlags) and a
+    WorkerConfig field of the same name are one setting; an unset flag (None) keeps
+    the field's default."""
+    same = {f.name for f in fields(WorkerConfig)} & {f.name for f in fields(flags.WorkerFlags)}
     cfg = WorkerConfig(
-        model=args.model, device=args.device, dtype=args.dtype,
-        quantization=args.quantization, block_size=args.block_size,
-        num_gpu_blocks_override=args.num_gpu_blocks_override,
-        kv_cache_memory=args.kv_cache_memory,
-        gpu_memory_utilization=args.gpu_memory_utilization, max_model_len=args.max_model_len,
-        seed=args.seed, tensor_parallel_rank=args.rank,
-        tensor_parallel_size=args.tensor_parallel_size,
+        **{name: getattr(args, name) for name in same - {"master_addr", "master_port"}
+           if getattr(args, name) is not None},
+        tensor_parallel_rank=args.rank,
         # torchrun's variables are accepted after the flag and GAPSERVE_MASTER_*
         master_addr=args.master_addr or os.environ.get("MASTER_ADDR") or "127.0.0.1",
         master_port=args.master_port if args.master_port is not None
         else int(os.environ.get("MASTER_PORT") or 29500),
-        distributed_timeout=args.distributed_timeout,
-        distributed_backend=args.distributed_backend,
-        load_format=args.load_format, zero_cost_steps=args.zero_cost_steps,
-        speculative_config=args.speculative_config,
-        structured_outputs_compile_timeout_s=args.structured_outputs_compile_timeout_s,
-        fault_stop_after_steps=flags.fault_stop_after_steps(),
-        **{f.name: getattr(args, f.name) for f in fields(flags.CpuFlags)})
-    if args.max_num_batched_tokens is not None:
-        cfg.max_num_batched_tokens = args.max_num_batched_tokens
-    if args.max_num_seqs is not None:
-        cfg.max_num_seqs = args.max_num_seqs
+        fault_stop_after_steps=flags.fault_stop_after_steps())
     cfg.validate()
     return cfg
 

@@ -133,3 +133,15 @@ def test_serve_forwards_every_flag_a_child_takes_and_serve_was_given():
         given = {a[2:].replace("-", "_").removeprefix("no_") for a in kids[name].argv
                  if a.startswith("--")}
         assert expected <= given, (name, expected - given)
+
+
+def test_a_worker_flag_named_like_a_worker_config_field_sets_that_field():
+    """No hand-written mapping: the flag's dest and the field's name are one setting."""
+    args = config.parse_args(config.worker_parser(), [
+        "--block-size", "32", "--seed", "7", "--cpu-threads", "3", "--no-cpu-prepack",
+        "--distributed-timeout", "5", "--max-num-seqs", "9", "--rank", "0"], environ={})
+    cfg = worker_config(args)
+    assert (cfg.block_size, cfg.seed, cfg.cpu_threads, cfg.cpu_prepack,
+            cfg.distributed_timeout, cfg.max_num_seqs) == (32, 7, 3, False, 5.0, 9)
+    unset = worker_config(config.parse_args(config.worker_parser(), [], environ={}))
+    assert (unset.max_num_seqs, unset.max_num_batched_tokens, unset.model) == (256, None, None)
