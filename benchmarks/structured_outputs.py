@@ -49,8 +49,9 @@ import grpc
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from shared import proto_convert as pc  # noqa: E402
-from shared import structured_output as so  # noqa: E402
+from shared.wire.common import sampling_to_proto  # noqa: E402
+from shared.structured import compile_cache as so  # noqa: E402
+from shared.structured.spec import StructuredOutputSpec  # noqa: E402
 from shared.grpc_server import check_health  # noqa: E402
 from shared.proto import generate_pb2, generate_pb2_grpc  # noqa: E402
 from shared.types import SamplingParams  # noqa: E402
@@ -146,11 +147,11 @@ def role_cpu_s() -> dict[str, float]:
 
 
 def one_stream(stub, prompt_ids: list[int], constrained: bool, max_tokens: int) -> dict:
-    spec = so.StructuredOutputSpec("json", json.dumps(SCHEMA)) if constrained else None
+    spec = StructuredOutputSpec("json", json.dumps(SCHEMA)) if constrained else None
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=not constrained,
                             structured_output=spec)
     request = generate_pb2.GenerateRequest(token_ids=generate_pb2.TokenIds(ids=prompt_ids),
-                                           sampling_params=pc.sampling_to_proto(params))
+                                           sampling_params=sampling_to_proto(params))
     start, first, tokens, text, stopped = time.monotonic(), None, 0, "", False
     for msg in stub.Generate(request, timeout=600):
         if msg.token_ids and first is None:
@@ -204,7 +205,7 @@ def compile_times(model_dir: str, n: int) -> dict:
     for i in range(n):
         schema = json.loads(json.dumps(SCHEMA))
         schema["properties"][f"extra_{i}"] = {"type": "integer"}
-        compiled = so.compile_spec(so.StructuredOutputSpec("json", json.dumps(schema)), vocab, 60)
+        compiled = so.compile_spec(StructuredOutputSpec("json", json.dumps(schema)), vocab, 60)
         times.append(compiled.compile_s)
     out["llguidance_compile_ms"] = (1e3 * percentile(times, 0.5), 1e3 * percentile(times, 0.99))
     out["llguidance_mask_us"] = _llg_masks(vocab)
@@ -223,15 +224,15 @@ def _llg_masks(vocab) -> tuple[float, float]:
     import tokenizers
     import torch
     tok = tokenizers.Tokenizer.from_file(str(Path(vocab.model_dir) / "tokenizer.json"))
-    matcher = so.compile_spec(so.StructuredOutputSpec("json", json.dumps(SCHEMA)),
+    matcher = so.compile_spec(StructuredOutputSpec("json", json.dumps(SCHEMA)),
                               vocab).new_matcher()
     row = torch.zeros((vocab.vocab_size + 31) // 32, dtype=torch.int32)
     times = []
     for t in tok.encode(DOCUMENT, add_special_tokens=False).ids:
         t0 = time.perf_counter()
-        matcher.unsafe_compute_mask_ptr(row.data_ptr(), row.numel() * 4)
+        matcher.fill_bitmask(row.data_ptr(), row.numel() * 4)
         times.append(time.perf_counter() - t0)
-        assert matcher.consume_token(t)
+        assert matcher.accept(t)
     return 1e6 * percentile(times, 0.5), 1e6 * max(times)
 
 
@@ -332,7 +333,7 @@ def overlap(args) -> dict:
                             max_num_batched_tokens=2048, seed=0)
     port = free_port()
     worker = ao.start_worker(ns, port)
-    spec = so.StructuredOutputSpec("regex", "[a-z ,.]{400}")
+    spec = StructuredOutputSpec("regex", "[a-z ,.]{400}")
     results = {}
     try:
         prompts = ao.make_prompts(ns, args.overlap_requests)

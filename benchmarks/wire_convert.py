@@ -1,4 +1,4 @@
-"""Cost of the wire mapping (shared/proto_convert.py) on the hot paths: the Step stream
+"""Cost of the wire mapping (shared/wire/) on the hot paths: the Step stream
 converts a SchedulerOutput and a ModelRunnerOutput every step, the Session stream a
 RequestOutput per request per step. Both directions, CPU time of this thread per
 conversion: the best of --repeats runs (on a shared machine the minimum is what the
@@ -17,7 +17,10 @@ import argparse
 import importlib.util
 import time
 
-from shared import proto_convert as pc
+from shared.wire.engine import request_output_from_proto, request_output_to_proto
+from shared.wire.worker import (
+    runner_output_from_proto, runner_output_to_proto, scheduler_output_from_proto,
+    scheduler_output_to_proto)
 from shared import types as t
 
 
@@ -67,20 +70,20 @@ def cases(pc, n: int, k: int, outputs: int) -> list:
     ro_end = t.RequestOutput("req-1", [2], finish_reason=t.FinishReason.STOP, stop_token_id=2)
     mro = runner_output(n)
     return [
-        (f"SchedulerOutput {n} decodes + 4 new  to_proto", pc.scheduler_output_to_proto, step, k),
-        (f"SchedulerOutput {n} decodes + 4 new  from_proto", pc.scheduler_output_from_proto,
-         pc.scheduler_output_to_proto(step), k),
-        (f"SchedulerOutput {n} new requests     to_proto", pc.scheduler_output_to_proto,
+        (f"SchedulerOutput {n} decodes + 4 new  to_proto", scheduler_output_to_proto, step, k),
+        (f"SchedulerOutput {n} decodes + 4 new  from_proto", scheduler_output_from_proto,
+         scheduler_output_to_proto(step), k),
+        (f"SchedulerOutput {n} new requests     to_proto", scheduler_output_to_proto,
          prefill, k),
-        (f"SchedulerOutput {n} new requests     from_proto", pc.scheduler_output_from_proto,
-         pc.scheduler_output_to_proto(prefill), k),
-        (f"ModelRunnerOutput {n} tokens         to_proto", pc.runner_output_to_proto, mro, k),
-        (f"ModelRunnerOutput {n} tokens         from_proto", pc.runner_output_from_proto,
-         pc.runner_output_to_proto(mro), k),
-        ("RequestOutput (running)            to_proto", pc.request_output_to_proto, ro,
+        (f"SchedulerOutput {n} new requests     from_proto", scheduler_output_from_proto,
+         scheduler_output_to_proto(prefill), k),
+        (f"ModelRunnerOutput {n} tokens         to_proto", runner_output_to_proto, mro, k),
+        (f"ModelRunnerOutput {n} tokens         from_proto", runner_output_from_proto,
+         runner_output_to_proto(mro), k),
+        ("RequestOutput (running)            to_proto", request_output_to_proto, ro,
          outputs),
-        ("RequestOutput (finished)           from_proto", pc.request_output_from_proto,
-         pc.request_output_to_proto(ro_end), outputs),
+        ("RequestOutput (finished)           from_proto", request_output_from_proto,
+         request_output_to_proto(ro_end), outputs),
     ]
 
 

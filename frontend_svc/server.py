@@ -18,7 +18,8 @@ import uvicorn
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from shared.config import compile_timeout_s, frontend_parser, parse_args, tool_flags_problem
+from shared.structured import compile_cache
+from shared.config import frontend_parser, parse_args, tool_flags_problem
 from shared.default_model import resolve_model
 from shared.grpc_server import CHANNEL_OPTIONS, add_port
 from shared.instance import HEADER as INSTANCE_HEADER
@@ -66,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gapserve frontend: {e}", file=sys.stderr)
         return 2
     observe.setup(args)
+    # a compile running past the bound no longer holds a compile thread
+    compile_cache.CACHE.stuck_after_s = args.structured_outputs_compile_timeout_s
     model_dir = resolve_model(args.model)
     tokenizer = TextTokenizer.from_dir(model_dir)
     if args.chat_template:  # vLLM's --chat-template: replaces the model's for every chat
@@ -109,7 +112,7 @@ async def serve(args, tokenizer: TextTokenizer, served_model_name: str,
                   RequestCaps.from_args(args), admission,
                   ThreadPoolExecutor(args.tokenizer_threads, thread_name_prefix="tokenize"),
                   tools=ToolConfig.from_args(args, tokenizer.chat_template),
-                  compile_timeout_s=compile_timeout_s(args))
+                  compile_timeout_s=args.structured_outputs_compile_timeout_s)
 
     # a client's message is bounded like an HTTP body (--payload-limit); with
     # --api-server-count > 1, N frontends share the same ports; otherwise the port is

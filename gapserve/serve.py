@@ -37,94 +37,13 @@ from shared.ports import PortUnavailable, check_free
 
 
 def serve_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="gapserve serve",
-        description="Run worker, scheduler and frontend as three processes on this machine.")
-    flags.add_common_flags(p)
-    flags.add_model_flag(p)
-    flags.add_limit_flags(p)
-    flags.add_worker_flags(p, with_ports=False)
-    flags.add_scheduler_flags(p, with_ports=False)
-    flags.add_frontend_flags(p, with_model=False, with_scheduler_address=False)
-    flags.add_link_security_flags(p)
-    flags.add_admission_flags(p)
-    flags.add_data_parallel_serve_flags(p)
-    flags.add_data_parallel_routing_flags(p, with_addresses=False)
-    g = p.add_argument_group("ports of the inner services (0 turns a metrics port off)")
-    g.add_argument("--inner-host", default="127.0.0.1",
-                   help="bind address of the scheduler and workers (--host binds only "
-                        "the frontend, so only it is reachable from outside)")
-    g.add_argument("--scheduler-port", type=flags.port, default=50052)
-    g.add_argument("--worker-port", type=flags.port, default=50053, help="rank 0; rank r adds r")
-    g.add_argument("--scheduler-metrics-port", type=flags.port, default=8001)
-    g.add_argument("--worker-metrics-port", type=flags.port, default=8002,
-                   help="rank 0; rank r adds r")
-    g.add_argument("--startup-timeout", type=float, default=900.0,
-                   help="seconds to wait for all services to become healthy")
-    return p
-
-
-def _argv(args: argparse.Namespace, names: Sequence[str]) -> list[str]:
-    """Flags for a child process from the parsed namespace (None = leave unset)."""
-    out: list[str] = []
-    for name in names:
-        value = getattr(args, name)
-        flag = "--" + name.replace("_", "-")
-        if value is None:
-            continue
-        if isinstance(value, bool):
-            out.append(flag if value else "--no-" + flag[2:])
-        elif isinstance(value, list):
-            out += [flag, ",".join(map(str, value))]
-        elif hasattr(value, "to_json"):  # a parsed JSON flag (--speculative-config)
-            out += [flag, value.to_json()]
-        else:
-            out += [flag, str(value)]
-    return out
-
-
-COMMON = ("otlp_traces_endpoint", "log_format", "log_level", "drain_timeout_s", "instance_id")
-TLS = ("tls_cert", "tls_key", "tls_ca")
-INNER = ("allow_insecure_inner",)  # the scheduler and workers check their bind address
-TENANCY = ("prefix_cache_scope",)  # the frontend salts each key's prefix cache
-ADMISSION = ("max_queued_requests", "payload_limit", "max_client_batch_size",
-             "max_choices_per_request", "max_stop_sequences", "max_stop_sequence_length",
-             "max_stop_token_ids", "max_prompt_bytes", "tokenizer_threads",
-             "ssl_certfile", "ssl_keyfile")
-# Secrets travel to the children in their environment, not on command lines that
-# any local user can read in the process list.
-INNER_SECRETS = ("internal_token",)
-FRONTEND_SECRETS = ("internal_token", "api_key", "priority_keys")
-LIMITS = ("max_model_len", "max_num_batched_tokens", "max_num_seqs")
-WORKER = ("model", "tensor_parallel_size", "device", "dtype", "quantization",
-          "kv_cache_memory",
-          "gpu_memory_utilization", "num_gpu_blocks_override", "block_size", "seed",
-          "master_addr", "master_port", "distributed_timeout", "distributed_backend",
-          "load_format", "zero_cost_steps", "speculative_config", *flags.CPU_FLAG_DESTS)
-SCHEDULER = ("long_prefill_token_threshold", "long_prefill_exempt_lone_request",
-             "scheduling_policy", "enable_prefix_caching",
-             "async_scheduling", "enable_chunked_prefill", "num_scheduler_steps",
-             "step_timeout_s", "kv_events_config",
-             "max_queued_requests")  # the last: one bound over all frontends
-ROUTING = ("data_parallel_routing", "routing_cache_threshold", "routing_balance_abs_threshold",
-           "routing_balance_rel_threshold")  # with --data-parallel-size > 1
-FRONTEND = ("http_port", "grpc_port", "model", "served_model_name", "api_server_count",
-            "enable_auto_tool_choice", "tool_call_parser", "chat_template",
-            "trust_request_chat_template", "structured_outputs_compile_timeout_s")
+    return flags.serve_parser()
 
 
 def _loopback(host: str) -> str:
     return "127.0.0.1" if host in ("0.0.0.0", "", "::") else host
 
 
-def _secret_env(args: argparse.Namespace, names: Sequence[str]) -> dict[str, str]:
-    out = {}
-    for name in names:
-        value = getattr(args, name)
-        if value:
-            out[flags.env_name("--" + name.replace("_", "-"))] = \
-                ",".join(value) if isinstance(value, list) else str(value)
-    return out
 
 
 def _free_port(host: str) -> int:
@@ -154,24 +73,19 @@ class Replica:
 def children(args: argparse.Namespace) -> list[Child]:
     host = _loopback(args.inner_host)
     security = LinkSecurity.from_args(args)
-    inner_env = _secret_env(args, INNER_SECRETS)
-    timeout = getattr(args, "structured_outputs_compile_timeout_s", None)
-    if timeout is not None:  # rank 0 compiles under the bound the frontend checks with
-        inner_env[flags.ENV_PREFIX + "STRUCTURED_OUTPUT_COMPILE_TIMEOUT_S"] = repr(timeout)
     size = getattr(args, "data_parallel_size", 1)
-    replicas = [_replica(args, i, size, host, security, inner_env) for i in range(size)]
+    replicas = [_replica(args, i, size, host, security) for i in range(size)]
     front = _loopback(args.host)
     scheme = "https" if args.ssl_certfile else "http"
     # --api-server-count N: N frontends on the same ports; the kernel spreads connections
     count = getattr(args, "api_server_count", 1)
-    front_env = _secret_env(args, FRONTEND_SECRETS)
+    front_env = flags.secrets_env(args, flags.FrontendFlags)
     if count > 1:  # a scrape reaches one: it sums all (frontend_svc/telemetry/vllm_metrics.py)
         front_env["PROMETHEUS_MULTIPROC_DIR"] = _metrics_dir()
     if size == 1:
         upstream = ["--scheduler-address", replicas[0].scheduler_address]
     else:
-        upstream = ["--scheduler-addresses", ",".join(r.scheduler_address for r in replicas),
-                    *_argv(args, ROUTING)]
+        upstream = ["--scheduler-addresses", ",".join(r.scheduler_address for r in replicas)]
         if all(r.kv_endpoint for r in replicas):
             upstream += ["--kv-events-endpoints", ",".join(r.kv_endpoint for r in replicas),
                          "--kv-events-replay-endpoints",
@@ -179,7 +93,7 @@ def children(args: argparse.Namespace) -> list[Child]:
     frontends = [Child(
         "frontend" if count == 1 else f"frontend-{i}",
         ["frontend", *upstream, "--host", args.host,
-         *_argv(args, COMMON + FRONTEND + TLS + ADMISSION + TENANCY)],
+         *flags.forwarded(args, flags.FrontendFlags)],
         f"{front}:{args.grpc_port}", f"{scheme}://{front}:{args.http_port}/health",
         env=dict(front_env), security=security, instance_id=args.instance_id,
         # the --api-server-count frontends share them: checked once
@@ -190,7 +104,7 @@ def children(args: argparse.Namespace) -> list[Child]:
 
 
 def _replica(args: argparse.Namespace, i: int, size: int, host: str,
-             security: LinkSecurity, inner_env: dict[str, str]) -> Replica:
+             security: LinkSecurity) -> Replica:
     """Replica i's workers and scheduler; with one replica, exactly the single stack."""
     offset = i * args.data_parallel_port_stride if size > 1 else 0
     args = copy.copy(args)  # this replica's rendezvous and KV events
@@ -209,8 +123,9 @@ def _replica(args: argparse.Namespace, i: int, size: int, host: str,
         workers.append(Child(
             f"worker-{tag}{rank}",
             ["worker", "--rank", str(rank), "--port", str(port_), "--metrics-port", str(metrics),
-             "--host", args.inner_host, *_argv(args, COMMON + WORKER + LIMITS + TLS + INNER)],
-            f"{host}:{port_}", env=inner_env, security=security, instance_id=args.instance_id,
+             "--host", args.inner_host, *flags.forwarded(args, flags.WorkerFlags)],
+            f"{host}:{port_}", env=flags.secrets_env(args, flags.WorkerFlags),
+            security=security, instance_id=args.instance_id,
             ports=[(args.inner_host, port_, "--worker-port"),
                    (args.inner_host, metrics, "--worker-metrics-port")]))
     sched_port = args.scheduler_port + offset
@@ -220,9 +135,9 @@ def _replica(args: argparse.Namespace, i: int, size: int, host: str,
         ["scheduler", "--port", str(sched_port), "--metrics-port", str(metrics_port),
          "--worker-addresses", ",".join(w.health_address for w in workers),
          "--host", args.inner_host,
-         *_argv(args, COMMON + SCHEDULER + LIMITS + TLS + INNER)],
-        f"{host}:{sched_port}", env=inner_env, security=security,
-        instance_id=args.instance_id,
+         *flags.forwarded(args, flags.SchedulerFlags)],
+        f"{host}:{sched_port}", env=flags.secrets_env(args, flags.SchedulerFlags),
+        security=security, instance_id=args.instance_id,
         ports=[(args.inner_host, sched_port, "--scheduler-port"),
                (args.inner_host, metrics_port, "--scheduler-metrics-port")])
     return Replica([*workers, scheduler], scheduler.health_address, kv_endpoint, replay)

@@ -12,6 +12,7 @@ import urllib.request
 from collections.abc import Sequence
 
 from shared import config as flags
+from shared.arg_types import key_list, port
 
 
 def status_parser() -> argparse.ArgumentParser:
@@ -19,14 +20,14 @@ def status_parser() -> argparse.ArgumentParser:
     p.add_argument("--url", default=None,
                    help="the frontend's HTTP address (default: http://127.0.0.1:<--http-port>)")
     # the same variable the frontend reads, so a shell set up for the stack asks it
-    p.add_argument("--http-port", type=flags.port, default=8000,
+    p.add_argument("--http-port", type=port, default=8000,
                    help="the frontend's HTTP port on this machine, when --url is not given")
     p.add_argument("--scheduler-address", default=None,
                    help="ask the scheduler's GetStatus instead (host:port)")
     p.add_argument("--json", action="store_true", help="print the raw JSON")
-    p.add_argument("--api-key", type=flags.key_list, default=[],
+    p.add_argument("--api-key", type=key_list, default=[],
                    help="for a frontend started with --api-key (the first key is sent)")
-    flags.add_link_security_flags(p)  # for --scheduler-address: TLS and the internal token
+    flags.add_flags(p, flags.LinkSecurityFlags)  # for --scheduler-address: TLS and the internal token
     return p
 
 

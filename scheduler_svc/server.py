@@ -30,7 +30,9 @@ from scheduler_svc.vllm_engine import SERVICE_NAME as VLLM_ENGINE, VllmEngineSer
 from scheduler_svc.vllm_engine_kv import Fanout, KvEventStreams
 from scheduler_svc.worker_group import WorkerGroup
 from shared import config as flags
-from shared import proto_convert as pc
+from shared.wire.common import model_info_to_proto, sampling_from_proto
+from shared.wire.engine import request_output_to_proto
+from shared.arg_types import worker_groups
 from shared.grpc_server import COALESCE_BYTES, ServiceServer
 from shared.link_security import LinkSecurity, inner_bind_problem
 from shared.ports import PortUnavailable, check_free
@@ -52,7 +54,7 @@ _MAX_WAIT_S = 3600.0  # longest an early caller waits for start-up
 def _request_from_proto(msg: engine_pb2.AddRequest, eos_token_ids: list[int]) -> Request:
     return Request(
         msg.request_id, list(msg.prompt_token_ids),
-        pc.sampling_from_proto(msg.sampling_params), eos_token_ids,
+        sampling_from_proto(msg.sampling_params), eos_token_ids,
         arrival_time=msg.arrival_unix_s or time.time(), priority=msg.priority,
         cache_salt=msg.cache_salt if msg.HasField("cache_salt") else None)
 
@@ -66,7 +68,7 @@ def _response(items: list, reply: engine_pb2.EngineResponse | None = None
             reply.rejections.add(request_id=item.req_id, status=common_pb2.Status(
                 code=item.code.status_code.value[0], message=item.message))
         else:
-            reply.outputs.append(pc.request_output_to_proto(item))
+            reply.outputs.append(request_output_to_proto(item))
     return reply
 
 
@@ -118,7 +120,7 @@ class EngineServicer(engine_pb2_grpc.EngineServicer):
         return engine
 
     def GetModelInfo(self, request, context):
-        return pc.model_info_to_proto(self._engine(context).model_info)
+        return model_info_to_proto(self._engine(context).model_info)
 
     def GetStatus(self, request, context):
         self._engine(context)
@@ -284,7 +286,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         server.stop(0)  # when the metrics port was taken since its check
         return 2
     log.info("scheduler_listening", port=port, workers=list(args.worker_addresses),
-             spares=flags.worker_groups(args.worker_addresses)[1:])
+             spares=worker_groups(args.worker_addresses)[1:])
     group = WorkerGroup(args.worker_addresses, step_timeout_s=args.step_timeout_s or None,
                         security=security)
     engine = kv_events = None

@@ -20,7 +20,7 @@ from google.protobuf import unknown_fields
 from smg_grpc_proto import vllm_engine_pb2 as pb
 
 from scheduler_svc.core.request import Request
-from shared.structured_output import StructuredOutputSpec
+from shared.structured.spec import StructuredOutputSpec
 from shared.types import FinishReason, InvalidRequestError, RequestOutput, SamplingParams, \
     TokenLogprobs
 

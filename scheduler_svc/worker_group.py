@@ -19,8 +19,9 @@ import grpc
 
 from scheduler_svc.core.config import ConfigError
 from scheduler_svc.engine import WorkerDisagreement, WorkerLost
-from shared import proto_convert as pc
-from shared.config import WorkerGroups, worker_groups
+from shared.wire.common import model_info_from_proto
+from shared.wire.worker import runner_output_from_proto, scheduler_output_to_proto
+from shared.arg_types import WorkerGroups, worker_groups
 from shared.grpc_server import CHANNEL_OPTIONS
 from shared.link_security import LinkSecurity
 from shared.proto import worker_pb2, worker_pb2_grpc
@@ -87,7 +88,7 @@ class WorkerGroup:
                 raise ConfigError(
                     f"worker {address} is rank {reply.rank} of {reply.tensor_parallel_size}, "
                     f"but --worker-addresses lists it as rank {rank} of {tp}")
-            infos.append(pc.model_info_from_proto(reply.model_info))
+            infos.append(model_info_from_proto(reply.model_info))
         for address, info in zip(addresses[1:], infos[1:]):
             if any(getattr(info, f) != getattr(infos[0], f) for f in _SAME):
                 raise ConfigError(f"worker {address} reports {info}, rank 0 {infos[0]}")
@@ -207,7 +208,7 @@ class WorkerGroup:
             replies.cancel()
 
     def submit(self, step: SchedulerOutput) -> None:
-        msg = pc.scheduler_output_to_proto(step)
+        msg = scheduler_output_to_proto(step)
         msg.trace_context.update(context_carrier())
         for outbox in self._outboxes:
             outbox.put(msg)
@@ -237,7 +238,7 @@ class WorkerGroup:
             where = f"rank {rank}: " if len(answers) > 1 else ""
             return ModelRunnerOutput(step_id=a.step_id, error=where + a.error,
                                      step_skipped=a.step_skipped)
-        return pc.runner_output_from_proto(answers[0])
+        return runner_output_from_proto(answers[0])
 
     def close(self) -> None:
         self._closing = True

@@ -111,3 +111,27 @@ def readable_file(text: str) -> str:
 def key_list(text: str) -> list[str]:
     """Comma-separated secrets; empty entries dropped (an empty variable = none)."""
     return [k.strip() for k in text.split(",") if k.strip()]
+
+
+def endpoint_list(text: str) -> list[str]:
+    """Comma-separated ZMQ endpoints (tcp://host:port, ipc://path)."""
+    endpoints = [e.strip() for e in text.split(",") if e.strip()]
+    for e in endpoints:
+        if "://" not in e:
+            raise argparse.ArgumentTypeError(f"{e!r} is not a ZMQ endpoint such as "
+                                             f"tcp://host:5557")
+    return endpoints
+
+
+def routing_threshold(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1], got {value}")
+    return value
+
+
+def relative_threshold(text: str) -> float:
+    value = float(text)
+    if not value >= 1.0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number >= 1, got {text}")
+    return value

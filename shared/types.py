@@ -15,7 +15,7 @@ import enum
 import math
 from dataclasses import dataclass, field
 
-from shared.structured_output import KINDS, StructuredOutputSpec
+from shared.structured.spec import KINDS, StructuredOutputSpec
 
 
 class FinishReason(enum.IntEnum):
@@ -58,7 +58,7 @@ class SamplingParams:
     # after a scheduler loss): penalties count them as output, and seeded draws go on
     # from output position n, so the continuation samples what the original would.
     num_output_prefix_tokens: int = 0
-    # The output must match this grammar (shared/structured_output.py): the worker's
+    # The output must match this grammar (shared/structured/): the worker's
     # rank 0 masks each step's logits with the request's matcher (docs/structured_outputs.md).
     structured_output: StructuredOutputSpec | None = None
 

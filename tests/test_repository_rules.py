@@ -206,3 +206,42 @@ def test_services_import_shared_and_themselves_and_shared_imports_no_service(pac
                  if (bad := (imported_packages((ROOT / path).read_text())
                              & {"shared", *SERVICES}) - allowed)]
     assert offenders == [], "\n".join(offenders)
+
+
+# ---------------------------------------------------------------------------
+# no re-exports for compatibility (issue 39): a name is imported from where it lives
+
+
+def _reexports(source: str) -> list[str]:
+    """Names a module passes on without defining: listed in its __all__ though only
+    imported, or imported under a comment that says it is re-exported."""
+    tree = ast.parse(source)
+    imported = {(a.asname or a.name).split(".")[0] for node in ast.walk(tree)
+                if isinstance(node, (ast.Import, ast.ImportFrom)) for a in node.names}
+    found = []
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "__all__"
+                                                for t in node.targets):
+            found += [f"__all__ lists imported {e.value}" for e in node.value.elts
+                      if isinstance(e, ast.Constant) and e.value in imported]
+    lines = source.splitlines()
+    found += [f"line {n.lineno}: {lines[n.lineno - 1].strip()}" for n in ast.walk(tree)
+              if isinstance(n, (ast.Import, ast.ImportFrom))
+              and "re-export" in lines[n.lineno - 1]]
+    return found
+
+
+def test_the_reexport_check_finds_both_spellings():
+    assert _reexports("from a import b\n__all__ = ['b']")
+    assert _reexports("from a import b  # noqa: F401 (re-exported)")
+    assert not _reexports("def b(): pass\n__all__ = ['b']")
+
+
+def test_no_module_re_exports_what_it_imports():
+    """A package's __init__.py may name its API; any other module defines what it
+    exports, so a reader finds each name where its import says."""
+    offenders = [f"{path}: {what}" for path in tracked("*.py")
+                 if not path.endswith("__init__.py")
+                 for what in _reexports((ROOT / path).read_text())]
+    assert offenders == [], "import these from where they are defined:\n" + \
+        "\n".join(offenders)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from shared.config import DEFAULT_COMPILE_TIMEOUT_S
 from shared.speculative_config import SpeculativeConfig
 
 
@@ -46,6 +47,12 @@ class WorkerConfig:
     # --speculative-config (shared/speculative_config.py); the scheduler adopts it from
     # the handshake's ModelInfo (docs/spec_decode.md). None: no speculation.
     speculative_config: SpeculativeConfig | None = None
+    # rank 0's bound on compiling a grammar (--structured-outputs-compile-timeout-s)
+    structured_outputs_compile_timeout_s: float = DEFAULT_COMPILE_TIMEOUT_S
+    # test/drill only: SIGSTOP after N steps (GAPSERVE_FAULT_STOP_AFTER_STEPS)
+    fault_stop_after_steps: int | None = None
+    # test/drill only: a step holding this token id raises (GAPSERVE_FAULT_FAIL_ON_TOKEN)
+    fault_fail_on_token: int | None = None
 
     def validate(self) -> None:
         """Raise ValueError naming the first bad setting."""

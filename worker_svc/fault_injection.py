@@ -3,8 +3,9 @@ GAPSERVE_FAULT_STOP_AFTER_STEPS=N in its environment, a worker stops itself with
 SIGSTOP after its N-th step (counted over the process, once), exactly as a hung or
 frozen worker would look to the scheduler. Off unless the variable is set; there is
 no flag on purpose, so it cannot be switched on by a typo on a production command
-line. The variable is read once at start (shared.config.fault_stop_after_steps, into
-the compute plan) and the hook bound then: a worker without it runs a no-op.
+line. The variable is read once at start (shared.config.fault_stop_after_steps, by the
+worker's main into WorkerConfig, then the compute plan) and the hook bound then: a
+worker without it runs a no-op.
 
 GAPSERVE_FAULT_FAIL_ON_TOKEN=<id> makes the worker raise (InjectedFault) in every step
 whose scheduled tokens include that id, before the step's forward pass: a request

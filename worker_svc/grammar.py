@@ -12,7 +12,8 @@ built from the prompt's tail of earlier output (a continuation after a scheduler
 loss, num_output_prefix_tokens) and any output a resent request brings (a worker
 loss), and it survives a preemption with the token ids it matches (the scheduler
 checks those on resume). A spec travels inside SamplingParams; the compile goes
-through shared/structured_output.py's cache, announced ahead by the scheduler.
+through shared/structured/compile_cache.py, announced ahead by the scheduler; the
+matcher is the backend interface's (shared/structured/backend.py).
 """
 
 from __future__ import annotations
@@ -25,7 +26,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from shared import structured_output as so
+from shared.config import DEFAULT_COMPILE_TIMEOUT_S
+from shared.structured import compile_cache as so
+from shared.structured.backend import GrammarMatcher, GrammarVocab
+from shared.structured.spec import StructuredOutputError, StructuredOutputSpec
 from shared.telemetry import get_logger
 from shared.types import SamplingParams
 
@@ -42,7 +46,7 @@ class GrammarState:
 
     __slots__ = ("matcher", "failed", "words")
 
-    def __init__(self, matcher, vocab_size: int = 0) -> None:
+    def __init__(self, matcher: GrammarMatcher, vocab_size: int = 0) -> None:
         self.matcher = matcher
         self.failed = False
         self.words = (vocab_size + 31) // 32  # of a bitmask row over the model's logits
@@ -51,29 +55,29 @@ class GrammarState:
         """Consume a sampled (committed) token. A token the grammar refuses cannot
         be sampled (it was masked); if the matcher errs anyway, the request is
         driven to EOS rather than left unconstrained."""
-        if self.failed or self.matcher.is_stopped():
+        if self.failed or self.matcher.is_terminated():
             return  # the EOS that ends it, or after an error
-        if not self.matcher.consume_token(token_id):
+        if not self.matcher.accept(token_id):
             self.failed = True
             log.error("grammar_rejected_token", token_id=token_id,
-                      error=self.matcher.get_error())
+                      error=self.matcher.error())
 
     def fill(self, row: np.ndarray) -> None:
         """Write the next token's allowed set into one int32 bitmask row."""
-        self.matcher.unsafe_compute_mask_ptr(row.ctypes.data, row.nbytes)
+        self.matcher.fill_bitmask(row.ctypes.data, row.nbytes)
 
     # -- speculative decoding (worker_svc/spec/): drafts are consumed ahead, then
     # rolled back, so the matcher always ends at the committed tokens
 
     def valid_prefix(self, drafts: list[int]) -> int:
         """How many leading drafts the grammar allows from here."""
-        if self.failed or self.matcher.is_stopped():
+        if self.failed or self.matcher.is_terminated():
             return 0
-        return self.matcher.validate_tokens(drafts)
+        return self.matcher.validate(drafts)
 
     def consume_draft(self, token_id: int) -> bool:
-        return not self.failed and not self.matcher.is_stopped() \
-            and self.matcher.consume_token(token_id)
+        return not self.failed and not self.matcher.is_terminated() \
+            and self.matcher.accept(token_id)
 
     def rollback(self, num_tokens: int) -> None:
         if num_tokens:
@@ -88,7 +92,7 @@ class GrammarRuntime:
     at start-up it stalls nothing that serves."""
 
     def __init__(self, model_dir: str, vocab_size: int, eos_token_ids: list[int],
-                 compile_timeout_s: float = so.DEFAULT_COMPILE_TIMEOUT_S) -> None:
+                 compile_timeout_s: float = DEFAULT_COMPILE_TIMEOUT_S) -> None:
         self.model_dir = model_dir
         self.vocab_size = vocab_size
         self.eos_token_ids = list(eos_token_ids)
@@ -112,18 +116,18 @@ class GrammarRuntime:
         except BaseException as e:  # noqa: BLE001 - every request with a grammar reports it
             self._vocab.set_exception(e)
 
-    def vocab(self) -> so.GrammarVocab:
+    def vocab(self) -> GrammarVocab:
         self._ensure_vocab()
         return self._vocab.result()
 
     # ------------------------------------------------------------ compiles
 
-    def announce(self, specs: dict[str, so.StructuredOutputSpec]) -> None:
+    def announce(self, specs: dict[str, StructuredOutputSpec]) -> None:
         """Start compiling grammars the scheduler holds requests back for."""
         for req_id, spec in specs.items():
             self._pending[req_id] = (self._submit(spec), time.monotonic())
 
-    def _submit(self, spec: so.StructuredOutputSpec) -> Future:
+    def _submit(self, spec: StructuredOutputSpec) -> Future:
         self._ensure_vocab()
         if self._vocab.done():
             return so.CACHE.submit(spec, self._vocab.result())
@@ -222,5 +226,5 @@ def _copy_outcome(src: Future, dst: Future) -> None:
 
 
 def _message(error: BaseException) -> str:
-    return error.message if isinstance(error, so.StructuredOutputError) else \
+    return error.message if isinstance(error, StructuredOutputError) else \
         f"the grammar could not be compiled: {error}"

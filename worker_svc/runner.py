@@ -17,7 +17,6 @@ from pathlib import Path
 
 import torch
 
-from shared import config as flags
 from shared.default_model import resolve_model
 from shared.telemetry import get_logger
 from shared.types import (InvalidRequestError, ModelInfo, ModelRunnerOutput,
@@ -69,8 +68,8 @@ class ModelRunner:
             config, self.device, self.local_config, biases=has_biases(cfg),
             windowed=any(layer_windows(cfg, self.max_model_len)),
             ranks_on_host=1 if self.tp is None else self.tp.ranks_on_this_host(),
-            fault_stop_after_steps=flags.fault_stop_after_steps(),
-            fault_fail_on_token=flags.fault_fail_on_token())
+            fault_stop_after_steps=config.fault_stop_after_steps,
+            fault_fail_on_token=config.fault_fail_on_token)
         self.dtype, act_dtype = plan.dtype, plan.act_dtype
         if torch.get_num_threads() != plan.threads:  # this is the compute thread (compute.py)
             torch.set_num_threads(plan.threads)
@@ -123,7 +122,7 @@ class ModelRunner:
         # structured outputs: rank 0 samples, so it alone compiles and holds matchers
         self.grammars = GrammarRuntime(
             str(self.model_dir), cfg.vocab_size, list(cfg.eos_token_ids),
-            flags.structured_output_compile_timeout_s()) if self.plan.first else None
+            config.structured_outputs_compile_timeout_s) if self.plan.first else None
         self._mask_s = 0.0  # this step's, for StepTimings.mask_ms
         # a routed-experts model: how many experts, top-k, and which ones this rank holds
         moe = {} if cfg.moe is None else {

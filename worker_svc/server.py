@@ -15,11 +15,13 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import fields
 
 import grpc
 
 from shared import config as flags
-from shared import proto_convert as pc
+from shared.wire.common import model_info_to_proto
+from shared.wire.worker import runner_output_to_proto, scheduler_output_from_proto
 from shared.grpc_server import ServiceServer
 from shared.link_security import LinkSecurity, inner_bind_problem
 from shared.ports import PortUnavailable, check_free
@@ -87,7 +89,7 @@ class StepPipe:
         try:
             for msg in request_iterator:
                 try:
-                    step = pc.scheduler_output_from_proto(msg)
+                    step = scheduler_output_from_proto(msg)
                 except Exception as e:  # noqa: BLE001 - a malformed step fails as a step
                     self.steps.put(StepFailed(msg.step_id, e))
                     continue
@@ -192,7 +194,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                           f"{runner.max_num_batched_tokens} tokens; give both services the "
                           f"same --max-num-batched-tokens")
         return worker_pb2.HandshakeResponse(
-            model_info=pc.model_info_to_proto(runner.model_info()), rank=self.rank,
+            model_info=model_info_to_proto(runner.model_info()), rank=self.rank,
             tensor_parallel_size=self.tensor_parallel_size)
 
     def Step(self, request_iterator, context):
@@ -218,7 +220,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 if result.error:  # a failed or skipped step travels as data
                     if self.telemetry is not None and not result.step_skipped:
                         self.telemetry.step_failed()
-                    yield pc.runner_output_to_proto(result)
+                    yield runner_output_to_proto(result)
                     continue
                 if self.telemetry is not None:
                     self.telemetry.step(step, result.timings)
@@ -226,7 +228,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                     self.telemetry.expert_tokens(getattr(self.runner.model, "expert_tokens", None))
                 if self.rank != 0:  # all ranks run the step; rank 0 answers with tokens
                     result = ModelRunnerOutput(step_id=result.step_id, timings=result.timings)
-                yield pc.runner_output_to_proto(result)
+                yield runner_output_to_proto(result)
             log.info("step_stream_closed")
         finally:
             try:
@@ -261,27 +263,20 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 
 
 def worker_config(args) -> WorkerConfig:
+    """WorkerConfig from the worker's flags: a flag (shared/config.py WorkerFlags) and a
+    WorkerConfig field of the same name are one setting; an unset flag (None) keeps
+    the field's default."""
+    same = {f.name for f in fields(WorkerConfig)} & {f.name for f in fields(flags.WorkerFlags)}
     cfg = WorkerConfig(
-        model=args.model, device=args.device, dtype=args.dtype,
-        quantization=args.quantization, block_size=args.block_size,
-        num_gpu_blocks_override=args.num_gpu_blocks_override,
-        kv_cache_memory=args.kv_cache_memory,
-        gpu_memory_utilization=args.gpu_memory_utilization, max_model_len=args.max_model_len,
-        seed=args.seed, tensor_parallel_rank=args.rank,
-        tensor_parallel_size=args.tensor_parallel_size,
+        **{name: getattr(args, name) for name in same - {"master_addr", "master_port"}
+           if getattr(args, name) is not None},
+        tensor_parallel_rank=args.rank,
         # torchrun's variables are accepted after the flag and GAPSERVE_MASTER_*
         master_addr=args.master_addr or os.environ.get("MASTER_ADDR") or "127.0.0.1",
         master_port=args.master_port if args.master_port is not None
         else int(os.environ.get("MASTER_PORT") or 29500),
-        distributed_timeout=args.distributed_timeout,
-        distributed_backend=args.distributed_backend,
-        load_format=args.load_format, zero_cost_steps=args.zero_cost_steps,
-        speculative_config=args.speculative_config,
-        **{name: getattr(args, name) for name in flags.CPU_FLAG_DESTS})
-    if args.max_num_batched_tokens is not None:
-        cfg.max_num_batched_tokens = args.max_num_batched_tokens
-    if args.max_num_seqs is not None:
-        cfg.max_num_seqs = args.max_num_seqs
+        fault_stop_after_steps=flags.fault_stop_after_steps(),
+        fault_fail_on_token=flags.fault_fail_on_token())
     cfg.validate()
     return cfg
 
@@ -321,8 +316,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     log.info("worker_listening", port=port, rank=args.rank, metrics_port=metrics_port)
     try:
+        from shared.structured import compile_cache
         from worker_svc.metrics import WEIGHT_BYTES, WorkerTelemetry
         from worker_svc.runner import ModelRunner
+
+        # a compile running past the bound no longer holds a compile thread
+        compile_cache.CACHE.stuck_after_s = cfg.structured_outputs_compile_timeout_s
 
         # loads the weights and sizes the KV pool, on the thread that will run the steps
         runner = compute.run(ModelRunner, cfg)

@@ -8,9 +8,10 @@ from contextlib import aclosing
 
 import grpc
 
-from shared import proto_convert as convert
+from shared.wire.common import logprobs_to_proto, model_info_to_proto, sampling_from_proto
 from shared.proto import generate_pb2, generate_pb2_grpc
-from shared.structured_output import CompileCapacityError, StructuredOutputError, validate
+from shared.structured.compile_cache import validate
+from shared.structured.spec import CompileCapacityError, StructuredOutputError
 from shared.types import FinishReason, InvalidRequestError
 
 from frontend_svc.request import generation
@@ -31,7 +32,7 @@ def generate_input(req: generate_pb2.GenerateRequest, fe: Frontend) -> Generatio
     naming the problem. The grammar is compiled next, on the grammar pool
     (check_structured_output)."""
     limits = fe.limits
-    params = convert.sampling_from_proto(req.sampling_params)
+    params = sampling_from_proto(req.sampling_params)
     params.validate(limits.vocab_size)
     stops = stop_strings(list(req.stop), limits.caps, params.stop_token_ids)
     add_special = req.add_special_tokens if req.HasField("add_special_tokens") else True
@@ -152,7 +153,7 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
                         msg = generate_pb2.GenerateResponse(
                             request_id=client_id, token_ids=delta.token_ids,
                             text=delta.text,
-                            logprobs=[convert.logprobs_to_proto(x) for x in delta.logprobs])
+                            logprobs=[logprobs_to_proto(x) for x in delta.logprobs])
                         if delta.finished:
                             msg.final.CopyFrom(final_message(state))
                         yield msg
@@ -185,5 +186,5 @@ class GenerationServicer(generate_pb2_grpc.GenerationServicer):
             await context.abort(grpc.StatusCode.UNAVAILABLE, "the scheduler is not connected")
         return generate_pb2.GetModelInfoResponse(
             served_model_name=self.fe.served_model_name,
-            model_info=convert.model_info_to_proto(info))
+            model_info=model_info_to_proto(info))
 

@@ -25,7 +25,7 @@ from frontend_svc.request.generation import Choice
 from frontend_svc.api.http_guard import HttpGuard
 from frontend_svc.api.http_util import (
     HttpError, SSEResponse, install_error_handlers, parse_body, unless_disconnected)
-from frontend_svc.telemetry.observe import scrape
+from frontend_svc.telemetry.vllm_metrics import scrape
 from frontend_svc.api.router_compat import router_compat_router
 from frontend_svc.api.protocol import (
     MAX_REQUEST_ID_CHARS, ChatCompletionRequest, CompletionRequest, DetokenizeRequest,

@@ -16,7 +16,7 @@ import dataclasses
 import time
 from dataclasses import dataclass, field
 
-from shared import proto_convert as convert
+from shared.wire.common import sampling_to_proto
 from shared.proto import engine_pb2
 from shared.types import RequestOutput, SamplingParams
 
@@ -60,7 +60,7 @@ class OpenRequest:
                 num_output_prefix_tokens=params.num_output_prefix_tokens + done)
         add = engine_pb2.AddRequest(
             request_id=self.wire_id, prompt_token_ids=prompt,
-            sampling_params=convert.sampling_to_proto(params), priority=self.priority,
+            sampling_params=sampling_to_proto(params), priority=self.priority,
             arrival_unix_s=time.time(), trace_context=self.trace_context)
         if self.cache_salt is not None:
             add.cache_salt = self.cache_salt

@@ -18,7 +18,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
 
-from shared import proto_convert as convert
+from shared.wire.common import model_info_from_proto
+from shared.wire.engine import request_output_from_proto
 from shared.grpc_server import CHANNEL_OPTIONS, COALESCE_BYTES
 from shared.link_security import LinkSecurity
 from shared.proto import common_pb2, engine_pb2, engine_pb2_grpc
@@ -95,7 +96,7 @@ class EngineClient:
                 reply = await self._stub.GetModelInfo(
                     common_pb2.GetModelInfoRequest(), wait_for_ready=True,
                     timeout=MODEL_INFO_TIMEOUT_S, metadata=self._metadata)
-                return convert.model_info_from_proto(reply)
+                return model_info_from_proto(reply)
             except grpc.aio.AioRpcError as exc:  # not up yet, or still loading the model
                 log.info("waiting for the scheduler", address=self.address,
                          code=exc.code().name)
@@ -215,7 +216,7 @@ class EngineClient:
             queue = None if open_ is None else self._queues.get(open_.req_id)
             if queue is None:
                 continue  # aborted here already; the scheduler had not seen it yet
-            out = open_.seen(convert.request_output_from_proto(msg))
+            out = open_.seen(request_output_from_proto(msg))
             queue.put_nowait(out)
             if out.finished:
                 del self._queues[open_.req_id]

@@ -21,8 +21,8 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from shared.kv_event_wire import (AllBlocksCleared, ArrayBlockRemoved, ArrayBlockStored,
-                                  BlockRemoved, BlockStored, KVEventBatch, decode_batch)
+from shared.kv_event_wire import (ArrayBlockRemoved, ArrayBlockStored, BlockRemoved,
+                                  BlockStored, decode_batch)
 from shared.telemetry import get_logger
 
 from frontend_svc.engine.kv_index import KvIndex
@@ -32,8 +32,6 @@ REPLAY_TIMEOUT_MS = 2000  # per reply of a replay; a silent replay socket is giv
 END_SEQ = -1
 RESUBSCRIBE_S = 1.0  # after a subscriber socket failed
 
-__all__ = ["AllBlocksCleared", "BlockRemoved", "BlockStored", "KVEventBatch", "KvSubscriber",
-           "apply_batch", "feed"]
 
 
 def apply_batch(index: KvIndex, payload: bytes) -> None:

@@ -14,8 +14,8 @@ from typing import TypeVar
 
 import grpc
 
-from shared.config import structured_output_compile_timeout_s
-from shared.structured_output import grammar_vocab
+from shared.config import DEFAULT_COMPILE_TIMEOUT_S
+from shared.structured.compile_cache import grammar_vocab
 
 from frontend_svc.request.admission import Admission
 from frontend_svc.api.auth import ApiKeys
@@ -55,8 +55,8 @@ class Frontend:
     # (up to the compile timeout) waits here, not on a thread that tokenizes prompts
     grammar_pool: ThreadPoolExecutor = field(
         default_factory=lambda: ThreadPoolExecutor(2, thread_name_prefix="grammar"))
-    # GAPSERVE_STRUCTURED_OUTPUT_COMPILE_TIMEOUT_S, the same bound rank 0 compiles under
-    compile_timeout_s: float = field(default_factory=structured_output_compile_timeout_s)
+    # --structured-outputs-compile-timeout-s, the same bound rank 0 compiles under
+    compile_timeout_s: float = DEFAULT_COMPILE_TIMEOUT_S
 
     @property
     def ready(self) -> bool:

@@ -9,7 +9,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from shared.structured_output import DEFAULT_COMPILE_TIMEOUT_S
+from shared.config import DEFAULT_COMPILE_TIMEOUT_S
 from shared.types import InvalidRequestError, SamplingParams
 
 from frontend_svc.structured import response_format
@@ -32,7 +32,7 @@ class ModelLimits:
     max_model_len: int
     vocab_size: int
     caps: RequestCaps = field(default_factory=RequestCaps)
-    # the model's grammar vocabulary (shared.structured_output.grammar_vocab), built on
+    # the model's grammar vocabulary (shared.structured.compile_cache.grammar_vocab), built on
     # first use; None: structured outputs are refused
     grammar_vocab: Callable[[], object] | None = None
     compile_timeout_s: float = DEFAULT_COMPILE_TIMEOUT_S

@@ -1,7 +1,7 @@
 """Structured outputs over HTTP: the request shapes that ask for one (OpenAI's
 `response_format`, vLLM's `structured_outputs`, vLLM's removed `guided_*`
 fields) -> one `StructuredOutputSpec`, and its validation before anything is
-queued. The engine side (compiling, masking) is shared/structured_output.py.
+queued. The engine side (compiling, masking) is shared/structured/.
 
 Every constraint remembers the request field it came from, so a schema that does
 not compile is a 400 whose `param` names that field (e.g.
@@ -18,9 +18,10 @@ from typing import Any
 
 import grpc
 
-from shared.structured_output import (
-    DEFAULT_COMPILE_TIMEOUT_S, CompileCapacityError, StructuredOutputError,
-    StructuredOutputSpec, validate)
+from shared.config import DEFAULT_COMPILE_TIMEOUT_S
+from shared.structured.compile_cache import validate
+from shared.structured.spec import CompileCapacityError, StructuredOutputError, \
+    StructuredOutputSpec
 
 from frontend_svc.request.caps import REJECTED
 from frontend_svc.errors import EngineError, FieldError
@@ -158,7 +159,7 @@ def check(constraint: Constraint, vocab_of, timeout_s: float = DEFAULT_COMPILE_T
     """Compile the constraint's grammar (a cache hit after the first time) within
     timeout_s; a 400 naming its field if it does not compile or takes too long; a
     503 if no grammar can be compiled now (the compiles stuck past the timeout are
-    at their cap: shared/structured_output.py CompileCache). Returns the seconds it
+    at their cap: shared/structured/compile_cache.py). Returns the seconds it
     took and whether it was a cache hit. Call it off the event loop (the grammar pool)."""
     if vocab_of is None:  # a frontend built without the model's grammar vocabulary
         raise _refuse(f"{constraint.param}: structured outputs are not available on this "

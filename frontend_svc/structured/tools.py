@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from shared.structured_output import StructuredOutputSpec
+from shared.structured.spec import StructuredOutputSpec
 
 from frontend_svc.request.caps import REJECTED
 from frontend_svc.structured.chat_template import ChatTemplate

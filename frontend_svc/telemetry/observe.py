@@ -1,6 +1,5 @@
 """Every telemetry hook of the frontend in one place: the root span and metrics
-of each request (frontend_svc/telemetry/metrics.py), logging set-up, /metrics (scrape: the
-gapserve:* and vllm:* series, frontend_svc/telemetry/vllm_metrics.py)."""
+of each request (frontend_svc/telemetry/metrics.py), logging set-up (/metrics is frontend_svc/telemetry/vllm_metrics.py's scrape)."""
 
 from __future__ import annotations
 
@@ -10,7 +9,6 @@ from shared.telemetry import get_logger, setup_telemetry
 
 from frontend_svc.telemetry.metrics import (
     STRUCTURED_OUTPUT_REQUESTS, TOOL_CHOICE_REQUESTS, RequestTracker)
-from frontend_svc.telemetry.vllm_metrics import scrape
 
 log = get_logger(component="frontend")
 
@@ -84,4 +82,4 @@ def setup(args) -> None:
                     log_format=args.log_format, log_level=args.log_level)
 
 
-__all__ = ["Observer", "setup", "scrape", "log"]
+__all__ = ["Observer", "setup", "log"]

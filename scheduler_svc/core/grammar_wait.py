@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 from scheduler_svc.core.request import Request, RequestStatus
-from shared.structured_output import CACHE_SIZE, StructuredOutputSpec
+from shared.structured.spec import CACHE_SIZE, StructuredOutputSpec
 
 
 class GrammarWait:

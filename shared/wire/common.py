@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from shared import types as t
 from shared.proto import common_pb2
-from shared.structured_output import StructuredOutputSpec
+from shared.structured.spec import StructuredOutputSpec
 from shared.wire.mapper import pair, register_enum, tuple_shape
 
 register_enum(common_pb2.FinishReason, t.FinishReason)

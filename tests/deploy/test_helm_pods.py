@@ -24,7 +24,7 @@ import pytest
 from shared.grpc_server import check_health
 from shared.link_security import TOKEN_METADATA
 from shared.proto import engine_pb2, engine_pb2_grpc
-from tests.integration.conftest import free_ports
+from tests.ports import free_ports
 from tests.integration.tiny_model import tiny_llama_dir
 
 from .compose_file import ROOT

@@ -8,8 +8,8 @@ import msgspec
 import pytest
 
 from frontend_svc.engine.kv_index import KvIndex, block_keys
-from frontend_svc.engine.kv_subscriber import (AllBlocksCleared, BlockRemoved, BlockStored,
-                                        KVEventBatch, feed)
+from frontend_svc.engine.kv_subscriber import feed
+from shared.kv_event_wire import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 from frontend_svc.engine.replica_router import Candidate, ReplicaRouter, RoutingRule
 
 BS = 4
@@ -85,11 +85,11 @@ def test_the_defaults_are_the_pinned_sglang_routers_own():
     Router's docstring still names 0.5 / 32 / 1.0001, which its CLI does not use)."""
     from sglang_router.router_args import RouterArgs
 
-    from shared.config import add_data_parallel_routing_flags
+    from shared.config import RoutingFlags, add_flags
     import argparse
 
     parser = argparse.ArgumentParser()
-    add_data_parallel_routing_flags(parser)
+    add_flags(parser, RoutingFlags)
     args = parser.parse_args([])
     ours = RoutingRule.from_args(args)
     theirs = RouterArgs()

@@ -13,7 +13,7 @@ from frontend_svc.errors import FieldError
 from frontend_svc.api.protocol import ChatCompletionRequest, CompletionRequest
 from frontend_svc.request.translate import (
     ModelLimits, chat_input, check_constraints, completion_inputs)
-from shared.structured_output import StructuredOutputSpec
+from shared.structured.spec import StructuredOutputSpec
 
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
           "required": ["city"], "additionalProperties": False}
@@ -23,7 +23,7 @@ MESSAGES = [{"role": "user", "content": "Where?"}]
 @pytest.fixture(scope="module")
 def limits():
     from shared.default_model import ensure_default_model
-    from shared.structured_output import grammar_vocab
+    from shared.structured.compile_cache import grammar_vocab
     return ModelLimits(256, 49152, grammar_vocab=functools.partial(
         grammar_vocab, str(ensure_default_model())))
 
@@ -138,15 +138,19 @@ def test_a_compile_over_the_timeout_is_a_clear_400(tokenizer, limits, monkeypatc
     import dataclasses
     import threading
 
-    from shared import structured_output
+    from shared.structured import compile_cache
     release = threading.Event()
-    slow = structured_output._compile
+    backend = compile_cache.CACHE.backend
 
-    def held(spec, vocab):  # a compile that takes longer than the limit
-        release.wait(10)
-        return slow(spec, vocab)
+    class Held:  # the real backend, whose compile takes longer than the limit
+        name = "held"
+        vocab = backend.vocab
 
-    monkeypatch.setattr(structured_output, "_compile", held)
+        def compile(self, spec, vocab):
+            release.wait(10)
+            return backend.compile(spec, vocab)
+
+    monkeypatch.setattr(compile_cache.CACHE, "backend", Held())
     tight = dataclasses.replace(limits, compile_timeout_s=0.05)
     try:
         with pytest.raises(FieldError) as info:

@@ -28,7 +28,7 @@ from gapserve.supervisor import Supervisor
 from shared import config
 from shared.proto import engine_pb2, engine_pb2_grpc, generate_pb2_grpc
 from tests.integration.tiny_model import tiny_llama_dir
-from tests.ports import free_ports  # noqa: F401  (re-exported: the tests import it from here)
+from tests.ports import free_ports
 
 ALL_SERVICES = ("worker", "scheduler", "frontend")
 STARTUP_TIMEOUT_S = 300.0

@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 import jsonschema
 import pytest
 
-from shared import proto_convert as pc
-from shared import structured_output as so
+from shared.wire.common import sampling_to_proto
+from shared.structured import compile_cache as so
 from shared.proto import common_pb2, engine_pb2, generate_pb2
-from shared.structured_output import StructuredOutputSpec as Spec
+from shared.structured.spec import StructuredOutputSpec as Spec
 from shared.types import SamplingParams
 from tests.integration.hf_reference import hf_greedy as greedy
 from tests.structured.reference import GrammarLogitsProcessor, hf_constrained_greedy
@@ -147,7 +147,7 @@ def run_case(stub, case: Case) -> tuple[list[int], generate_pb2.GenerateFinal]:
     request = generate_pb2.GenerateRequest(
         request_id=f"{case.name}-{time.monotonic_ns()}",
         token_ids=generate_pb2.TokenIds(ids=case.prompt_ids),
-        sampling_params=pc.sampling_to_proto(params))
+        sampling_params=sampling_to_proto(params))
     tokens: list[int] = []
     aborted = False
     for msg in stub.Generate(request, timeout=600):

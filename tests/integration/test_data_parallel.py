@@ -30,8 +30,8 @@ import torch
 from gapserve import status as status_cli
 from gapserve.supervisor import Child, Supervisor
 from shared.proto import common_pb2, generate_pb2
-from tests.integration.conftest import (STARTUP_TIMEOUT_S, TINY_FLAGS, Stack, free_ports,
-                                        start_stack)
+from tests.integration.conftest import STARTUP_TIMEOUT_S, TINY_FLAGS, Stack, start_stack
+from tests.ports import free_ports
 from tests.integration.hf_reference import hf_greedy
 from tests.wire.session_client import wait_for
 

@@ -13,7 +13,8 @@ import sys
 import httpx
 import openai
 
-from tests.integration.conftest import TINY_FLAGS, free_ports
+from tests.integration.conftest import TINY_FLAGS
+from tests.ports import free_ports
 from tests.integration.test_services import _children, _gone
 from tests.wire.session_client import wait_for
 

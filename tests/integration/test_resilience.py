@@ -23,7 +23,8 @@ import httpx
 import pytest
 
 from shared.grpc_server import check_health
-from tests.integration.conftest import TINY_FLAGS, free_ports, start_stack
+from tests.integration.conftest import TINY_FLAGS, start_stack
+from tests.ports import free_ports
 
 NUM_STREAMS = 16
 MAX_TOKENS = 64

@@ -18,7 +18,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
 from shared.proto import common_pb2, generate_pb2
-from tests.integration.conftest import TINY_FLAGS, free_ports
+from tests.integration.conftest import TINY_FLAGS
+from tests.ports import free_ports
 from tests.wire.session_client import wait_for
 from tests.integration.hf_reference import hf_greedy
 

@@ -31,7 +31,8 @@ import pytest
 # to import, as any missing dependency would, rather than skipping quietly
 import sglang_router  # noqa: F401
 
-from tests.integration.conftest import TINY_FLAGS, Stack, free_ports, start_stack
+from tests.integration.conftest import TINY_FLAGS, Stack, start_stack
+from tests.ports import free_ports
 
 # the router's health checker every second, one failure marks a replica unhealthy
 # (defaults: 60 s and 3), so the kill test waits seconds, not minutes

@@ -11,7 +11,8 @@ import signal
 
 import pytest
 
-from tests.integration.conftest import TINY_FLAGS, free_ports, start_stack
+from tests.integration.conftest import TINY_FLAGS, start_stack
+from tests.ports import free_ports
 from tests.integration.test_resilience import (FAULT_ENV, STEP_TIMEOUT_S, assert_recovered,
                                                greedy, replace_worker, scheduler_metric, seeded,
                                                start_faulty_run)

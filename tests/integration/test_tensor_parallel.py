@@ -13,7 +13,8 @@ import torch
 
 from shared.proto import common_pb2, generate_pb2
 from shared.types import SamplingParams
-from tests.integration.conftest import TINY_FLAGS, free_ports, start_stack
+from tests.integration.conftest import TINY_FLAGS, start_stack
+from tests.ports import free_ports
 from tests.integration.hf_reference import hf_greedy
 from tests.integration.tp_group import RankGroupClient
 from tests.worker.step_driver import StepDriver

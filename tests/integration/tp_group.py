@@ -8,7 +8,8 @@ import queue
 
 import grpc
 
-from shared import proto_convert as pc
+from shared.wire.common import model_info_from_proto
+from shared.wire.worker import runner_output_from_proto, scheduler_output_to_proto
 from shared.proto import worker_pb2, worker_pb2_grpc
 from shared.types import ModelInfo, ModelRunnerOutput, SchedulerOutput
 
@@ -29,10 +30,10 @@ class RankGroupClient:
 
     def model_info(self) -> ModelInfo:
         """Rank 0's, as the scheduler reads it at the handshake."""
-        return pc.model_info_from_proto(self.infos[0].model_info)
+        return model_info_from_proto(self.infos[0].model_info)
 
     def submit(self, step: SchedulerOutput) -> None:
-        msg = pc.scheduler_output_to_proto(step)
+        msg = scheduler_output_to_proto(step)
         for box in self.outboxes:
             box.put(msg)
 
@@ -40,7 +41,7 @@ class RankGroupClient:
         self.submit(step)
         answers = [next(r) for r in self.replies]
         assert len({a.step_id for a in answers}) == 1, [a.step_id for a in answers]
-        return pc.runner_output_from_proto(answers[0])
+        return runner_output_from_proto(answers[0])
 
     def close(self) -> None:
         for box in self.outboxes:

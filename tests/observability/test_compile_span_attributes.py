@@ -13,7 +13,8 @@ from frontend_svc.request.generation import Choice
 from frontend_svc.telemetry.observe import Observer
 from frontend_svc.structured.response_format import Constraint
 from frontend_svc.request.translate import GenerationInput, ModelLimits, check_constraints
-from shared.structured_output import StructuredOutputSpec, grammar_vocab
+from shared.structured.compile_cache import grammar_vocab
+from shared.structured.spec import StructuredOutputSpec
 from shared.types import FinishReason, SamplingParams
 from tests.integration.tiny_model import tiny_llama_dir
 

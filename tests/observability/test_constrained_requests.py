@@ -8,7 +8,7 @@ from frontend_svc.telemetry.observe import Observer
 from frontend_svc.structured.response_format import Constraint
 from frontend_svc.structured.tools import ToolPlan
 from frontend_svc.request.translate import GenerationInput
-from shared.structured_output import StructuredOutputSpec
+from shared.structured.spec import StructuredOutputSpec
 from shared.types import FinishReason, SamplingParams
 from tests.observability.helpers import sample
 

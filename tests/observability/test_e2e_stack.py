@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.integration.conftest import Stack, free_ports, start_stack
+from tests.integration.conftest import Stack, start_stack
+from tests.ports import free_ports
 from tests.integration.tiny_model import tiny_llama_dir
 from tests.observability.otlp_receiver import OtlpReceiver
 

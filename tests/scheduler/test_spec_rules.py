@@ -408,7 +408,7 @@ def test_a_lost_worker_with_drafts_in_flight_is_recovered_exactly():
 def test_a_request_with_a_grammar_gets_slots_once_its_grammar_compiled():
     """The worker drafts and verifies under the grammar's mask (worker_svc/spec/), so a
     constrained request decodes with slots like any other, once it left its deferral."""
-    from shared.structured_output import StructuredOutputSpec
+    from shared.structured.spec import StructuredOutputSpec
     s = spec_scheduler(k=3, block_size=4, max_model_len=64)
     s.add_request(make_request("g", 10, max_tokens=20,
                                structured_output=StructuredOutputSpec("regex", "[a-z]+")))

@@ -12,21 +12,22 @@ import json
 import pytest
 import torch
 
-from shared import structured_output as so
+from shared.structured import compile_cache as so
+from shared.structured.spec import StructuredOutputSpec
 from shared.types import SamplingParams
 from tests.spec.conftest import make_runner, spec_json
 from tests.spec.engine_loop import run
 from tests.structured.reference import GrammarLogitsProcessor, hf_constrained_greedy
 
 SPECS = [
-    so.StructuredOutputSpec("regex", "[a-z]{2,8}( [a-z]{2,8}){5}"),
-    so.StructuredOutputSpec("json", json.dumps({
+    StructuredOutputSpec("regex", "[a-z]{2,8}( [a-z]{2,8}){5}"),
+    StructuredOutputSpec("json", json.dumps({
         "type": "object", "additionalProperties": False, "required": ["name", "tags"],
         "properties": {"name": {"type": "string", "maxLength": 12},
                        "tags": {"type": "array", "maxItems": 3,
                                 "items": {"type": "string", "maxLength": 6}}}}),
         disable_any_whitespace=True),
-    so.StructuredOutputSpec("choice", json.dumps(["alpha beta gamma", "alpha beta delta"])),
+    StructuredOutputSpec("choice", json.dumps(["alpha beta gamma", "alpha beta delta"])),
 ]
 PROMPTS = [[1, 504, 3209, 28, 253], [7, 8, 9, 10, 11] * 3, list(range(100, 130))]
 MAX_TOKENS = 48

@@ -8,25 +8,27 @@ from __future__ import annotations
 import torch
 from transformers import LogitsProcessor
 
-from shared import structured_output as so
+from shared.structured import compile_cache as so
+from shared.structured.backend import GrammarVocab
+from shared.structured.spec import StructuredOutputSpec
 
 
 class GrammarLogitsProcessor(LogitsProcessor):
     """Sets the logits of the tokens the grammar forbids to -inf; it advances its
     matcher on the last token of input_ids from the second call on."""
 
-    def __init__(self, spec: so.StructuredOutputSpec, vocab: so.GrammarVocab) -> None:
+    def __init__(self, spec: StructuredOutputSpec, vocab: GrammarVocab) -> None:
         self.matcher = so.compile_spec(spec, vocab).new_matcher()
         self.started = False
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         if self.started:
-            assert self.matcher.consume_token(int(input_ids[0, -1])), self.matcher.get_error()
+            assert self.matcher.accept(int(input_ids[0, -1])), self.matcher.error()
         self.started = True
         vocab = scores.shape[-1]
         words = (vocab + 31) // 32
         bitmask = torch.zeros(words, dtype=torch.int32)
-        self.matcher.unsafe_compute_mask_ptr(bitmask.data_ptr(), words * 4)
+        self.matcher.fill_bitmask(bitmask.data_ptr(), words * 4)
         bits = (bitmask.unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1
         allowed = bits.bool().flatten()[:vocab]
         return scores.masked_fill(~allowed, float("-inf"))

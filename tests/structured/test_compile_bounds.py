@@ -18,11 +18,12 @@ import grpc
 import httpx
 import pytest
 
-from shared import proto_convert as pc
-from shared import structured_output as so
+from shared.wire.common import sampling_to_proto
+from shared import config
+from shared.structured import compile_cache as so
 from shared.proto import generate_pb2
-from shared.structured_output import CompileCapacityError, StructuredOutputError
-from shared.structured_output import StructuredOutputSpec as Spec
+from shared.structured.spec import CompileCapacityError, StructuredOutputError
+from shared.structured.spec import StructuredOutputSpec as Spec
 from shared.types import SamplingParams
 from tests.integration.conftest import TINY_FLAGS
 from tests.integration.tiny_model import tiny_llama_dir
@@ -98,7 +99,7 @@ def test_a_compile_nobody_waits_on_is_set_aside_once_it_runs_past_the_timeout(vo
 
 
 def test_the_process_cache_uses_the_configured_timeout_to_find_overdue_compiles():
-    assert so.CACHE.stuck_after_s == so.DEFAULT_COMPILE_TIMEOUT_S
+    assert so.CACHE.stuck_after_s == config.DEFAULT_COMPILE_TIMEOUT_S
     assert (so.CACHE.threads, so.CACHE.max_stuck) == (so.COMPILE_THREADS,
                                                       so.MAX_STUCK_COMPILES)
 
@@ -139,7 +140,7 @@ def test_at_the_cap_a_new_grammar_is_a_503_on_http_and_resource_exhausted_on_grp
     params = SamplingParams(temperature=0.0, max_tokens=4, structured_output=quick_spec())
     with pytest.raises(grpc.RpcError) as info:
         list(stack.generation_stub().Generate(generate_pb2.GenerateRequest(
-            text="x", sampling_params=pc.sampling_to_proto(params)), timeout=60))
+            text="x", sampling_params=sampling_to_proto(params)), timeout=60))
     assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "past the compile timeout" in info.value.details()
     assert complete(stack, cached).status_code == 200  # a cached grammar is still served

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from scheduler_svc.core.request import RequestStatus
-from shared.structured_output import StructuredOutputSpec
+from shared.structured.spec import StructuredOutputSpec
 from shared.types import ModelRunnerOutput
 from tests.scheduler.helpers import make_request, make_scheduler
 

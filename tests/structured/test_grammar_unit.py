@@ -11,8 +11,8 @@ import re
 import pytest
 import torch
 
-from shared import structured_output as so
-from shared.structured_output import StructuredOutputError, StructuredOutputSpec as Spec
+from shared.structured import compile_cache as so
+from shared.structured.spec import StructuredOutputError, StructuredOutputSpec as Spec
 from shared.types import InvalidRequestError, SamplingParams
 from worker_svc.grammar import GrammarState, apply_masks
 

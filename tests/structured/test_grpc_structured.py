@@ -16,11 +16,12 @@ import httpx
 import jsonschema
 import pytest
 
-from shared import proto_convert as pc
+from shared.wire.common import sampling_to_proto
 from shared.proto import common_pb2, engine_pb2, generate_pb2
-from shared.structured_output import StructuredOutputSpec as Spec
+from shared.structured.spec import StructuredOutputSpec as Spec
 from shared.types import SamplingParams
-from tests.integration.conftest import TINY_FLAGS, free_ports
+from tests.integration.conftest import TINY_FLAGS
+from tests.ports import free_ports
 
 SCHEMA = {"type": "object", "additionalProperties": False, "required": ["name", "n"],
           "properties": {"name": {"type": "string", "pattern": "^[a-z]{2,8}$"},
@@ -36,7 +37,7 @@ ARRAYS = {"type": "object", "additionalProperties": False, "required": ["c", "xs
 def generate(stub, spec: Spec | None, max_tokens: int = 80, text: str = "Hello", **kw):
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, structured_output=spec,
                             **kw)
-    request = generate_pb2.GenerateRequest(text=text, sampling_params=pc.sampling_to_proto(params))
+    request = generate_pb2.GenerateRequest(text=text, sampling_params=sampling_to_proto(params))
     messages = list(stub.Generate(request, timeout=120))
     return "".join(m.text for m in messages), messages[-1].final
 
@@ -113,7 +114,7 @@ class Stream(threading.Thread):
         try:
             params = SamplingParams(temperature=0.0, max_tokens=300, ignore_eos=True)
             request = generate_pb2.GenerateRequest(
-                text=f"Stream {self.i} says", sampling_params=pc.sampling_to_proto(params))
+                text=f"Stream {self.i} says", sampling_params=sampling_to_proto(params))
             for _ in self.stub.Generate(request, timeout=120):
                 self.arrived()
         except BaseException as e:  # noqa: BLE001 - asserted by the test
@@ -133,7 +134,7 @@ def add_directly(stack, spec: Spec) -> tuple[float, list[int]]:
     Returns when its first token arrived and its tokens."""
     params = SamplingParams(temperature=0.0, max_tokens=12, structured_output=spec)
     add = engine_pb2.AddRequest(request_id="slow-grammar", prompt_token_ids=[1, 2, 3, 4],
-                                sampling_params=pc.sampling_to_proto(params),
+                                sampling_params=sampling_to_proto(params),
                                 arrival_unix_s=time.time())
     done = threading.Event()
 

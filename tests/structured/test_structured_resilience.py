@@ -16,9 +16,9 @@ import threading
 import grpc
 import pytest
 
-from shared import proto_convert as pc
+from shared.wire.common import sampling_to_proto
 from shared.proto import common_pb2, generate_pb2
-from shared.structured_output import StructuredOutputSpec as Spec
+from shared.structured.spec import StructuredOutputSpec as Spec
 from shared.types import SamplingParams
 from tests.integration.conftest import TINY_FLAGS, start_stack
 from tests.integration.test_resilience import (FAULT_ENV, idle, process_stopped, replace_worker,
@@ -53,7 +53,7 @@ class Streams:
 
     def _one(self, i: int) -> None:
         request = generate_pb2.GenerateRequest(text=f"Numbers for stream {i}:",
-                                               sampling_params=pc.sampling_to_proto(params(i)))
+                                               sampling_params=sampling_to_proto(params(i)))
         try:
             for msg in self.stub.Generate(request, timeout=120):
                 self.tokens[i].extend(msg.token_ids)

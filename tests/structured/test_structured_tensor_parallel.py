@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from shared.structured_output import StructuredOutputSpec as Spec
+from shared.structured.spec import StructuredOutputSpec as Spec
 from shared.types import SamplingParams, SchedulerOutput
 from tests.integration.tp_group import RankGroupClient
 from tests.integration.test_tensor_parallel import SMALL_POOL, _addresses, _ranks

@@ -19,7 +19,7 @@ import jsonschema
 import pytest
 import tokenizers
 
-from shared.structured_output import StructuredOutputSpec as Spec
+from shared.structured.spec import StructuredOutputSpec as Spec
 from shared.types import SamplingParams
 from tests.worker.step_driver import StepDriver, tiny_cpu_runner
 

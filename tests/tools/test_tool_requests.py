@@ -29,7 +29,7 @@ ASK = [{"role": "user", "content": "Weather in Paris?"}]
 @pytest.fixture(scope="module")
 def limits():
     from shared.default_model import ensure_default_model
-    from shared.structured_output import grammar_vocab
+    from shared.structured.compile_cache import grammar_vocab
     return ModelLimits(2048, 49152, grammar_vocab=functools.partial(
         grammar_vocab, str(ensure_default_model())))
 
@@ -247,23 +247,22 @@ def test_serve_hands_the_tool_flags_to_the_frontend(tmp_path):
         "--model", "/m", "--structured-outputs-compile-timeout-s", "2.5"], environ={})
     [frontend] = [c for c in children(args) if c.name == "frontend"]
     parsed = config.parse_args(config.frontend_parser(), frontend.argv[1:], environ={})
-    assert config.compile_timeout_s(parsed) == 2.5
+    assert parsed.structured_outputs_compile_timeout_s == 2.5
 
 
-def test_the_compile_timeout_flag_then_the_variable_then_the_default(monkeypatch):
+def test_the_compile_timeout_flag_then_the_variable_then_the_default():
     from shared import config
-    from shared.structured_output import DEFAULT_COMPILE_TIMEOUT_S
-    variable = "GAPSERVE_STRUCTURED_OUTPUT_COMPILE_TIMEOUT_S"
-    monkeypatch.delenv(variable, raising=False)
-    parse = lambda *argv: config.parse_args(config.frontend_parser(), list(argv),  # noqa: E731
-                                            environ={})
-    assert config.compile_timeout_s(parse()) == DEFAULT_COMPILE_TIMEOUT_S
-    monkeypatch.setenv(variable, "4")  # what rank 0 compiles under: the flag's default
-    assert config.compile_timeout_s(parse()) == 4.0
-    assert config.compile_timeout_s(parse("--structured-outputs-compile-timeout-s", "7")) == 7
-    for bad in ("0", "-1", "soon"):
-        with pytest.raises(SystemExit):
-            parse("--structured-outputs-compile-timeout-s", bad)
+    variable = "GAPSERVE_STRUCTURED_OUTPUTS_COMPILE_TIMEOUT_S"
+    for parser in (config.frontend_parser, config.worker_parser):  # one setting, both doors
+        def parse(*argv, environ=None):
+            return config.parse_args(parser(), list(argv), environ=environ or {}) \
+                .structured_outputs_compile_timeout_s
+        assert parse() == config.DEFAULT_COMPILE_TIMEOUT_S
+        assert parse(environ={variable: "4"}) == 4.0
+        assert parse("--structured-outputs-compile-timeout-s", "7", environ={variable: "4"}) == 7
+        for bad in ("0", "-1", "soon"):
+            with pytest.raises(SystemExit):
+                parse("--structured-outputs-compile-timeout-s", bad)
 
 
 def test_the_shipped_template_renders_as_transformers_renders_it(tokenizer):

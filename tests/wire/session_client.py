@@ -5,7 +5,7 @@ from __future__ import annotations
 import queue
 import time
 
-from shared import proto_convert as pc
+from shared.wire.common import sampling_to_proto
 from shared.proto import engine_pb2
 from shared.types import SamplingParams
 
@@ -54,7 +54,7 @@ class SessionClient:
 def add_message(req_id: str, prompt: list[int], **sampling) -> engine_pb2.EngineRequest:
     return engine_pb2.EngineRequest(add=engine_pb2.AddRequest(
         request_id=req_id, prompt_token_ids=prompt,
-        sampling_params=pc.sampling_to_proto(SamplingParams(**sampling))))
+        sampling_params=sampling_to_proto(SamplingParams(**sampling))))
 
 
 def abort_message(*req_ids: str) -> engine_pb2.EngineRequest:

@@ -13,7 +13,7 @@ import uuid
 import pytest
 import torch
 
-from shared import proto_convert as pc
+from shared.wire.worker import scheduler_output_to_proto
 from shared.proto import common_pb2, engine_pb2
 from shared.types import NewRequestData, SamplingParams, SchedulerOutput
 from tests.wire.conftest import start_wire_stack
@@ -235,7 +235,7 @@ def test_a_failed_step_is_answered_with_its_error_and_later_steps_are_skipped_un
     steps = [new_request_step(0, "first", [1, 2, 3], 1), bad,
              new_request_step(2, "after-bad", [4, 5], 2), reset]
     pipe = StepPipe(tiny_runner)
-    pipe.start(iter([pc.scheduler_output_to_proto(s) for s in steps]))
+    pipe.start(iter([scheduler_output_to_proto(s) for s in steps]))
     results = [pipe.results.get() for _ in range(4)]
     assert pipe.results.get() is _END
     pipe.stop()
@@ -265,7 +265,7 @@ def test_every_step_runs_on_the_one_compute_thread(tiny_runner, monkeypatch):
     monkeypatch.setattr(tiny_runner, "execute", execute)
     for n, req_id in enumerate(("one", "two")):  # one stream each: one pipe per stream
         pipe = StepPipe(tiny_runner)
-        pipe.start(iter([pc.scheduler_output_to_proto(new_request_step(n, req_id, [1, 2], n + 1))]))
+        pipe.start(iter([scheduler_output_to_proto(new_request_step(n, req_id, [1, 2], n + 1))]))
         assert pipe.results.get()[0].step_id == n
         assert pipe.results.get() is _END
         pipe.stop()
@@ -284,8 +284,8 @@ def test_a_result_goes_out_once_the_next_steps_inputs_are_built(tiny_runner, mon
     pipe = StepPipe(tiny_runner)
 
     def steps():
-        yield pc.scheduler_output_to_proto(new_request_step(0, "a", [1, 2, 3], 1))
-        yield pc.scheduler_output_to_proto(new_request_step(1, "b", [4, 5], 2))
+        yield scheduler_output_to_proto(new_request_step(0, "a", [1, 2, 3], 1))
+        yield scheduler_output_to_proto(new_request_step(1, "b", [4, 5], 2))
         second_read.set()  # the reader asks for a third: step 1 is queued
 
     def execute(step, on_prepared=None):
@@ -315,7 +315,7 @@ def test_a_result_with_no_step_waiting_behind_it_is_not_held(tiny_runner):
     pipe = StepPipe(tiny_runner)
 
     def steps():
-        yield pc.scheduler_output_to_proto(new_request_step(0, "c", [1, 2, 3], 1))
+        yield scheduler_output_to_proto(new_request_step(0, "c", [1, 2, 3], 1))
         got_first.wait()
 
     pipe.start(steps())
@@ -331,10 +331,10 @@ def test_idle_time_is_the_gap_between_one_step_ending_and_the_next_starting(tiny
     pipe = StepPipe(tiny_runner)
     pipe.start(iter(wire.get, None))
     try:
-        wire.put(pc.scheduler_output_to_proto(new_request_step(0, "a", [1, 2, 3], 1)))
+        wire.put(scheduler_output_to_proto(new_request_step(0, "a", [1, 2, 3], 1)))
         _, first = pipe.results.get()
         time.sleep(0.05)  # not synchronization: a known stretch with no step to run
-        wire.put(pc.scheduler_output_to_proto(new_request_step(1, "b", [4, 5], 2)))
+        wire.put(scheduler_output_to_proto(new_request_step(1, "b", [4, 5], 2)))
         _, second = pipe.results.get()
         assert first.timings.idle_ms == 0.0  # the first step of a stream has no predecessor
         assert second.timings.idle_ms >= 50.0

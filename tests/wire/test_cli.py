@@ -100,9 +100,48 @@ def test_serve_hands_secrets_to_the_children_in_their_environment_not_their_argv
 
 def test_serve_gives_rank_0_the_compile_timeout_the_frontend_checks_with():
     """A grammar the frontend let through within its bound must not time out on rank 0
-    under another: serve hands the flag's value to the inner services' environment."""
+    under another: one flag, which serve forwards to both."""
     kids = serve_children(["--structured-outputs-compile-timeout-s", "3"])
     assert parsed(kids["frontend"]).structured_outputs_compile_timeout_s == 3.0
-    assert config.structured_output_compile_timeout_s(kids["worker-0"].env) == 3.0
+    worker = parsed(kids["worker-0"])
+    assert worker.structured_outputs_compile_timeout_s == 3.0
+    assert worker_config(worker).structured_outputs_compile_timeout_s == 3.0
     default = serve_children([])
-    assert "GAPSERVE_STRUCTURED_OUTPUT_COMPILE_TIMEOUT_S" not in default["worker-0"].env
+    assert parsed(default["worker-0"]).structured_outputs_compile_timeout_s == \
+        parsed(default["frontend"]).structured_outputs_compile_timeout_s == \
+        config.DEFAULT_COMPILE_TIMEOUT_S
+
+
+def test_a_renamed_variable_is_refused_with_its_new_name_not_ignored(capsys):
+    with pytest.raises(SystemExit):
+        config.parse_args(config.worker_parser(), [],
+                          environ={"GAPSERVE_STRUCTURED_OUTPUT_COMPILE_TIMEOUT_S": "3"})
+    assert "GAPSERVE_STRUCTURED_OUTPUTS_COMPILE_TIMEOUT_S" in capsys.readouterr().err
+
+
+def test_serve_forwards_every_flag_a_child_takes_and_serve_was_given():
+    """Built from the declarations: a child gets each of its flags that serve also
+    takes (secrets in its environment), except what serve sets per child."""
+    from dataclasses import fields
+    kids = serve_children([])
+    for name, child in (("worker-0", config.WorkerFlags), ("scheduler", config.SchedulerFlags),
+                        ("frontend", config.FrontendFlags)):
+        serve_has = {f.name for f in fields(config.ServeFlags)}
+        expected = {f.name for f in fields(child) if f.name in serve_has
+                    and not f.metadata["secret"] and not f.metadata["per_child"]
+                    and config.flag_default(f) is not None}
+        given = {a[2:].replace("-", "_").removeprefix("no_") for a in kids[name].argv
+                 if a.startswith("--")}
+        assert expected <= given, (name, expected - given)
+
+
+def test_a_worker_flag_named_like_a_worker_config_field_sets_that_field():
+    """No hand-written mapping: the flag's dest and the field's name are one setting."""
+    args = config.parse_args(config.worker_parser(), [
+        "--block-size", "32", "--seed", "7", "--cpu-threads", "3", "--no-cpu-prepack",
+        "--distributed-timeout", "5", "--max-num-seqs", "9", "--rank", "0"], environ={})
+    cfg = worker_config(args)
+    assert (cfg.block_size, cfg.seed, cfg.cpu_threads, cfg.cpu_prepack,
+            cfg.distributed_timeout, cfg.max_num_seqs) == (32, 7, 3, False, 5.0, 9)
+    unset = worker_config(config.parse_args(config.worker_parser(), [], environ={}))
+    assert (unset.max_num_seqs, unset.max_num_batched_tokens, unset.model) == (256, None, None)

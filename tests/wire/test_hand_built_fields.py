@@ -31,7 +31,8 @@ from scheduler_svc.core.stats import SchedulerStats
 from scheduler_svc.engine import ErrorCode, Failure
 from scheduler_svc.server import EngineServicer, _response, engine_status
 from scheduler_svc.worker_group import WorkerGroup
-from shared import proto_convert as pc
+from shared.wire.common import model_info_to_proto, sampling_from_proto, sampling_to_proto
+from shared.wire.engine import request_output_from_proto
 from shared import types as t
 from shared.proto import engine_pb2, generate_pb2, worker_pb2
 from worker_svc.server import WorkerServicer
@@ -115,7 +116,7 @@ def test_the_scheduler_reads_every_add_request_field():
     assert (req.req_id, req.prompt_token_ids, req.priority, req.cache_salt, trace) == \
         ("r", [5, 6, 7], 2, "s", {"traceparent": "00-x"})
     assert req.arrival_time == msg.arrival_unix_s
-    assert req.sampling_params == pc.sampling_from_proto(msg.sampling_params)
+    assert req.sampling_params == sampling_from_proto(msg.sampling_params)
 
 
 def test_engine_status_sets_every_field():
@@ -141,7 +142,7 @@ def test_a_step_reply_sets_every_field_of_its_outputs_and_rejections():
     assert_all_set([reply], "scheduler_svc/server.py _response")
     assert_all_set([reply.rejections[0]], "_response's rejection")
     assert_all_set([reply.rejections[0].status], "_response's rejection status")
-    assert (reply.rejections[0].status.code, pc.request_output_from_proto(reply.outputs[0])) \
+    assert (reply.rejections[0].status.code, request_output_from_proto(reply.outputs[0])) \
         == (14, out)  # 14: UNAVAILABLE
 
 
@@ -170,7 +171,7 @@ GENERATE_REQUEST_NOT_READ = {
 
 def test_generate_input_reads_every_generate_request_field():
     params = t.SamplingParams(max_tokens=5, temperature=0.0, stop_token_ids=[3])
-    common = dict(request_id="client-1", sampling_params=pc.sampling_to_proto(params),
+    common = dict(request_id="client-1", sampling_params=sampling_to_proto(params),
                   stop=["END"], include_stop_str_in_output=True, skip_special_tokens=False,
                   add_special_tokens=False, priority=2, cache_salt="salt")
     by_text = generate_pb2.GenerateRequest(text="hello", **common)
@@ -246,7 +247,7 @@ def test_the_scheduler_sets_every_handshake_request_field_and_reads_every_reply_
         def Handshake(self, ask, timeout, wait_for_ready, metadata):
             asks.append(ask)
             views.append(Recording(worker_pb2.HandshakeResponse(
-                model_info=pc.model_info_to_proto(model_info()), rank=self.rank,
+                model_info=model_info_to_proto(model_info()), rank=self.rank,
                 tensor_parallel_size=2)))
             return views[-1]
 
@@ -350,7 +351,7 @@ def test_a_new_engine_status_field_that_engine_status_does_not_set_fails(monkeyp
 
 def test_a_new_generate_request_field_that_generate_input_does_not_read_fails():
     Extended = with_field(generate_pb2, "GenerateRequest", "num_new_things")
-    params = pc.sampling_to_proto(t.SamplingParams(max_tokens=5))
+    params = sampling_to_proto(t.SamplingParams(max_tokens=5))
     request = Extended(text="hello", num_new_things=3, priority=1)
     request.sampling_params.CopyFrom(request.sampling_params.__class__.FromString(
         params.SerializeToString()))

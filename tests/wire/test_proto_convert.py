@@ -2,7 +2,12 @@
 
 from hypothesis import given, settings, strategies as st
 
-from shared import proto_convert as pc
+from shared.wire.common import (
+    model_info_from_proto, model_info_to_proto, sampling_from_proto, sampling_to_proto)
+from shared.wire.engine import request_output_from_proto, request_output_to_proto
+from shared.wire.worker import (
+    runner_output_from_proto, runner_output_to_proto, scheduler_output_from_proto,
+    scheduler_output_to_proto)
 from shared import types as t
 
 ids = st.lists(st.integers(0, 2**31 - 1), max_size=8)
@@ -58,25 +63,25 @@ def runner_outputs(draw):
 @settings(max_examples=50, deadline=None)
 @given(sampling)
 def test_sampling_params_round_trip(sp):
-    assert pc.sampling_from_proto(pc.sampling_to_proto(sp)) == sp
+    assert sampling_from_proto(sampling_to_proto(sp)) == sp
 
 
 def test_unset_sampling_fields_take_the_defaults():
     from shared.proto import common_pb2
-    sp = pc.sampling_from_proto(common_pb2.SamplingParams(temperature=0.0))
+    sp = sampling_from_proto(common_pb2.SamplingParams(temperature=0.0))
     assert sp == t.SamplingParams(temperature=0.0)
 
 
 @settings(max_examples=50, deadline=None)
 @given(scheduler_outputs())
 def test_scheduler_output_round_trip(out):
-    assert pc.scheduler_output_from_proto(pc.scheduler_output_to_proto(out)) == out
+    assert scheduler_output_from_proto(scheduler_output_to_proto(out)) == out
 
 
 @settings(max_examples=50, deadline=None)
 @given(runner_outputs())
 def test_runner_output_round_trip_keeps_none_apart_from_empty_logprobs(out):
-    assert pc.runner_output_from_proto(pc.runner_output_to_proto(out)) == out
+    assert runner_output_from_proto(runner_output_to_proto(out)) == out
 
 
 @settings(max_examples=50, deadline=None)
@@ -86,9 +91,9 @@ def test_runner_output_round_trip_keeps_none_apart_from_empty_logprobs(out):
                  stop_token_id=st.none() | st.integers(0, 1000),
                  num_preemptions=st.integers(0, 9), num_cached_tokens=st.integers(0, 99)))
 def test_request_output_round_trip(out):
-    assert pc.request_output_from_proto(pc.request_output_to_proto(out)) == out
+    assert request_output_from_proto(request_output_to_proto(out)) == out
 
 
 def test_model_info_round_trip():
     info = t.ModelInfo("m", 100, 2048, [2, 3], 4, 2, 8, "float32", 77, 16)
-    assert pc.model_info_from_proto(pc.model_info_to_proto(info)) == info
+    assert model_info_from_proto(model_info_to_proto(info)) == info

@@ -11,6 +11,7 @@ from structlog.testing import capture_logs
 from scheduler_svc.engine import WorkerLost
 from scheduler_svc.worker_group import WorkerGroup
 from shared import config
+from shared.arg_types import address_groups, worker_groups
 from shared.grpc_server import ServiceServer
 from tests.wire.conftest import start_worker
 from worker_svc.config import WorkerConfig
@@ -31,16 +32,16 @@ def parse(argv: list[str], environ: dict[str, str] | None = None):
 def test_semicolon_separates_worker_groups_and_the_first_is_the_active_one():
     args = parse(["--worker-addresses", "w0:1,w1:2;s0:1,s1:2"])
     assert args.worker_addresses == ["w0:1", "w1:2"]  # what callers read before spares
-    assert config.worker_groups(args.worker_addresses) == [["w0:1", "w1:2"], ["s0:1", "s1:2"]]
+    assert worker_groups(args.worker_addresses) == [["w0:1", "w1:2"], ["s0:1", "s1:2"]]
 
 
 def test_a_plain_comma_list_is_one_group_as_before():
     for args in (parse([], {"GAPSERVE_WORKER_ADDRESSES": "a:1, b:2"}),
                  parse(["--worker-addresses", "a:1,b:2"])):
         assert args.worker_addresses == ["a:1", "b:2"]
-        assert config.worker_groups(args.worker_addresses) == [["a:1", "b:2"]]
+        assert worker_groups(args.worker_addresses) == [["a:1", "b:2"]]
     assert parse([]).worker_addresses == ["127.0.0.1:50053"]
-    assert config.worker_groups(["x:1"]) == [["x:1"]]  # a plain list from a caller
+    assert worker_groups(["x:1"]) == [["x:1"]]  # a plain list from a caller
 
 
 @pytest.mark.parametrize("value, says", [
@@ -87,7 +88,7 @@ def serve(servers: list, runner, port: int = 0) -> str:
 
 
 def connected(addresses: str) -> WorkerGroup:
-    group = WorkerGroup(config.address_groups(addresses))
+    group = WorkerGroup(address_groups(addresses))
     group.handshake(timeout_s=10)
     group.open_streams()
     return group

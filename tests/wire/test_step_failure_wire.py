@@ -15,7 +15,7 @@ from structlog.testing import capture_logs
 
 from scheduler_svc.backoff import Backoff, BurstLog
 from scheduler_svc.worker_group import WorkerGroup
-from shared import proto_convert as pc
+from shared.wire.worker import runner_output_to_proto
 from shared.types import ModelRunnerOutput
 from tests.wire.conftest import start_wire_stack
 from tests.wire.session_client import SessionClient
@@ -121,11 +121,11 @@ def test_a_step_fails_when_any_tensor_parallel_rank_reports_an_error():
     group = WorkerGroup(["127.0.0.1:1", "127.0.0.1:2"])  # no call is made: answers below
     group._answers = [queue.SimpleQueue(), queue.SimpleQueue()]
     ok = ModelRunnerOutput(step_id=5, req_ids=["a"], sampled_token_ids=[[7]])
-    group._answers[0].put(pc.runner_output_to_proto(ok))
-    group._answers[1].put(pc.runner_output_to_proto(
+    group._answers[0].put(runner_output_to_proto(ok))
+    group._answers[1].put(runner_output_to_proto(
         ModelRunnerOutput(step_id=5, error="RuntimeError: shape mismatch")))
     failed = group.collect()
     assert failed.step_id == 5 and failed.error == "rank 1: RuntimeError: shape mismatch"
     for box in group._answers:  # every rank fine: rank 0's tokens
-        box.put(pc.runner_output_to_proto(ok))
+        box.put(runner_output_to_proto(ok))
     assert group.collect().sampled_token_ids == [[7]]

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from shared import config as flags
-from shared import proto_convert as pc
+from shared.wire.common import model_info_from_proto, model_info_to_proto
 from shared.types import ModelInfo
 from worker_svc import fault_injection
 from worker_svc.compute_plan import ComputePlan, Kernels, build_plan
@@ -115,7 +115,7 @@ def test_the_summary_names_every_choice_and_travels_in_model_info():
                  "ranks_on_host=2"):
         assert part in line.split(), part
     info = ModelInfo("m", 256, 64, [2], 3, 2, 16, "float32", 10, 16, 2048, compute_plan=line)
-    assert pc.model_info_from_proto(pc.model_info_to_proto(info)).compute_plan == line
+    assert model_info_from_proto(model_info_to_proto(info)).compute_plan == line
 
 
 def test_every_cpu_switch_is_a_worker_flag_also_read_from_its_gapserve_variable(capsys):
