@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from worker_svc.attention.metadata import AttentionMetadata
+from worker_svc.kv_capacity import lazy_zeros
 from worker_svc.model import decode_layers, fused_ops, small_linear
 from worker_svc.model.config import ModelConfig
 from worker_svc.model.weights import ModelWeights
@@ -72,8 +73,11 @@ class DecoderModel:
 
     def allocate_kv_caches(self, num_blocks: int, block_size: int) -> list[torch.Tensor]:
         c, e = self.cfg, self.w.embed
-        return [torch.zeros(2, num_blocks, block_size, c.num_kv_heads, c.head_dim,
-                            dtype=self.dtype, device=e.device) for _ in range(c.num_layers)]
+        shape = (2, num_blocks, block_size, c.num_kv_heads, c.head_dim)
+        if e.device.type == "cpu":  # resident as blocks are written (kv_capacity.lazy_zeros)
+            return [lazy_zeros(shape, self.dtype) for _ in range(c.num_layers)]
+        return [torch.zeros(shape, dtype=self.dtype, device=e.device)
+                for _ in range(c.num_layers)]
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[torch.Tensor], meta: AttentionMetadata,
