@@ -50,7 +50,7 @@ def cgroup_available(files: tuple[tuple[str, str], ...] | None = None) -> int | 
 
 
 def default_cpu_kv_memory() -> int:
-    """min(2 GiB, a quarter of available memory): roomy, yet polite on a shared host.
+    """min(1 GiB, a quarter of available memory): roomy, yet polite on a shared host.
     Available is the lesser of MemAvailable and what the cgroup limit leaves."""
     try:
         with open("/proc/meminfo") as f:
