@@ -3,6 +3,12 @@ pattern (or given pids and their descendants), summed, sampled while a benchmark
 
     python benchmarks/stack_memory.py --match "gapserve "     # once, now
     python benchmarks/stack_memory.py --pid 1234 --watch 30    # peak over 30 s
+    python benchmarks/stack_memory.py --serve --load 16 --out docs/results/stack_memory-DATE.json
+        # starts `gapserve serve` (default model and flags, plus any --serve-arg),
+        # records each service's RSS once ready and again after --load requests
+
+Each process is named by the service it runs (serve, frontend, scheduler, worker-0):
+the report's "services" maps a name to its RSS and "total_rss_bytes" sums them.
 
 Linux only (reads /proc). Three sums, because they answer different questions:
 RSS double-counts pages that processes share (one mmapped checkpoint, the Python
@@ -16,7 +22,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
+import subprocess
+import sys
 import threading
+import urllib.request
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -116,6 +126,29 @@ def find_pids(match: str | None = None, roots: list[int] | None = None) -> list[
     return sorted(chosen - mine)
 
 
+def service_name(cmd: str) -> str:
+    """The gapserve service a command line runs (`gapserve worker --rank 1` is
+    worker-1), or the program's name for anything else."""
+    words = cmd.split()
+    for i, word in enumerate(words[:-1]):
+        if word.endswith("gapserve") and not word.endswith("/gapserve/"):
+            verb = words[i + 1]
+            if verb == "worker":
+                rank = words[words.index("--rank") + 1] if "--rank" in words else "0"
+                return f"worker-{rank}"
+            return verb
+    return Path(words[0]).name if words else "?"
+
+
+def by_service(processes: list[ProcessMemory]) -> dict[str, int]:
+    """RSS by service name; two processes of one name (api-server copies) add up."""
+    out: dict[str, int] = {}
+    for p in processes:
+        name = service_name(p.cmd)
+        out[name] = out.get(name, 0) + p.rss_bytes
+    return out
+
+
 def measure(pids: list[int]) -> StackMemory:
     """One reading; processes that exited meanwhile are left out."""
     stack = StackMemory()
@@ -175,6 +208,8 @@ class MemorySampler:
     def report(self) -> dict:
         return {
             "samples": self.samples,
+            "total_rss_bytes": self.last.rss_bytes,
+            "services": by_service(self.last.processes),
             "peak_sum_rss_bytes": self.peak_rss_bytes,
             "peak_sum_pss_bytes": self.peak_pss_bytes,
             "sum_peak_rss_bytes": self.last.sum_peak_rss_bytes,
@@ -216,6 +251,72 @@ def _mib(n: int) -> str:
     return f"{n / 2**20:.0f} MiB"
 
 
+def machine() -> dict:
+    """What the numbers were measured on: the CPU's model, core count and the vector
+    extensions that pick the C kernels' build (lscpu's flags, filtered)."""
+    model = platform.processor() or "?"
+    flags: list[str] = []
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and model in ("?", "x86_64", ""):
+                model = line.split(":", 1)[1].strip()
+            if line.startswith("flags"):
+                flags = [f for f in line.split(":", 1)[1].split()
+                         if f.startswith(("avx", "amx", "fma", "f16c"))]
+                break
+    except OSError:
+        pass
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return {"cpu": model, "cores": os.cpu_count(), "cpu_flags": flags,
+            "memory_gib": round(mem / 2**30, 1), "python": platform.python_version()}
+
+
+READY_LINE = "Ctrl-C stops all services"  # gapserve serve's last line once all are healthy
+
+
+def _one_request(http: str, i: int, max_tokens: int) -> None:
+    body = json.dumps({"messages": [{"role": "user", "content": f"Tell story number {i}."}],
+                       "max_tokens": max_tokens, "temperature": 0}).encode()
+    req = urllib.request.Request(http + "/v1/chat/completions", body,
+                                 {"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=600) as reply:
+        reply.read()
+
+
+def serve_and_measure(serve_args: list[str], load: int, max_tokens: int) -> dict:
+    """Start `gapserve serve` as a child, read each service's RSS once it is ready,
+    then after `load` concurrent chat requests; stop it. The worker's KV pages become
+    resident as blocks are written, so the two readings differ by what the load used."""
+    cmd = [sys.executable, "-m", "gapserve", "serve", *serve_args]
+    child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        for line in child.stdout:  # blocks until serve prints its ready banner
+            if READY_LINE in line:
+                break
+        else:
+            raise RuntimeError(f"{' '.join(cmd)} exited ({child.wait()}) before it was ready")
+        threading.Thread(target=child.stdout.read, daemon=True).start()  # drain the rest
+        port = serve_args[serve_args.index("--port") + 1] if "--port" in serve_args \
+            else "8000"
+        ready = MemorySampler(roots=[child.pid]).start().stop()
+        out = {"command": "gapserve serve " + " ".join(serve_args), "at_start": ready}
+        if load:
+            sampler = MemorySampler(roots=[child.pid]).start()
+            threads = [threading.Thread(target=_one_request,
+                                        args=(f"http://127.0.0.1:{port}", i, max_tokens))
+                       for i in range(load)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            out["after_load"] = sampler.stop()
+            out["load"] = {"requests": load, "max_tokens": max_tokens}
+        return out
+    finally:
+        child.terminate()
+        child.wait(timeout=60)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--match", help="substring of the command lines to measure")
@@ -227,7 +328,30 @@ def main(argv: list[str] | None = None) -> int:
                         help="a gapserve frontend's gRPC address: also report the KV "
                              "cache's size and its share of the stack's peak RSS")
     parser.add_argument("--json", action="store_true", help="print JSON")
+    parser.add_argument("--serve", action="store_true",
+                        help="start `gapserve serve` itself and measure it at start "
+                             "(and after --load requests)")
+    parser.add_argument("--serve-arg", action="append", default=[],
+                        help="a flag for the started `gapserve serve` (repeatable; "
+                             "e.g. --serve-arg=--port --serve-arg=8080)")
+    parser.add_argument("--load", type=int, default=0,
+                        help="with --serve: this many concurrent chat requests")
+    parser.add_argument("--max-tokens", type=int, default=200)
+    parser.add_argument("--out", help="with --serve: write the record (with the machine) "
+                                      "as JSON here, e.g. docs/results/stack_memory-*.json")
     args = parser.parse_args(argv)
+    if args.serve:
+        record = {"date": time.strftime("%Y-%m-%dT%H:%M+00:00", time.gmtime()),
+                  "machine": machine(),
+                  **serve_and_measure(args.serve_arg, args.load, args.max_tokens)}
+        text = json.dumps(record, indent=2)
+        if args.out:
+            Path(args.out).write_text(text + "\n")
+        for phase in ("at_start", "after_load"):
+            if phase in record:
+                parts = ", ".join(f"{k} {_mib(v)}" for k, v in record[phase]["services"].items())
+                print(f"{phase}: total {_mib(record[phase]['total_rss_bytes'])} ({parts})")
+        return 0
     if not args.match and not args.pid:
         parser.error("give --match or --pid")
     sampler = MemorySampler(args.match, args.pid).start()
@@ -243,6 +367,8 @@ def main(argv: list[str] | None = None) -> int:
     for p in report["processes"]:
         print(f"{p['pid']:>8}  rss {_mib(p['rss_bytes']):>10}  pss {_mib(p['pss_bytes']):>10}"
               f"  peak {_mib(p['peak_rss_bytes']):>10}  {p['cmd']}")
+    print("by service: " + ", ".join(f"{k} {_mib(v)}" for k, v in report["services"].items())
+          + f"; total {_mib(report['total_rss_bytes'])}")
     print(f"stack: peak summed RSS {_mib(report['peak_sum_rss_bytes'])}, "
           f"peak summed PSS {_mib(report['peak_sum_pss_bytes'])}, "
           f"sum of per-process peaks {_mib(report['sum_peak_rss_bytes'])}")

@@ -46,7 +46,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     for name, make in _parsers().items():
         own = make()
-        sub.add_parser(name, parents=[own], add_help=False, description=own.description)
+        sub.add_parser(name, parents=[own], add_help=False, description=own.description,
+                       formatter_class=own.formatter_class)
     sim = sub.add_parser("sim", help="the scheduler simulator (see gapserve sim --help)")
     sim.add_argument("args", nargs=argparse.REMAINDER)
     return parser

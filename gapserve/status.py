@@ -1,6 +1,17 @@
 """`gapserve status`: the live capacity diagnosis of a running stack, read from
 the frontend's GET /v1/status (or straight from the scheduler with --scheduler-address);
-under data parallelism the sums over all replicas, then a line per replica."""
+under data parallelism the sums over all replicas, then a line per replica.
+
+It prints what runs and waits, the KV cache's use, which limit stopped admission,
+and one diagnosis with its lever (scheduler_svc/diagnosis.py):
+  healthy             nothing waits for capacity
+  concurrency-capped  RUNNING is at --max-num-seqs: raise it if KV usage allows
+  memory-capped       no free KV blocks: --kv-cache-memory / --gpu-memory-utilization,
+                      or a shorter --max-model-len
+  budget-capped       prefills take the step's token budget: --max-num-batched-tokens
+  past capacity       requests are preempted: shed load or scale out
+docs/tuning.md says which flag answers which symptom.
+"""
 
 from __future__ import annotations
 
@@ -16,7 +27,9 @@ from shared.arg_types import key_list, port
 
 
 def status_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="gapserve status", description=__doc__.splitlines()[0])
+    # the whole docstring, its table's lines kept (argparse would re-wrap them)
+    p = argparse.ArgumentParser(prog="gapserve status", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--url", default=None,
                    help="the frontend's HTTP address (default: http://127.0.0.1:<--http-port>)")
     # the same variable the frontend reads, so a shell set up for the stack asks it

@@ -21,7 +21,8 @@ reads the environment variable `GAPSERVE_FOO_BAR`: the flag wins over the variab
 the variable over the default. A switch (`--x` / `--no-x`) reads 1/0, true/false,
 yes/no or on/off. `gapserve serve` takes the union of the services' flags, less the
 ports and addresses it sets for each child, and forwards each child its own (secrets
-in the child's environment, not its command line).
+in the child's environment, not its command line). Which flag to reach for when
+something is slow or full: [tuning.md](tuning.md).
 
 A new flag is one field in its group's dataclass in `shared/config.py` (e.g.
 `thread_policy: str = worker("auto", "help", choices=(...))`; `secret=True` for a

@@ -1,13 +1,23 @@
 """How many KV blocks fit: from a byte budget on CPU, from the memory left after a
-profiling forward pass on CUDA; --num-gpu-blocks-override wins over both."""
+profiling forward pass on CUDA; --num-gpu-blocks-override wins over both. On CPU the
+pool is never larger than max_num_seqs sequences of max_model_len can use, and its
+pages become resident only as blocks are written (lazy_zeros). The accounting
+printed at start (KvAccounting) follows vLLM's: weights, KV per token, the pool in
+blocks and tokens, and the concurrency it allows at full length."""
 
 from __future__ import annotations
+
+import math
+import mmap
+from dataclasses import dataclass
 
 import torch
 
 from worker_svc.model.config import ModelConfig
 
-DEFAULT_CPU_KV_BYTES = 2 << 30
+# 1 GiB = 23k tokens of the default model in fp32 (45 KiB a token): 2.8 requests at
+# its full 8192 tokens, hundreds of chat-sized ones; --kv-cache-memory raises it.
+DEFAULT_CPU_KV_BYTES = 1 << 30
 DEFAULT_CPU_KV_SHARE = 0.25  # of the memory available at start-up, for shared machines
 
 
@@ -40,7 +50,7 @@ def cgroup_available(files: tuple[tuple[str, str], ...] | None = None) -> int | 
 
 
 def default_cpu_kv_memory() -> int:
-    """min(2 GiB, a quarter of available memory): roomy, yet polite on a shared host.
+    """min(1 GiB, a quarter of available memory): roomy, yet polite on a shared host.
     Available is the lesser of MemAvailable and what the cgroup limit leaves."""
     try:
         with open("/proc/meminfo") as f:
@@ -59,6 +69,68 @@ def default_cpu_kv_memory() -> int:
 def cpu_num_blocks(kv_cache_memory: int | None, per_block: int) -> int:
     budget = kv_cache_memory if kv_cache_memory is not None else default_cpu_kv_memory()
     return budget // per_block
+
+
+def usable_blocks(max_num_seqs: int, max_model_len: int, block_size: int) -> int:
+    """The most blocks the scheduler can ever hold at once: every sequence at full
+    length, plus block 0 (reserved). A pool beyond this is memory nothing can use."""
+    return max_num_seqs * -(-max_model_len // block_size) + 1
+
+
+def lazy_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """A zeroed CPU tensor in anonymous memory, which the kernel maps page by page on
+    first write: resident memory follows the blocks in use, not the pool reserved.
+    Page-aligned (the C kernels load whole cache lines)."""
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    buffer = mmap.mmap(-1, max(nbytes, 1))  # the tensor keeps the mapping alive
+    return torch.frombuffer(buffer, dtype=dtype, count=math.prod(shape)).view(shape)
+
+
+def kv_cache_tensors(num_layers: int, shape: tuple[int, ...], dtype: torch.dtype,
+                     device: torch.device) -> list[torch.Tensor]:
+    """One [2, blocks, block_size, kv_heads, head_dim] cache per layer: on CPU resident
+    as blocks are written (lazy_zeros), on a GPU allocated whole."""
+    if device.type == "cpu":
+        return [lazy_zeros(shape, dtype) for _ in range(num_layers)]
+    return [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+
+
+@dataclass(slots=True, frozen=True)
+class KvAccounting:
+    """What the worker prints at start, as vLLM does: enough to see why a request
+    waits (the pool) and what a flag would change (KV per token)."""
+    weight_bytes: int
+    kv_bytes_per_token: int
+    num_blocks: int  # block 0 included (reserved, never handed out)
+    block_size: int
+    max_model_len: int
+
+    @property
+    def num_tokens(self) -> int:
+        return (self.num_blocks - 1) * self.block_size
+
+    @property
+    def pool_bytes(self) -> int:
+        return self.num_blocks * self.block_size * self.kv_bytes_per_token
+
+    @property
+    def max_concurrency(self) -> float:
+        """Requests of max_model_len tokens the pool holds at once."""
+        return self.num_tokens / self.max_model_len
+
+    def fields(self) -> dict:
+        return {"weight_mib": round(self.weight_bytes / 2**20, 1),
+                "kv_bytes_per_token": self.kv_bytes_per_token,
+                "kv_pool_blocks": self.num_blocks, "kv_pool_tokens": self.num_tokens,
+                "kv_pool_mib": round(self.pool_bytes / 2**20, 1),
+                "max_concurrency": round(self.max_concurrency, 2)}
+
+    def describe(self) -> str:
+        return (f"model weights {self.weight_bytes / 2**20:.1f} MiB; KV cache "
+                f"{self.kv_bytes_per_token / 1024:.1f} KiB per token; pool {self.num_blocks} "
+                f"blocks x {self.block_size} = {self.num_tokens} tokens "
+                f"({self.pool_bytes / 2**20:.0f} MiB); maximum concurrency for "
+                f"{self.max_model_len} tokens per request: {self.max_concurrency:.2f}x")
 
 
 def cuda_num_blocks(device: torch.device, gpu_memory_utilization: float,

@@ -27,7 +27,8 @@ from worker_svc.compute_plan import build_plan, has_biases
 from worker_svc.config import WorkerConfig
 from worker_svc import fault_injection
 from worker_svc.inputs import prepare_inputs
-from worker_svc.kv_capacity import bytes_per_block, cpu_num_blocks, cuda_num_blocks
+from worker_svc.kv_capacity import (KvAccounting, bytes_per_block, cpu_num_blocks,
+                                    cuda_num_blocks, usable_blocks)
 from worker_svc.model.config import layer_windows, load_model_config
 from worker_svc.model import small_linear
 from worker_svc.model.cpu_dtype import native_bf16, prepare_matmul_weights
@@ -410,9 +411,9 @@ class ModelRunner:
             self._profile_run()
             num_blocks = cuda_num_blocks(self.device, config.gpu_memory_utilization, per_block)
         else:
-            num_blocks = cpu_num_blocks(config.kv_cache_memory, per_block)
-            # more than every sequence at full length is never usable
-            num_blocks = min(num_blocks, config.max_num_seqs * blocks_per_seq + 1)
+            num_blocks = min(cpu_num_blocks(config.kv_cache_memory, per_block),
+                             usable_blocks(config.max_num_seqs, self.max_model_len,
+                                           self.block_size))
         if num_blocks - 1 < blocks_per_seq:
             more = ("--num-gpu-blocks-override" if config.num_gpu_blocks_override is not None
                     else "--gpu-memory-utilization" if self.device.type == "cuda"
@@ -422,6 +423,12 @@ class ModelRunner:
                 f"({num_blocks} blocks of {self.block_size}, block 0 reserved), less than "
                 f"one sequence of --max-model-len {self.max_model_len}: lower "
                 f"--max-model-len or raise {more}")
+        self.kv_accounting = KvAccounting(
+            weight_bytes=self.weight_bytes, kv_bytes_per_token=per_block // self.block_size,
+            num_blocks=num_blocks, block_size=self.block_size,
+            max_model_len=self.max_model_len)
+        log.info(self.kv_accounting.describe(), rank=self.plan.rank,
+                 **self.kv_accounting.fields())
         return num_blocks
 
     def _profile_run(self) -> None:

@@ -49,3 +49,20 @@ def test_the_sums_add_up_each_process_memory(child):
 def test_a_sampler_needs_something_to_measure():
     with pytest.raises(ValueError, match="pattern or pids"):
         memory.MemorySampler()
+
+
+def test_each_process_is_named_by_the_gapserve_service_it_runs():
+    name = memory.service_name
+    assert name("/x/.venv/bin/python -m gapserve serve --port 8080") == "serve"
+    assert name("/x/.venv/bin/python -m gapserve worker --port 50054 --rank 1") == "worker-1"
+    assert name("/x/.venv/bin/python -m gapserve worker --port 50053") == "worker-0"
+    assert name("/usr/local/bin/gapserve frontend --scheduler-address a:1") == "frontend"
+    assert name("/opt/llama/bin/llama-server -m x.gguf") == "llama-server"
+
+
+def test_the_report_gives_rss_by_service_and_their_total():
+    procs = [memory.ProcessMemory(1, "python -m gapserve frontend", 100, 90, 120),
+             memory.ProcessMemory(2, "python -m gapserve frontend", 50, 40, 60),
+             memory.ProcessMemory(3, "python -m gapserve worker --rank 0", 1000, 990, 1100)]
+    assert memory.by_service(procs) == {"frontend": 150, "worker-0": 1000}
+    assert memory.StackMemory(procs).rss_bytes == 1150

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from worker_svc.attention.metadata import AttentionMetadata
+from worker_svc.kv_capacity import kv_cache_tensors
 from worker_svc.model import decode_layers, fused_ops, layers, small_linear
 from worker_svc.model.config import ModelConfig, layer_windows, require_silu
 from worker_svc.model.weights import ModelWeights, load_weights as _load_weights
@@ -92,9 +93,9 @@ class DecoderModel:
         self.screen_rows = {"screened": 0, "full": 0}  # the worker's metrics read these
 
     def allocate_kv_caches(self, num_blocks: int, block_size: int) -> list[torch.Tensor]:
-        c, e = self.cfg, self.w.embed
-        return [torch.zeros(2, num_blocks, block_size, c.num_kv_heads, c.head_dim,
-                            dtype=self.dtype, device=e.device) for _ in range(c.num_layers)]
+        c = self.cfg
+        return kv_cache_tensors(c.num_layers, (2, num_blocks, block_size, c.num_kv_heads,
+                                               c.head_dim), self.dtype, self.w.embed.device)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[torch.Tensor], meta: AttentionMetadata,

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+from worker_svc.kv_capacity import kv_cache_tensors
 from worker_svc.model import layers
 from worker_svc.model.config import ModelConfig, layer_windows
 from worker_svc.model.layers import MoeWeights
@@ -154,9 +155,8 @@ class TorchDecoder:
 
     def allocate_kv_caches(self, num_blocks: int, block_size: int) -> list[torch.Tensor]:
         c = self.cfg
-        return [torch.zeros(2, num_blocks, block_size, c.num_kv_heads, c.head_dim,
-                            dtype=self.dtype, device=self.w.embed.device)
-                for _ in range(c.num_layers)]
+        return kv_cache_tensors(c.num_layers, (2, num_blocks, block_size, c.num_kv_heads,
+                                               c.head_dim), self.dtype, self.w.embed.device)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[torch.Tensor], meta, logits_indices: torch.Tensor,
