@@ -22,7 +22,7 @@ from shared.types import ModelInfo, SamplingParams
 
 from frontend_svc.engine.engine_client import EngineClient
 from frontend_svc.request import generation
-from frontend_svc.request.generation import Choice
+from frontend_svc.request.choice import Choice
 from frontend_svc.request.tokenizer import TextTokenizer
 from frontend_svc.request.translate import GenerationInput
 from frontend_svc.telemetry.observe import Observer
