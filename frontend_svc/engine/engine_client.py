@@ -166,7 +166,6 @@ class EngineClient:
         self._queues[req_id] = choice.queue = queue
         # salted with the caller's key (auth.py) here, so every path that adds is scoped
         choice.cache_salt = scoped_cache_salt(choice.inp.cache_salt)
-        choice.wire_id = req_id
         self._open[req_id] = choice
         if self._outbox is None:  # held for the next session
             self._arm_resume_deadline()

@@ -51,6 +51,9 @@ class Choice:
     last_token_s: float | None = None
     previous_token_s: float | None = None  # the delivery before the last (the ITL's start)
 
+    def __post_init__(self) -> None:
+        self.wire_id = self.wire_id or self.req_id
+
     @classmethod
     def for_prompt(cls, req_id: str, prompt_token_ids: list[int], params: SamplingParams,
                    priority: int = 0, cache_salt: str | None = None) -> Choice:
