@@ -45,6 +45,7 @@ class Choice:
     num_output_tokens: int = 0
     finish_reason: FinishReason | None = None
     stop_reason: str | int | None = None  # the matched stop string or stop token id
+    # when it was sent (start()): after tokenizing and admission, as the client's TTFT
     arrival_unix_s: float = field(default_factory=time.time)  # for the wire
     arrival_s: float = field(default_factory=time.monotonic)  # latencies: monotonic
     first_token_s: float | None = None
@@ -60,6 +61,10 @@ class Choice:
         """A choice of a bare token prompt (no stops or constraint)."""
         return cls(req_id, GenerationInput(list(prompt_token_ids), params, priority=priority,
                                            cache_salt=cache_salt), params)
+
+    def start(self) -> None:
+        """It is being sent now: its latencies count from here."""
+        self.arrival_unix_s, self.arrival_s = time.time(), time.monotonic()
 
     @property
     def prompt_token_ids(self) -> list[int]:

@@ -34,6 +34,7 @@ def new_state(tokenizer: TextTokenizer, choice: Choice) -> OutputStream:
 async def stream(engine: EngineClient, tokenizer: TextTokenizer, choice: Choice,
                  observer: Observer) -> AsyncIterator[tuple[OutputStream, Delta]]:
     """Deltas of one choice until it finishes; raises EngineError on a scheduler error."""
+    choice.start()
     state = new_state(tokenizer, choice)
     tracker = observer.start(choice, engine)
     gone_at_scheduler = False
