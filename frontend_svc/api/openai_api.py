@@ -265,7 +265,8 @@ def generation_router(fe: Frontend) -> APIRouter:
                 "model": fe.served_model_name,
                 "choices": [fmt.chat_choice(
                     i, states[k], inp.prompt_text,
-                    fmt.chat_logprobs(fe.tokenizer, states[k].choice.output_logprobs) if req.logprobs
+                    fmt.chat_logprobs(fe.tokenizer, states[k].choice.output_logprobs)
+                    if req.logprobs
                     else None, inp.tool_plan)
                     for i, k in enumerate(keep)],
                 "usage": fmt.usage_of([len(inp.prompt_token_ids)], [states[k] for k in keep])}
@@ -277,7 +278,8 @@ def _completion_logprobs(fe: Frontend, req: CompletionRequest, state: OutputStre
                          echo_text: str | None) -> dict | None:
     if req.logprobs is None:
         return None
-    return fmt.CompletionLogprobs(fe.tokenizer, len(echo_text or "")).format(state.choice.output_logprobs)
+    return fmt.CompletionLogprobs(fe.tokenizer, len(echo_text or "")).format(
+        state.choice.output_logprobs)
 
 
 async def _primed(request: Request, stream: AsyncIterator):

@@ -82,7 +82,8 @@ def chat_logprobs(tokenizer: TextTokenizer, lps: list[TokenLogprobs]) -> dict:
 def completion_choice(index: int, state: OutputStream, echo_text: str | None,
                       logprobs: dict | None) -> dict:
     return {"index": index, "text": (echo_text or "") + state.text, "logprobs": logprobs,
-            "finish_reason": _finish(state.choice.finish_reason), "stop_reason": state.choice.stop_reason}
+            "finish_reason": _finish(state.choice.finish_reason),
+            "stop_reason": state.choice.stop_reason}
 
 
 def best_of(states: list[OutputStream], width: int, n: int) -> list[int]:
@@ -93,7 +94,8 @@ def best_of(states: list[OutputStream], width: int, n: int) -> list[int]:
     keep: list[int] = []
     for start in range(0, len(states), width):
         group = range(start, start + width)
-        keep += sorted(group, key=lambda i: -sum(lp.logprob for lp in states[i].choice.output_logprobs))[:n]
+        keep += sorted(group, key=lambda i: -sum(
+            lp.logprob for lp in states[i].choice.output_logprobs))[:n]
     return keep
 
 

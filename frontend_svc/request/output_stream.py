@@ -10,7 +10,7 @@ client was given, so a stop string ends the count at the token that completed it
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from shared.types import FinishReason, RequestOutput, TokenLogprobs
 
