@@ -243,7 +243,10 @@ class Engine:
                 self._post(("abort", ids))  # the loop sends each its ABORT output
 
     def check(self, request: Request) -> None:
-        """The door: everything that can be known about a request before queueing."""
+        """The engine's door, the one validation behind the frontend's: everything that
+        can be known about a request before queueing, with the sentence a gRPC client
+        sees (INVALID_ARGUMENT). Every protocol's servicer reaches it through add();
+        the core behind it only asserts."""
         info = self.model_info
         prompt = request.prompt_token_ids
         if not request.req_id:

@@ -1,10 +1,12 @@
 """The limits a request's token ids must keep, stated once (docs/scheduling.md, "Limits
 of one step").
 
-The frontend validates what a client sends, with OpenAI-style errors
-(frontend_svc/request/translate.py). Behind it, the scheduler's door (engine.py), its core
-(core/scheduler.py) and the worker (step_check.py) assert the same invariants with
-this one function, so the services cannot drift apart on what a valid request is.
+Validation runs at two doors: the frontend's, with OpenAI-style errors
+(frontend_svc/request/translate.py), and the scheduler's for any gRPC client
+(Engine.check in scheduler_svc/engine.py). Behind them the scheduler's core
+(core/scheduler.py) asserts the O(1) part, and the worker (step_check.py) refuses a
+step that breaks them before any compute, with this one function, so the services
+cannot drift apart on what a valid request is.
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ from frontend_svc.api.auth import Forbidden, Unauthenticated, bearer
 from frontend_svc.request.caps import REJECTED
 from frontend_svc.request.context import Frontend
 from frontend_svc.errors import EngineError
-from frontend_svc.request.generation import Choice
+from frontend_svc.request.choice import Choice
 from frontend_svc.request.output_stream import OutputStream
 from frontend_svc.request.translate import (
     GenerationInput, ModelLimits, check_prompt, encode, stop_strings)
@@ -91,20 +91,21 @@ def tokenize_reply(req: generate_pb2.TokenizeRequest, fe: Frontend
 
 
 def final_message(state: OutputStream) -> generate_pb2.GenerateFinal:
-    timings = state.timings_ms()
+    c = state.choice
+    timings = c.timings_ms()
     final = generate_pb2.GenerateFinal(
-        finish_reason=int(state.finish_reason or FinishReason.ABORT),
+        finish_reason=int(c.finish_reason or FinishReason.ABORT),
         usage=generate_pb2.Usage(
-            prompt_tokens=state.num_prompt_tokens,
-            completion_tokens=state.num_completion_tokens,
-            total_tokens=state.num_prompt_tokens + state.num_completion_tokens,
-            cached_tokens=state.num_cached_tokens),
-        timings=generate_pb2.RequestTimings(arrival_unix_s=state.arrival_s,
-                                            num_preemptions=state.num_preemptions, **timings))
-    if isinstance(state.stop_reason, str):
-        final.stop_str = state.stop_reason
-    elif state.stop_reason is not None:
-        final.stop_token_id = state.stop_reason
+            prompt_tokens=c.num_prompt_tokens,
+            completion_tokens=c.num_completion_tokens,
+            total_tokens=c.num_prompt_tokens + c.num_completion_tokens,
+            cached_tokens=c.num_cached_tokens),
+        timings=generate_pb2.RequestTimings(arrival_unix_s=c.arrival_unix_s,
+                                            num_preemptions=c.num_preemptions, **timings))
+    if isinstance(c.stop_reason, str):
+        final.stop_str = c.stop_reason
+    elif c.stop_reason is not None:
+        final.stop_token_id = c.stop_reason
     return final
 
 

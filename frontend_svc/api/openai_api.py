@@ -21,7 +21,7 @@ from frontend_svc.api import openai_format as fmt
 from frontend_svc.api.auth import ANONYMOUS
 from frontend_svc.request.context import Frontend
 from frontend_svc.errors import EngineError, FieldError, error_body
-from frontend_svc.request.generation import Choice
+from frontend_svc.request.choice import Choice
 from frontend_svc.api.http_guard import HttpGuard
 from frontend_svc.api.http_util import (
     HttpError, SSEResponse, install_error_handlers, parse_body, unless_disconnected)
@@ -265,7 +265,8 @@ def generation_router(fe: Frontend) -> APIRouter:
                 "model": fe.served_model_name,
                 "choices": [fmt.chat_choice(
                     i, states[k], inp.prompt_text,
-                    fmt.chat_logprobs(fe.tokenizer, states[k].logprobs) if req.logprobs
+                    fmt.chat_logprobs(fe.tokenizer, states[k].choice.output_logprobs)
+                    if req.logprobs
                     else None, inp.tool_plan)
                     for i, k in enumerate(keep)],
                 "usage": fmt.usage_of([len(inp.prompt_token_ids)], [states[k] for k in keep])}
@@ -277,7 +278,8 @@ def _completion_logprobs(fe: Frontend, req: CompletionRequest, state: OutputStre
                          echo_text: str | None) -> dict | None:
     if req.logprobs is None:
         return None
-    return fmt.CompletionLogprobs(fe.tokenizer, len(echo_text or "")).format(state.logprobs)
+    return fmt.CompletionLogprobs(fe.tokenizer, len(echo_text or "")).format(
+        state.choice.output_logprobs)
 
 
 async def _primed(request: Request, stream: AsyncIterator):

@@ -31,14 +31,16 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
 def usage_of(prompt_lens: list[int], states: list[OutputStream]) -> dict:
     """Prompt tokens count once per prompt (its n choices share it), like the
     reference; completion tokens sum over all choices."""
-    out = usage(sum(prompt_lens), sum(s.num_completion_tokens for s in states))
+    out = usage(sum(prompt_lens), sum(s.choice.num_completion_tokens for s in states))
     # OpenAI's prompt_tokens_details.cached_tokens: per prompt, the fewest any of its
     # choices found cached (choice k of a response is `<id>-k`, of prompt k // n)
     n = max(1, len(states) // max(1, len(prompt_lens)))
     per_prompt: dict[int, int] = {}
     for s in states:
-        k = int(s.req_id.rsplit("-", 1)[-1]) if s.req_id.rsplit("-", 1)[-1].isdigit() else 0
-        per_prompt[k // n] = min(per_prompt.get(k // n, s.num_cached_tokens), s.num_cached_tokens)
+        tail = s.choice.req_id.rsplit("-", 1)[-1]
+        k = int(tail) if tail.isdigit() else 0
+        cached = s.choice.num_cached_tokens
+        per_prompt[k // n] = min(per_prompt.get(k // n, cached), cached)
     out["prompt_tokens_details"] = {"cached_tokens": sum(per_prompt.values())}
     return out
 
@@ -80,7 +82,8 @@ def chat_logprobs(tokenizer: TextTokenizer, lps: list[TokenLogprobs]) -> dict:
 def completion_choice(index: int, state: OutputStream, echo_text: str | None,
                       logprobs: dict | None) -> dict:
     return {"index": index, "text": (echo_text or "") + state.text, "logprobs": logprobs,
-            "finish_reason": _finish(state.finish_reason), "stop_reason": state.stop_reason}
+            "finish_reason": _finish(state.choice.finish_reason),
+            "stop_reason": state.choice.stop_reason}
 
 
 def best_of(states: list[OutputStream], width: int, n: int) -> list[int]:
@@ -91,7 +94,8 @@ def best_of(states: list[OutputStream], width: int, n: int) -> list[int]:
     keep: list[int] = []
     for start in range(0, len(states), width):
         group = range(start, start + width)
-        keep += sorted(group, key=lambda i: -sum(lp.logprob for lp in states[i].logprobs))[:n]
+        keep += sorted(group, key=lambda i: -sum(
+            lp.logprob for lp in states[i].choice.output_logprobs))[:n]
     return keep
 
 
@@ -100,7 +104,7 @@ def chat_choice(index: int, state: OutputStream, echo_text: str | None,
     """One chat choice; with a tool plan that parses (auto, required, named), the
     reply is split into content (None if empty) and tool_calls by its parser."""
     message = {"role": "assistant", "content": (echo_text or "") + state.text}
-    finish = _finish(state.finish_reason)
+    finish = _finish(state.choice.finish_reason)
     if plan is not None and plan.parses:
         content, calls = parse_all(plan.new_parser(), state.text)
         message = {"role": "assistant", "content": content}
@@ -108,7 +112,7 @@ def chat_choice(index: int, state: OutputStream, echo_text: str | None,
             message["tool_calls"] = calls
         finish = plan.finish_reason(finish, len(calls))
     return {"index": index, "message": message, "logprobs": logprobs,
-            "finish_reason": finish, "stop_reason": state.stop_reason}
+            "finish_reason": finish, "stop_reason": state.choice.stop_reason}
 
 
 def completion_chunk(resp_id: str, created: int, model: str, index: int, text: str,

@@ -1,5 +1,5 @@
-"""What the frontend keeps of each open request so it survives the loss of the
-scheduler (docs/resilience.md): the prompt, the parameters and every token
+"""How an open request survives the loss of the scheduler (docs/resilience.md):
+its owner (request/choice.py) keeps the prompt, the parameters and every token
 streamed so far. When a session to a (restarted) scheduler opens, or under data
 parallelism when another replica takes over a lost one's requests
 (replicas.py), each open request is re-submitted as a continuation: prompt +
@@ -11,62 +11,37 @@ usage never see the seam."""
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import time
-from dataclasses import dataclass, field
 
 from shared.wire.common import sampling_to_proto
 from shared.proto import engine_pb2
-from shared.types import RequestOutput, SamplingParams
+
+from frontend_svc.request.choice import Choice
 
 
-@dataclass(slots=True)
-class OpenRequest:
-    req_id: str
-    prompt_token_ids: list[int]
-    params: SamplingParams
-    queue: asyncio.Queue
-    priority: int = 0
-    trace_context: dict[str, str] = field(default_factory=dict)
-    cache_salt: str | None = None
-    generated: list[int] = field(default_factory=list)
-    num_cached_tokens: int | None = None  # as the first scheduler reported it
-    wire_id: str = ""  # the id the current scheduler knows it by
-    num_resumes: int = 0
+def add_message(choice: Choice) -> engine_pb2.AddRequest:
+    """The AddRequest for the current scheduler: the original request, or after a
+    scheduler loss its continuation."""
+    params, prompt = choice.params, choice.prompt_token_ids
+    if choice.generated:
+        done = len(choice.generated)
+        prompt = prompt + choice.generated
+        params = dataclasses.replace(
+            params, max_tokens=params.max_tokens - done,
+            min_tokens=max(0, params.min_tokens - done),
+            num_output_prefix_tokens=params.num_output_prefix_tokens + done)
+    add = engine_pb2.AddRequest(
+        request_id=choice.wire_id, prompt_token_ids=prompt,
+        sampling_params=sampling_to_proto(params), priority=choice.inp.priority,
+        arrival_unix_s=time.time(), trace_context=choice.trace_context)
+    if choice.cache_salt is not None:
+        add.cache_salt = choice.cache_salt
+    return add
 
-    def __post_init__(self) -> None:
-        self.wire_id = self.wire_id or self.req_id
 
-    def seen(self, out: RequestOutput) -> RequestOutput:
-        """Record an output's tokens; report it under the client's id and counts."""
-        self.generated.extend(out.new_token_ids)
-        if self.num_cached_tokens is None:
-            self.num_cached_tokens = out.num_cached_tokens
-        out.req_id = self.req_id
-        out.num_cached_tokens = self.num_cached_tokens  # of the client's own prompt
-        return out
-
-    def add_message(self) -> engine_pb2.AddRequest:
-        """The AddRequest for the current scheduler: the original request, or after a
-        scheduler loss its continuation."""
-        params, prompt = self.params, self.prompt_token_ids
-        if self.generated:
-            done = len(self.generated)
-            prompt = prompt + self.generated
-            params = dataclasses.replace(
-                params, max_tokens=params.max_tokens - done,
-                min_tokens=max(0, params.min_tokens - done),
-                num_output_prefix_tokens=params.num_output_prefix_tokens + done)
-        add = engine_pb2.AddRequest(
-            request_id=self.wire_id, prompt_token_ids=prompt,
-            sampling_params=sampling_to_proto(params), priority=self.priority,
-            arrival_unix_s=time.time(), trace_context=self.trace_context)
-        if self.cache_salt is not None:
-            add.cache_salt = self.cache_salt
-        return add
-
-    def next_wire_id(self) -> str:
-        self.num_resumes += 1
-        self.wire_id = f"{self.req_id}@resume{self.num_resumes}"
-        return self.wire_id
+def next_wire_id(choice: Choice) -> str:
+    """A fresh id for a continuation: the old scheduler may still hold the old one."""
+    choice.num_resumes += 1
+    choice.wire_id = f"{choice.req_id}@resume{choice.num_resumes}"
+    return choice.wire_id

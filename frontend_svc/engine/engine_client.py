@@ -3,7 +3,8 @@ stream that carries every request of this frontend (adds and aborts out, per-ste
 outputs back), routed to one asyncio queue per request.
 
 Losing the session (the scheduler died or restarted) loses nothing here: each open
-request keeps its prompt and the tokens streamed so far (frontend_svc/engine/continuation.py)
+request keeps its prompt and the tokens streamed so far (its Choice; the
+continuation rule is frontend_svc/engine/continuation.py)
 and is re-submitted as a continuation once a new session opens, so the client's
 stream just pauses. Under data parallelism (frontend_svc/engine/replicas.py) the
 `on_lost` hook hands them to another replica instead (`take_open`, `adopt`).
@@ -24,11 +25,12 @@ from shared.grpc_server import CHANNEL_OPTIONS, COALESCE_BYTES
 from shared.link_security import LinkSecurity
 from shared.proto import common_pb2, engine_pb2, engine_pb2_grpc
 from shared.telemetry import get_logger
-from shared.types import FinishReason, ModelInfo, RequestOutput, SamplingParams
+from shared.types import FinishReason, ModelInfo, RequestOutput
 
 from frontend_svc.telemetry import metrics
 from frontend_svc.api.auth import scoped_cache_salt
-from frontend_svc.engine.continuation import OpenRequest
+from frontend_svc.engine import continuation
+from frontend_svc.request.choice import Choice
 from frontend_svc.errors import EngineError
 from frontend_svc.engine.readiness import SchedulerHealth
 
@@ -54,8 +56,8 @@ class EngineClient:
         self._channel = security.channel(address, CHANNEL_OPTIONS, aio=True)
         self._stub = engine_pb2_grpc.EngineStub(self._channel)
         self._queues: dict[str, asyncio.Queue[Item]] = {}
-        self._open: dict[str, OpenRequest] = {}  # by the client's id, in arrival order
-        self._wire: dict[str, OpenRequest] = {}  # by the id the current scheduler knows
+        self._open: dict[str, Choice] = {}  # by the client's id, in arrival order
+        self._wire: dict[str, Choice] = {}  # by the id the current scheduler knows
         self._resume_deadline: asyncio.TimerHandle | None = None
         self.num_resumed = 0  # requests re-submitted to a new scheduler session
         self._lost = metrics.SCHEDULER_SESSIONS_LOST.labels(model_name)
@@ -149,12 +151,12 @@ class EngineClient:
 
     # ---- requests
 
-    def add(self, req_id: str, prompt_token_ids: list[int], params: SamplingParams,
-            priority: int = 0, trace_context: dict[str, str] | None = None,
-            cache_salt: str | None = None) -> asyncio.Queue[Item]:
-        """Send a request; its outputs (or an EngineError) arrive on the queue. While a
+    def add(self, choice: Choice) -> asyncio.Queue[Item]:
+        """Send a choice; its outputs (or an EngineError) arrive on the queue, and
+        what the scheduler produced is recorded on the choice (Choice.seen). While a
         scheduler that was connected is away, the request is held and sent when a new
         session opens (a pause, not an error)."""
+        req_id = choice.req_id
         if self._refusing is not None:  # shutting down: nothing new starts
             raise EngineError(self._refusing.code, self._refusing.message)
         if self._outbox is None and self.model_info is None:
@@ -162,16 +164,15 @@ class EngineClient:
         if req_id in self._queues:
             raise EngineError(grpc.StatusCode.ALREADY_EXISTS, f"request {req_id!r} is running")
         queue: asyncio.Queue[Item] = asyncio.Queue()
-        self._queues[req_id] = queue
+        self._queues[req_id] = choice.queue = queue
         # salted with the caller's key (auth.py) here, so every path that adds is scoped
-        open_ = OpenRequest(req_id, list(prompt_token_ids), params, queue, priority,
-                            dict(trace_context or {}), scoped_cache_salt(cache_salt))
-        self._open[req_id] = open_
+        choice.cache_salt = scoped_cache_salt(choice.inp.cache_salt)
+        self._open[req_id] = choice
         if self._outbox is None:  # held for the next session
             self._arm_resume_deadline()
             return queue
-        self._wire[req_id] = open_
-        self._outbox.put_nowait(engine_pb2.EngineRequest(add=open_.add_message()))
+        self._wire[req_id] = choice
+        self._outbox.put_nowait(engine_pb2.EngineRequest(add=continuation.add_message(choice)))
         return queue
 
     def abort(self, req_ids: list[str]) -> int:
@@ -196,7 +197,7 @@ class EngineClient:
         self._queues.pop(req_id, None)
         self._forget(req_id)
 
-    def _forget(self, req_id: str) -> OpenRequest | None:
+    def _forget(self, req_id: str) -> Choice | None:
         open_ = self._open.pop(req_id, None)
         if open_ is not None and self._wire.get(open_.wire_id) is open_:
             del self._wire[open_.wire_id]
@@ -276,7 +277,7 @@ class EngineClient:
                     f"the scheduler was lost and did not come back within "
                     f"{RESUME_TIMEOUT_S:g} s"))
 
-    def take_open(self) -> list[OpenRequest]:
+    def take_open(self) -> list[Choice]:
         """Hand every open request over (data-parallel failover): this client forgets
         them. With the session still open (its scheduler lost its workers) they are
         aborted there first; what it still sends for them is dropped unrouted."""
@@ -292,7 +293,7 @@ class EngineClient:
             self._resume_deadline = None
         return taken
 
-    def adopt(self, open_: OpenRequest) -> None:
+    def adopt(self, open_: Choice) -> None:
         """Take over an open request of another replica: its continuation goes out on
         this session now (or with the next one), its queue stays the client's."""
         self._queues[open_.req_id] = open_.queue
@@ -300,8 +301,8 @@ class EngineClient:
         if self._outbox is None:
             self._arm_resume_deadline()
             return
-        self._wire[open_.next_wire_id()] = open_
-        self._outbox.put_nowait(engine_pb2.EngineRequest(add=open_.add_message()))
+        self._wire[continuation.next_wire_id(open_)] = open_
+        self._outbox.put_nowait(engine_pb2.EngineRequest(add=continuation.add_message(open_)))
 
     def _resume_all(self, outbox: asyncio.Queue) -> None:
         """A new session: re-submit every open request as a continuation, in order."""
@@ -309,8 +310,8 @@ class EngineClient:
             self._resume_deadline.cancel()
             self._resume_deadline = None
         for open_ in self._open.values():
-            self._wire[open_.next_wire_id()] = open_
-            outbox.put_nowait(engine_pb2.EngineRequest(add=open_.add_message()))
+            self._wire[continuation.next_wire_id(open_)] = open_
+            outbox.put_nowait(engine_pb2.EngineRequest(add=continuation.add_message(open_)))
         if self._open:
             self.num_resumed += len(self._open)
             self._resumed.inc(len(self._open))

@@ -35,10 +35,10 @@ from prometheus_client import Counter, Gauge, Histogram
 from shared.link_security import LinkSecurity
 from shared.proto import engine_pb2
 from shared.telemetry import extract_context, get_logger, get_tracer
-from shared.types import ModelInfo, SamplingParams
+from shared.types import ModelInfo
 
 from frontend_svc.telemetry import vllm_metrics
-from frontend_svc.engine.continuation import OpenRequest
+from frontend_svc.request.choice import Choice
 from frontend_svc.engine.engine_client import EngineClient, Item
 from frontend_svc.errors import EngineError
 from frontend_svc.engine.kv_index import KvIndex, block_keys
@@ -208,17 +208,15 @@ class ReplicaSet:
                 r.kv_task.cancel()
         await asyncio.gather(*(r.client.close() for r in self.replicas))
 
-    def add(self, req_id: str, prompt_token_ids: list[int], params: SamplingParams,
-            priority: int = 0, trace_context: dict[str, str] | None = None,
-            cache_salt: str | None = None) -> asyncio.Queue[Item]:
+    def add(self, choice: Choice) -> asyncio.Queue[Item]:
+        req_id, prompt_token_ids = choice.req_id, choice.prompt_token_ids
         if any(r.client.holds(req_id) for r in self.replicas):
             raise EngineError(grpc.StatusCode.ALREADY_EXISTS, f"request {req_id!r} is running")
         replica, decision, candidates = self._route(prompt_token_ids)
-        queue = replica.client.add(req_id, prompt_token_ids, params, priority,
-                                   trace_context, cache_salt)
+        queue = replica.client.add(choice)
         self._hold(req_id, replica, prompt_token_ids)
         vllm_metrics.routed(req_id, replica.index)  # its vllm:* series: that engine's
-        self._record(replica, decision, req_id, trace_context, candidates)
+        self._record(replica, decision, req_id, choice.trace_context, candidates)
         return queue
 
     def abort(self, req_ids: list[str]) -> int:

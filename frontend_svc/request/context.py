@@ -23,7 +23,7 @@ from frontend_svc.request.caps import RequestCaps
 from frontend_svc.engine.engine_client import EngineClient
 from frontend_svc.errors import EngineError
 from frontend_svc.request import generation
-from frontend_svc.request.generation import Choice
+from frontend_svc.request.choice import Choice
 from frontend_svc.telemetry.observe import Observer, log
 from frontend_svc.request.output_stream import Delta, OutputStream
 from frontend_svc.request.tokenizer import TextTokenizer

@@ -11,12 +11,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
-from typing import Any
 
 import grpc
-
-from shared.types import SamplingParams
 
 from frontend_svc.request.detokenizer import IncrementalDetokenizer
 from frontend_svc.engine.engine_client import EngineClient
@@ -25,37 +21,26 @@ from frontend_svc.telemetry.observe import Observer
 from frontend_svc.request.output_stream import Delta, OutputStream
 from frontend_svc.request.stops import StopStrings
 from frontend_svc.request.tokenizer import TextTokenizer
-from frontend_svc.request.translate import GenerationInput
-
-
-@dataclass(slots=True)
-class Choice:
-    """What one stream needs: its scheduler id, its input, its sampling params."""
-
-    req_id: str
-    inp: GenerationInput
-    params: SamplingParams  # one per choice: seeds differ under fan-out
-    incoming: Any = None  # HTTP headers or gRPC metadata: may carry a traceparent
-    operation: str = "text_completion"
+from frontend_svc.request.choice import Choice
 
 
 def new_state(tokenizer: TextTokenizer, choice: Choice) -> OutputStream:
     inp = choice.inp
     detok = IncrementalDetokenizer.for_prompt(tokenizer.fast, inp.prompt_token_ids,
                                               inp.skip_special_tokens)
-    return OutputStream(choice.req_id, inp.prompt_token_ids, choice.params, detok,
-                        StopStrings(inp.stops), inp.include_stop_str_in_output)
+    return OutputStream(choice, detok, StopStrings(inp.stops), inp.include_stop_str_in_output)
 
 
 async def stream(engine: EngineClient, tokenizer: TextTokenizer, choice: Choice,
                  observer: Observer) -> AsyncIterator[tuple[OutputStream, Delta]]:
     """Deltas of one choice until it finishes; raises EngineError on a scheduler error."""
+    choice.start()
     state = new_state(tokenizer, choice)
     tracker = observer.start(choice, engine)
     gone_at_scheduler = False
     try:
-        queue = engine.add(choice.req_id, choice.inp.prompt_token_ids, choice.params,
-                           choice.inp.priority, tracker.carrier(), choice.inp.cache_salt)
+        choice.trace_context = tracker.carrier()
+        queue = engine.add(choice)
         while not state.finished:
             delta = _merge(state, _take_all(await queue.get(), queue), tracker)
             if state.needs_abort:  # a stop string ended it here first
@@ -63,7 +48,7 @@ async def stream(engine: EngineClient, tokenizer: TextTokenizer, choice: Choice,
                 state.needs_abort = False
             yield state, delta
         engine.release(choice.req_id)
-        observer.finish(tracker, state)
+        observer.finish(tracker)
     except EngineError as exc:
         gone_at_scheduler = True
         observer.fail(tracker, exc.code.name, exc.message)

@@ -4,14 +4,16 @@ Prometheus metrics, served on the frontend's own HTTP port at /metrics.
 
 A handler makes these calls:
 
-    t = RequestTracker.start(req_id, model_name, params, num_prompt_tokens,
-                             headers_or_grpc_metadata, operation="chat")
+    t = RequestTracker.start(choice, model_name, operation="chat")
     with t.activate():                       # logs inside carry the trace id
         carrier = t.carrier()                # send with the request to the scheduler
-        ... for each output from the scheduler: t.on_output(out)   # its queue/prefill times
-                                                 t.on_tokens(len(out.new_token_ids))
-        t.finish(out.finish_reason, num_preemptions=..., num_cached_tokens=...)
+        ... for each output from the scheduler: t.on_output(out)
+                                                 t.on_tokens(num_given_to_the_client)
+        t.finish(choice.finish_reason)
     # or, on an error: t.fail("UNAVAILABLE", "scheduler unreachable")
+
+The tracker keeps no copy of the choice's state: counts and timings are read from
+its owner (frontend_svc/request/choice.py) as they change.
 
 /metrics body and content type: frontend_svc.telemetry.vllm_metrics.scrape().
 Metric names mirror vLLM's `vllm:*` ones (docs/observability.md has the table), and
@@ -23,16 +25,19 @@ from __future__ import annotations
 import functools
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from prometheus_client import Counter, Histogram
 
 from shared.telemetry import context_carrier, extract_context, finish_reason_name, get_tracer
-from shared.types import FinishReason, SamplingParams
+from shared.types import FinishReason
 
 from frontend_svc.telemetry import vllm_metrics
+
+if TYPE_CHECKING:  # the owner of a choice's state; typing only (it imports the request path)
+    from frontend_svc.request.choice import Choice
 
 _M = ["model_name"]
 # the latency histograms keep vLLM's buckets, stated once in vllm_metrics
@@ -109,32 +114,25 @@ def _series(m: str) -> _Series:
 
 @dataclass(slots=True)
 class RequestTracker:
-    req_id: str
+    choice: Choice
     model_name: str
-    num_prompt_tokens: int
     span: trace.Span
-    arrival_s: float
     vllm: vllm_metrics.VllmSeries
-    first_token_s: float | None = None
-    last_token_s: float | None = None
-    num_output_tokens: int = 0
     done: bool = False
-    queue_time_s: float | None = None  # the scheduler's, from the first-token output
-    prefill_time_s: float | None = None
 
     @classmethod
-    def start(cls, req_id: str, model_name: str, params: SamplingParams,
-              num_prompt_tokens: int, incoming: Any = None,
+    def start(cls, choice: Choice, model_name: str, incoming: Any = None,
               operation: str = "text_completion", max_model_len: int = 0) -> RequestTracker:
         """Open the request's root span (server kind), continuing the caller's
         trace when `incoming` headers or gRPC metadata carry a traceparent;
         max_model_len sizes the vLLM token buckets (vllm_metrics.series)."""
+        params = choice.params
         span = _tracer.start_span(
             f"{operation} {model_name}", context=extract_context(incoming), kind=SpanKind.SERVER,
             attributes={
                 "gen_ai.operation.name": operation,
                 "gen_ai.provider.name": "gapserve",
-                "gen_ai.request.id": req_id,
+                "gen_ai.request.id": choice.req_id,
                 "gen_ai.request.model": model_name,
                 "gen_ai.request.max_tokens": params.max_tokens,
                 "gen_ai.request.temperature": params.temperature,
@@ -142,14 +140,18 @@ class RequestTracker:
                 "gen_ai.request.top_k": params.top_k,
                 "gen_ai.request.presence_penalty": params.presence_penalty,
                 "gen_ai.request.frequency_penalty": params.frequency_penalty,
-                "gen_ai.usage.input_tokens": num_prompt_tokens,
+                "gen_ai.usage.input_tokens": choice.num_prompt_tokens,
             })
         if params.seed is not None:
             span.set_attribute("gen_ai.request.seed", params.seed)
         _series(model_name).max_tokens.observe(params.max_tokens)
         vllm = vllm_metrics.series(model_name, max_model_len)
         vllm.max_tokens.observe(params.max_tokens)
-        return cls(req_id, model_name, num_prompt_tokens, span, time.monotonic(), vllm)
+        return cls(choice, model_name, span, vllm)
+
+    @property
+    def req_id(self) -> str:
+        return self.choice.req_id
 
     def activate(self):
         """Make the span current (logs carry its trace id) without ending it on exit."""
@@ -164,61 +166,52 @@ class RequestTracker:
         return list(self.carrier().items())
 
     def on_output(self, out) -> None:
-        """A scheduler output (shared.types.RequestOutput): keep the queue and prefill
-        times the one with the first token carries (the first scheduler's, if a
-        continuation went to a second one)."""
-        if out.queue_time_s is not None and self.queue_time_s is None:
-            self.queue_time_s, self.prefill_time_s = out.queue_time_s, out.prefill_time_s
-        self.vllm = vllm_metrics.for_request(self.req_id, self.vllm)  # its replica's engine
+        """A scheduler output: its request's vllm:* series are its replica's engine's."""
+        self.vllm = vllm_metrics.for_request(self.choice.req_id, self.vllm)
 
-    def on_tokens(self, num_new_tokens: int, now_s: float | None = None) -> None:
-        """New output tokens arrived from the scheduler (0 is allowed: ignored)."""
+    def on_tokens(self, num_new_tokens: int) -> None:
+        """The choice just recorded num_new_tokens more for the client (0: ignored)."""
         if num_new_tokens <= 0 or self.done:
             return
-        now = time.monotonic() if now_s is None else now_s
-        m = self.model_name
-        if self.first_token_s is None:
-            self.first_token_s = now
-            _series(m).ttft.observe(now - self.arrival_s)
-            self.vllm.ttft.observe(now - self.arrival_s)
+        c, m = self.choice, self.model_name
+        if c.num_output_tokens == num_new_tokens:  # these are the first
+            _series(m).ttft.observe(c.first_token_s - c.arrival_s)
+            self.vllm.ttft.observe(c.first_token_s - c.arrival_s)
             self.span.add_event("first_token")
         else:
+            gap_s = c.last_token_s - c.previous_token_s
             # vLLM's: one observation per output, however many tokens it carries
-            self.vllm.itl.observe(now - self.last_token_s)
+            self.vllm.itl.observe(gap_s)
             # tokens that arrive together share the gap since the previous batch
-            gap = (now - self.last_token_s) / num_new_tokens
             for _ in range(num_new_tokens):
-                _series(m).itl.observe(gap)
-        self.last_token_s = now
-        self.num_output_tokens += num_new_tokens
+                _series(m).itl.observe(gap_s / num_new_tokens)
         _series(m).generation_tokens.inc(num_new_tokens)
         self.vllm.generation_tokens.inc(num_new_tokens)
 
-    def finish(self, reason: FinishReason, num_preemptions: int = 0,
-               num_cached_tokens: int = 0) -> None:
+    def finish(self, reason: FinishReason) -> None:
         """The request ended normally (stop, length) or was aborted."""
         if self.done:
             return
         self.done = True
-        m = self.model_name
+        c, m = self.choice, self.model_name
         name = finish_reason_name(reason)
-        e2e = time.monotonic() - self.arrival_s
+        e2e = time.monotonic() - c.arrival_s
         _series(m).e2e.observe(e2e)
-        _series(m).prompt_tokens.inc(self.num_prompt_tokens)
-        _series(m).request_prompt_tokens.observe(self.num_prompt_tokens)
-        _series(m).request_generation_tokens.observe(self.num_output_tokens)
+        _series(m).prompt_tokens.inc(c.num_prompt_tokens)
+        _series(m).request_prompt_tokens.observe(c.num_prompt_tokens)
+        _series(m).request_generation_tokens.observe(c.num_output_tokens)
         REQUEST_SUCCESS.labels(m, name).inc()
-        first = self.first_token_s
-        self.vllm.finished(name, e2e, None if first is None else first - self.arrival_s,
-                           0.0 if first is None else self.last_token_s - first,
-                           self.num_prompt_tokens, self.num_output_tokens,
-                           self.queue_time_s, self.prefill_time_s, num_cached_tokens)
+        first = c.first_token_s
+        self.vllm.finished(name, e2e, None if first is None else first - c.arrival_s,
+                           0.0 if first is None else c.last_token_s - first,
+                           c.num_prompt_tokens, c.num_output_tokens,
+                           c.queue_time_s, c.prefill_time_s, c.num_cached_tokens)
         self.span.add_event("finished", {"reason": name})
         self.span.set_attributes({
-            "gen_ai.usage.output_tokens": self.num_output_tokens,
+            "gen_ai.usage.output_tokens": c.num_output_tokens,
             "gen_ai.response.finish_reasons": [name],
-            "gapserve.request.num_preemptions": num_preemptions,
-            "gapserve.request.num_cached_tokens": num_cached_tokens,
+            "gapserve.request.num_preemptions": c.num_preemptions,
+            "gapserve.request.num_cached_tokens": c.num_cached_tokens,
         })
         self.span.end()
 

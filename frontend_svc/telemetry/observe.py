@@ -19,8 +19,7 @@ class Observer:
 
     def start(self, choice, engine=None) -> RequestTracker:
         info = None if engine is None else engine.model_info
-        tracker = RequestTracker.start(choice.req_id, self.model_name, choice.params,
-                                       len(choice.inp.prompt_token_ids), choice.incoming,
+        tracker = RequestTracker.start(choice, self.model_name, choice.incoming,
                                        operation=choice.operation,
                                        max_model_len=info.max_model_len if info else 0)
         tracker.span.set_attributes(constraint_attributes(choice.inp))
@@ -44,9 +43,8 @@ class Observer:
                  compile_ms=round(inp.compile_s * 1e3, 2),
                  cache_hit=attrs.get("gapserve.request.structured_output.cache_hit"))
 
-    def finish(self, tracker: RequestTracker, state) -> None:
-        tracker.finish(state.finish_reason, num_preemptions=state.num_preemptions,
-                       num_cached_tokens=state.num_cached_tokens)
+    def finish(self, tracker: RequestTracker) -> None:
+        tracker.finish(tracker.choice.finish_reason)
 
     def fail(self, tracker: RequestTracker, code: str, message: str) -> None:
         tracker.fail(code, message)

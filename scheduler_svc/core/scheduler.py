@@ -67,14 +67,15 @@ class Scheduler:
     # ------------------------------------------------------------------ requests
 
     def add_request(self, request: Request) -> None:
-        """Queue a request; bad input raises InvalidRequestError and queues nothing."""
+        """Queue a request the door (Engine.check, scheduler_svc/engine.py) accepted;
+        a request id or state this scheduler already holds raises InvalidRequestError
+        and queues nothing."""
         if request.req_id in self.requests:
             raise InvalidRequestError(f"request id {request.req_id!r} is already in use")
         limit = self.config.max_model_len
-        problem = token_ids_problem(request.prompt_token_ids, limit)  # the door's invariant
-        if problem is not None:
-            raise InvalidRequestError(problem)
-        request.sampling_params.validate()
+        # validated at the door; asserted here in O(1) (no vocabulary scan, no params)
+        problem = token_ids_problem(request.prompt_token_ids, limit)
+        assert problem is None, problem
         if request.status is not RequestStatus.WAITING or request.num_computed_tokens:
             raise InvalidRequestError(f"request {request.req_id!r} was already scheduled")
         request.max_num_tokens = min(request.max_num_tokens, limit)

@@ -12,7 +12,8 @@ from dataclasses import dataclass, field
 from scheduler_svc.core import Scheduler, SchedulerConfig
 from scheduler_svc.sim.step_model import StepModel
 from scheduler_svc.sim.workload import SimRequest
-from shared.types import ModelRunnerOutput, SchedulerOutput
+from shared.request_limits import token_ids_problem
+from shared.types import InvalidRequestError, ModelRunnerOutput, SchedulerOutput
 
 SAMPLED_TOKEN = 7  # what the simulated worker samples; outputs end by length
 
@@ -45,6 +46,10 @@ def simulated_worker_output(sched: Scheduler, so: SchedulerOutput) -> ModelRunne
 def simulate(config: SchedulerConfig, num_blocks: int, requests: list[SimRequest],
              model: StepModel) -> SimResult:
     sched = Scheduler(config, num_blocks)  # preemptions are counted in the report
+    for r in requests:  # the workload is the simulator's door: the core only asserts
+        problem = token_ids_problem(r.request.prompt_token_ids, config.max_model_len)
+        if problem is not None:
+            raise InvalidRequestError(problem)
     groups = {r.group: GroupTimes() for r in requests}
     group_of = {r.request.req_id: r.group for r in requests}
     arrival = {r.request.req_id: r.arrival_ms for r in requests}

@@ -16,7 +16,7 @@ request_output_to_proto = REQUEST_OUTPUT.to_proto
 request_output_from_proto = REQUEST_OUTPUT.from_proto
 
 UNPAIRED = {
-    "AddRequest": "built from the frontend's OpenRequest (frontend_svc/engine/continuation.py), "
+    "AddRequest": "built from the frontend's Choice (frontend_svc/engine/continuation.py), "
                   "read into the scheduler's core Request (scheduler_svc/server.py): both "
                   "hold more state than the wire, and no plain mirror sits between them",
     "AbortRequests": "a list of ids, read in place",

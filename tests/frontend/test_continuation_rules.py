@@ -7,6 +7,7 @@ import asyncio
 
 import grpc
 
+from frontend_svc.request.choice import Choice
 from frontend_svc.engine import engine_client
 from frontend_svc.engine.engine_client import EngineClient
 from frontend_svc.errors import EngineError
@@ -44,7 +45,8 @@ async def lose_and_reconnect(client) -> asyncio.Queue:
 def test_an_open_request_is_resubmitted_as_its_continuation():
     async def body():
         client = connected_client()
-        queue = client.add("a", [1, 2], SamplingParams(max_tokens=10, min_tokens=3))
+        queue = client.add(Choice.for_prompt(
+            "a", [1, 2], SamplingParams(max_tokens=10, min_tokens=3)))
         client._route(output("a", [7, 8], cached=2))
         outbox = await lose_and_reconnect(client)
         add = outbox.get_nowait().add
@@ -67,7 +69,8 @@ def test_a_continuation_says_how_much_of_its_prompt_is_output_across_every_resum
     # penalties count those tokens as output and seeded draws go on from that position
     async def body():
         client = connected_client()
-        client.add("a", [1, 2, 3], SamplingParams(max_tokens=10, seed=7, frequency_penalty=1.0))
+        client.add(Choice.for_prompt(
+            "a", [1, 2, 3], SamplingParams(max_tokens=10, seed=7, frequency_penalty=1.0)))
         first = client._outbox.get_nowait().add
         assert first.sampling_params.num_output_prefix_tokens == 0
         client._route(output("a", [7, 8]))
@@ -87,7 +90,7 @@ def test_a_continuation_says_how_much_of_its_prompt_is_output_across_every_resum
 def test_an_abort_after_resubmission_names_the_new_wire_id():
     async def body():
         client = connected_client()
-        client.add("a", [1], SamplingParams(max_tokens=5))
+        client.add(Choice.for_prompt("a", [1], SamplingParams(max_tokens=5)))
         outbox = await lose_and_reconnect(client)
         wire_id = outbox.get_nowait().add.request_id
         assert client.abort(["a"]) == 1
@@ -101,7 +104,7 @@ def test_requests_give_up_with_a_clean_error_if_no_scheduler_comes_back(monkeypa
 
     async def body():
         client = connected_client()
-        queue = client.add("a", [1], SamplingParams())
+        queue = client.add(Choice.for_prompt("a", [1], SamplingParams()))
         client._outbox = None
         client._suspend_all()
         error = await asyncio.wait_for(queue.get(), 5)
@@ -118,7 +121,7 @@ def test_a_request_added_while_the_scheduler_is_away_waits_for_the_next_session(
         client.model_info = object()  # it was connected once
         client._outbox = None
         client._suspend_all()  # the scheduler is away
-        queue = client.add("late", [4, 5], SamplingParams(max_tokens=3))
+        queue = client.add(Choice.for_prompt("late", [4, 5], SamplingParams(max_tokens=3)))
         assert client.num_active == 1 and queue.empty()  # held, not failed
         outbox = await lose_and_reconnect(client)
         add = outbox.get_nowait().add

@@ -7,6 +7,7 @@ import asyncio
 import grpc
 import pytest
 
+from frontend_svc.request.choice import Choice
 from frontend_svc.engine.engine_client import EngineClient
 from frontend_svc.errors import EngineError
 from shared.proto import common_pb2, engine_pb2
@@ -26,8 +27,8 @@ async def connected_client() -> EngineClient:
 def test_outputs_reach_only_the_owning_request_and_finished_ones_are_forgotten():
     async def body():
         client = await connected_client()
-        a = client.add("a", [1, 2], SamplingParams())
-        b = client.add("b", [3], SamplingParams())
+        a = client.add(Choice.for_prompt("a", [1, 2], SamplingParams()))
+        b = client.add(Choice.for_prompt("b", [3], SamplingParams()))
         sent = client._outbox.get_nowait()
         assert sent.add.request_id == "a" and list(sent.add.prompt_token_ids) == [1, 2]
         client._route(engine_pb2.EngineResponse(outputs=[
@@ -50,7 +51,7 @@ def test_outputs_reach_only_the_owning_request_and_finished_ones_are_forgotten()
 def test_a_rejection_becomes_an_error_with_its_http_status(code, http):
     async def body():
         client = await connected_client()
-        queue = client.add("a", [1], SamplingParams())
+        queue = client.add(Choice.for_prompt("a", [1], SamplingParams()))
         client._route(engine_pb2.EngineResponse(rejections=[engine_pb2.Rejection(
             request_id="a", status=common_pb2.Status(code=code.value[0], message="no"))]))
         error = queue.get_nowait()
@@ -63,7 +64,7 @@ def test_a_rejection_becomes_an_error_with_its_http_status(code, http):
 def test_abort_ends_a_waiting_reader_and_tells_the_scheduler():
     async def body():
         client = await connected_client()
-        queue = client.add("a", [1], SamplingParams())
+        queue = client.add(Choice.for_prompt("a", [1], SamplingParams()))
         client._outbox.get_nowait()
         assert client.abort(["a", "unknown"]) == 1
         assert queue.get_nowait().finish_reason == FinishReason.ABORT
@@ -77,7 +78,7 @@ def test_adding_without_a_session_is_unavailable_and_queues_nothing():
     async def body():
         client = EngineClient("127.0.0.1:1")
         with pytest.raises(EngineError) as err:
-            client.add("a", [1], SamplingParams())
+            client.add(Choice.for_prompt("a", [1], SamplingParams()))
         assert err.value.http_status == 503 and client.num_active == 0
         await client.close()
     run(body())

@@ -6,6 +6,7 @@ had nowhere to send them hands them over once another joins."""
 import asyncio
 import time
 
+from frontend_svc.request.choice import Choice
 from frontend_svc.engine import replicas as replicas_mod
 
 from frontend_svc.engine.replica_router import RoutingRule
@@ -49,8 +50,9 @@ def test_open_requests_of_a_lost_replica_continue_on_the_other():
     async def body():
         replicas = two_replicas()
         out0, out1 = up(replicas, 0), up(replicas, 1)
-        qa = replicas.add("a", [1, 2, 3], SamplingParams(max_tokens=10, seed=5))
-        qb = replicas.add("b", [4, 5], SamplingParams(max_tokens=10))
+        qa = replicas.add(Choice.for_prompt("a", [1, 2, 3], SamplingParams(max_tokens=10,
+                                                                     seed=5)))
+        qb = replicas.add(Choice.for_prompt("b", [4, 5], SamplingParams(max_tokens=10)))
         assert out0.get_nowait().add.request_id == "a"
         assert out1.get_nowait().add.request_id == "b"
         replicas.replicas[0].client._route(output("a", [7, 8]))
@@ -70,7 +72,7 @@ def test_open_requests_of_a_lost_replica_continue_on_the_other():
         assert all(o.req_id == "a" for o in outs) and outs[1].finished
         assert qb.empty() and replicas.num_active == 1  # b was never touched
         # new requests only go to the replica in routing
-        replicas.add("c", [6], SamplingParams(max_tokens=2))
+        replicas.add(Choice.for_prompt("c", [6], SamplingParams(max_tokens=2)))
         assert out1.get_nowait().add.request_id == "c"
         # an abort finds the replica that holds the request
         assert replicas.abort(["b"]) == 1
@@ -83,7 +85,7 @@ def test_with_no_other_replica_requests_wait_and_move_when_one_joins():
     async def body():
         replicas = two_replicas()
         out0 = up(replicas, 0)
-        replicas.add("a", [1, 2], SamplingParams(max_tokens=4))
+        replicas.add(Choice.for_prompt("a", [1, 2], SamplingParams(max_tokens=4)))
         out0.get_nowait()
         lose(replicas, 0)  # replica 1 never came up: nowhere to go
         assert replicas.replicas[0].client.num_active == 1
@@ -106,7 +108,7 @@ def test_a_replica_that_comes_back_rejoins_routing():
         out1 = up(replicas, 1)
         await replicas._changed(1, True)
         for name in ("x", "y"):
-            replicas.add(name, [1], SamplingParams(max_tokens=1))
+            replicas.add(Choice.for_prompt(name, [1], SamplingParams(max_tokens=1)))
         assert out1.qsize() == 1  # round robin reaches it again
         await replicas.close()
     asyncio.run(body())
@@ -129,7 +131,7 @@ def test_a_replica_that_lost_its_workers_hands_its_requests_over_after_aborting_
     async def body():
         replicas = two_replicas()
         out0, out1 = up(replicas, 0), up(replicas, 1)
-        queue = replicas.add("a", [1, 2], SamplingParams(max_tokens=6))
+        queue = replicas.add(Choice.for_prompt("a", [1, 2], SamplingParams(max_tokens=6)))
         out0.get_nowait()
         replicas.replicas[0].client._route(output("a", [3]))
         replicas.replicas[0].client.health.serving = False  # its scheduler: NOT_SERVING
@@ -164,8 +166,9 @@ def test_the_route_span_names_the_replica_and_the_matched_prefix_in_the_requests
             up(replicas, 0), up(replicas, 1)
             root = get_tracer("test").start_span("request")
             carrier = context_carrier(trace.set_span_in_context(root))
-            replicas.add("a", list(range(10)), SamplingParams(max_tokens=1),
-                         trace_context=carrier)
+            choice = Choice.for_prompt("a", list(range(10)), SamplingParams(max_tokens=1))
+            choice.trace_context = carrier
+            replicas.add(choice)
             root.end()
             await replicas.close()
             return root
@@ -185,14 +188,14 @@ def test_other_frontends_requests_at_a_replica_count_in_its_load():
     async def body():
         replicas = two_replicas(policy="kv-aware")
         out0, out1 = up(replicas, 0), up(replicas, 1)
-        replicas.add("mine", [1], SamplingParams(max_tokens=1))  # -> replica 0
+        replicas.add(Choice.for_prompt("mine", [1], SamplingParams(max_tokens=1)))  # -> replica 0
         out0.get_nowait()
         r0, r1 = replicas.replicas
         # replica 1's scheduler runs 40 requests of other frontends; replica 0 just ours
         r0.polled(engine_pb2.EngineStatus(num_running=1), ours=1)
         r1.polled(engine_pb2.EngineStatus(num_running=30, num_waiting=10), ours=0)
         assert (r0.load, r1.load) == (1, 40)
-        replicas.add("next", [2], SamplingParams(max_tokens=1))
+        replicas.add(Choice.for_prompt("next", [2], SamplingParams(max_tokens=1)))
         assert out0.qsize() == 1 and out1.empty()  # the idler one by the whole count
         assert replicas.describe()[1]["others_in_flight"] == 40
         await replicas.close()

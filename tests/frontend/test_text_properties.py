@@ -4,6 +4,7 @@ and a stop string cuts it exactly where the stop first appears."""
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from frontend_svc.request.choice import Choice
 from frontend_svc.request.detokenizer import IncrementalDetokenizer
 from frontend_svc.request.output_stream import OutputStream
 from frontend_svc.request.stops import StopStrings
@@ -31,7 +32,7 @@ def test_streamed_deltas_always_concatenate_to_the_full_decode(tokenizer, text, 
 def test_stop_string_cuts_the_output_where_it_first_appears(tokenizer, text, stop):
     ids = tokenizer.encode(text, add_special_tokens=False)
     full = tokenizer.decode(ids)
-    state = OutputStream("r", [1], SamplingParams(max_tokens=len(ids)),
+    state = OutputStream(Choice.for_prompt("r", [1], SamplingParams(max_tokens=len(ids))),
                          IncrementalDetokenizer.for_prompt(tokenizer.fast, [1]),
                          StopStrings([stop]))
     sent = ""
@@ -44,4 +45,4 @@ def test_stop_string_cuts_the_output_where_it_first_appears(tokenizer, text, sto
             break
     expected = full[:full.index(stop)] if stop in full else full
     assert sent == expected
-    assert (state.stop_reason == stop) == (stop in full)
+    assert (state.choice.stop_reason == stop) == (stop in full)

@@ -26,3 +26,19 @@ class Captured:
 def sample(name: str, **labels: str) -> float:
     """Current value of one Prometheus sample (0 when it does not exist yet)."""
     return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def tracked(req_id: str, model: str, params, num_prompt_tokens: int, incoming=None,
+            **kwargs):
+    """A RequestTracker over a bare choice of num_prompt_tokens tokens: it reads
+    counts and timings from the choice (frontend_svc/request/choice.py)."""
+    from frontend_svc.request.choice import Choice
+    from frontend_svc.telemetry.metrics import RequestTracker
+    choice = Choice.for_prompt(req_id, [1] * num_prompt_tokens, params)
+    return RequestTracker.start(choice, model, incoming, **kwargs)
+
+
+def give(tracker, num_tokens: int, after_s: float) -> None:
+    """The client was given num_tokens more, after_s seconds after the arrival."""
+    tracker.choice.record_tokens(num_tokens, tracker.choice.arrival_s + after_s)
+    tracker.on_tokens(num_tokens)

@@ -9,7 +9,7 @@ import functools
 import json
 import uuid
 
-from frontend_svc.request.generation import Choice
+from frontend_svc.request.choice import Choice
 from frontend_svc.telemetry.observe import Observer
 from frontend_svc.structured.response_format import Constraint
 from frontend_svc.request.translate import GenerationInput, ModelLimits, check_constraints

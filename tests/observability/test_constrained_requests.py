@@ -3,7 +3,7 @@ a counter by kind (and by tool_choice), one log line, and its span's attributes.
 
 from __future__ import annotations
 
-from frontend_svc.request.generation import Choice
+from frontend_svc.request.choice import Choice
 from frontend_svc.telemetry.observe import Observer
 from frontend_svc.structured.response_format import Constraint
 from frontend_svc.structured.tools import ToolPlan

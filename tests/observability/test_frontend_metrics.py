@@ -1,24 +1,25 @@
-"""RequestTracker: the root span of a request and the client-perceived metrics."""
+"""RequestTracker: the root span of a request and the client-perceived metrics, read
+from the request's choice (frontend_svc/request/choice.py)."""
 
 from __future__ import annotations
 
 import pytest
 from opentelemetry.trace import SpanKind, StatusCode
 
-from frontend_svc.telemetry.metrics import RequestTracker
 from shared.telemetry import get_logger
 from shared.types import FinishReason, SamplingParams
-from tests.observability.helpers import sample
+from tests.observability.helpers import give, sample, tracked
 
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 
 def test_root_span_continues_the_callers_trace_with_genai_attributes(captured):
     out = captured("frontend")
-    t = RequestTracker.start("r1", "smol", SamplingParams(max_tokens=4, temperature=0.0), 6,
+    t = tracked("r1", "smol", SamplingParams(max_tokens=4, temperature=0.0), 6,
                              {"traceparent": TRACEPARENT}, operation="chat")
-    t.on_tokens(1, now_s=t.arrival_s + 0.1)
-    t.finish(FinishReason.LENGTH, num_preemptions=1)
+    give(t, 1, 0.1)
+    t.choice.num_preemptions = 1
+    t.finish(FinishReason.LENGTH)
     [span] = out.spans("chat smol")
     assert span.kind is SpanKind.SERVER
     assert format(span.context.trace_id, "032x") == "0af7651916cd43dd8448eb211c80319c"
@@ -31,7 +32,7 @@ def test_root_span_continues_the_callers_trace_with_genai_attributes(captured):
 
 def test_without_a_traceparent_the_frontend_starts_a_new_trace(captured):
     out = captured("frontend")
-    t = RequestTracker.start("r2", "smol", SamplingParams(), 3)
+    t = tracked("r2", "smol", SamplingParams(), 3)
     t.finish(FinishReason.STOP)
     [span] = out.spans()
     assert span.parent is None
@@ -39,7 +40,7 @@ def test_without_a_traceparent_the_frontend_starts_a_new_trace(captured):
 
 def test_carrier_and_logs_carry_the_request_trace(captured):
     out = captured("frontend")
-    t = RequestTracker.start("r3", "smol", SamplingParams(), 3)
+    t = tracked("r3", "smol", SamplingParams(), 3)
     with t.activate():
         get_logger(request_id="r3").info("queued")
     trace_id = format(t.span.get_span_context().trace_id, "032x")
@@ -54,9 +55,9 @@ def test_ttft_histogram_counts_every_request_that_produced_a_token(captured):
     captured("frontend")
     before = sample("gapserve:time_to_first_token_seconds_count", model_name="ttft")
     for i in range(5):
-        t = RequestTracker.start(f"r{i}", "ttft", SamplingParams(), 3)
-        t.on_tokens(1, now_s=t.arrival_s + 0.05)
-        t.on_tokens(2, now_s=t.arrival_s + 0.25)
+        t = tracked(f"r{i}", "ttft", SamplingParams(), 3)
+        give(t, 1, 0.05)
+        give(t, 2, 0.25)
         t.finish(FinishReason.STOP)
     assert sample("gapserve:time_to_first_token_seconds_count", model_name="ttft") == before + 5
     assert sample("gapserve:time_to_first_token_seconds_sum", model_name="ttft") == \
@@ -74,7 +75,7 @@ def test_ttft_histogram_counts_every_request_that_produced_a_token(captured):
 
 def test_a_failed_request_counts_as_an_error_not_a_success(captured):
     out = captured("frontend")
-    t = RequestTracker.start("bad", "err", SamplingParams(), 3)
+    t = tracked("bad", "err", SamplingParams(), 3)
     t.fail("UNAVAILABLE", "scheduler unreachable")
     t.finish(FinishReason.STOP)  # ignored: the request already ended
     assert sample("gapserve:request_errors_total", model_name="err", code="UNAVAILABLE") == 1
@@ -88,7 +89,7 @@ def test_the_frontends_failure_warning_carries_request_and_trace_ids(captured):
     from frontend_svc.telemetry.observe import Observer
 
     out = captured("frontend")
-    t = RequestTracker.start("r9", "obs", SamplingParams(), 3)
+    t = tracked("r9", "obs", SamplingParams(), 3)
     Observer("obs").fail(t, "UNAVAILABLE", "scheduler unreachable")
     [line] = [x for x in out.logs() if x["event"] == "request failed"]
     assert line["request_id"] == "r9" and line["service"] == "frontend"

@@ -19,12 +19,11 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.parser import text_string_to_metric_families
 
 from frontend_svc.telemetry import vllm_metrics
-from frontend_svc.telemetry.metrics import RequestTracker
 from shared.proto import engine_pb2
 from shared.types import FinishReason, RequestOutput, SamplingParams
 from tests.integration.conftest import TINY_FLAGS, start_stack
 from tests.integration.tiny_model import tiny_llama_dir
-from tests.observability.helpers import sample
+from tests.observability.helpers import give, sample, tracked
 from tests.observability.test_scheduler_telemetry import Clock, Stats, new_step, telemetry
 
 DASHBOARD = Path(__file__).parent / "data" / "vllm_dashboard_metrics.txt"
@@ -126,11 +125,11 @@ def test_under_data_parallelism_each_replica_is_its_own_engine():
             for s in got["vllm:cache_config_info"].samples}
     assert info == {"0": ("96", "16", 1), "1": ("69", "16", 1)}
     # a request's series follow the replica that serves it, from its next output on
-    t = RequestTracker.start("dp-1", "vllm-dp", SamplingParams(max_tokens=4), 5,
+    t = tracked("dp-1", "vllm-dp", SamplingParams(max_tokens=4), 5,
                              max_model_len=512)
     vllm_metrics.routed("dp-1", 1)
-    t.on_output(RequestOutput("dp-1", [7]))
-    t.on_tokens(1, now_s=t.arrival_s + 0.1)
+    t.on_output(t.choice.seen(RequestOutput("dp-1", [7])))
+    give(t, 1, 0.1)
     t.finish(FinishReason.LENGTH)
     vllm_metrics.ended("dp-1")
     assert sample("vllm:generation_tokens_total", model_name="vllm-dp", engine="1") == 1
@@ -145,10 +144,10 @@ def test_a_tracked_request_feeds_the_vllm_series_as_vllm_counts_them():
         "vllm:inter_token_latency_seconds_count", "vllm:generation_tokens_total",
         "vllm:prompt_tokens_total", "vllm:request_time_per_output_token_seconds_sum",
         "vllm:request_decode_time_seconds_sum")}
-    t = RequestTracker.start("v1", m, SamplingParams(max_tokens=8), 6, max_model_len=512)
-    t.on_tokens(1, now_s=t.arrival_s + 0.1)
-    t.on_tokens(3, now_s=t.arrival_s + 0.4)  # one output of three tokens: one ITL sample
-    t.on_tokens(1, now_s=t.arrival_s + 0.5)
+    t = tracked("v1", m, SamplingParams(max_tokens=8), 6, max_model_len=512)
+    give(t, 1, 0.1)
+    give(t, 3, 0.4)  # one output of three tokens: one ITL sample
+    give(t, 1, 0.5)
     t.finish(FinishReason.LENGTH)
 
     def delta(name: str) -> float:
@@ -170,9 +169,10 @@ def test_a_prompts_sources_are_counted_once_its_prefill_ran():
     """vLLM's split of prompt tokens: computed here, found in the prefix cache, loaded
     through a KV connector (none here: 0); the per-request computed tokens."""
     m = "vllm-sources"
-    t = RequestTracker.start("s1", m, SamplingParams(max_tokens=4), 40, max_model_len=512)
-    t.on_tokens(1, now_s=t.arrival_s + 0.1)
-    t.finish(FinishReason.LENGTH, num_cached_tokens=32)
+    t = tracked("s1", m, SamplingParams(max_tokens=4), 40, max_model_len=512)
+    give(t, 1, 0.1)
+    t.choice.num_cached_tokens = 32
+    t.finish(FinishReason.LENGTH)
     by = {src: sample("vllm:prompt_tokens_by_source_total", model_name=m, engine="0",
                       source=src) for src in vllm_metrics.PROMPT_SOURCES}
     assert by == {"local_compute": 8, "local_cache_hit": 32, "external_kv_transfer": 0}
@@ -181,7 +181,7 @@ def test_a_prompts_sources_are_counted_once_its_prefill_ran():
                   engine="0") == 8
     # aborted before its first token: its prompt was not prefilled, so no sources (as
     # vLLM), but vLLM's per-request histogram counts it whole
-    t = RequestTracker.start("s2", m, SamplingParams(max_tokens=4), 10, max_model_len=512)
+    t = tracked("s2", m, SamplingParams(max_tokens=4), 10, max_model_len=512)
     t.finish(FinishReason.ABORT)
     assert sample("vllm:prompt_tokens_by_source_total", model_name=m, engine="0",
                   source="local_compute") == 8
@@ -206,10 +206,10 @@ def test_the_scheduler_sends_queue_and_prefill_times_with_the_first_token_only(c
 
 def test_the_queue_and_prefill_times_are_observed_once_when_the_request_finishes():
     m = "vllm-phases"
-    t = RequestTracker.start("p1", m, SamplingParams(max_tokens=8), 3, max_model_len=512)
-    t.on_output(RequestOutput("p1", [7], queue_time_s=2.0, prefill_time_s=0.5))
+    t = tracked("p1", m, SamplingParams(max_tokens=8), 3, max_model_len=512)
+    t.on_output(t.choice.seen(RequestOutput("p1", [7], queue_time_s=2.0, prefill_time_s=0.5)))
     # a continuation on a second scheduler reports its own: the first ones are kept
-    t.on_output(RequestOutput("p1", [8], queue_time_s=9.0, prefill_time_s=9.0))
+    t.on_output(t.choice.seen(RequestOutput("p1", [8], queue_time_s=9.0, prefill_time_s=9.0)))
     assert sample("vllm:request_queue_time_seconds_count", model_name=m, engine="0") == 0
     t.finish(FinishReason.STOP)
     assert sample("vllm:request_queue_time_seconds_sum", model_name=m, engine="0") == 2.0

@@ -25,6 +25,17 @@ def make_request(req_id: str, prompt: list[int] | int, max_tokens: int = 16, *,
     return Request(req_id, prompt, params, [eos], arrival, priority, salt)
 
 
+def make_door(max_model_len: int = 256, vocab_size: int = 2**31 - 1,
+              num_blocks: int = 64):
+    """The scheduler's door (Engine.check, scheduler_svc/engine.py) over a core of
+    these limits; make_request's ids fit its default vocabulary."""
+    from scheduler_svc.engine import Engine
+    from shared.types import ModelInfo
+    info = ModelInfo("m", vocab_size, max_model_len, [EOS], 1, 1, 1, "float32", num_blocks, 16)
+    return Engine(make_scheduler(num_blocks, max_model_len=max_model_len), None, info,
+                  max_model_len)
+
+
 def make_scheduler(num_blocks: int = 64, **config) -> Scheduler:
     config.setdefault("max_model_len", 256)
     config.setdefault("max_num_seqs", 8)

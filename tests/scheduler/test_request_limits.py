@@ -1,6 +1,6 @@
 """A request's token limits (shared/request_limits.py), stated once: the scheduler's
-door, its core and the worker's step check refuse the same prompts with the same
-sentence, and accept the same ones."""
+door and the worker's step check refuse the same prompts with the same sentence, the
+core behind the door asserts the same sentence, and all accept the same ones."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ def door_problem(prompt):
 def core_problem(prompt):
     try:
         make_scheduler(max_model_len=MAX_LEN).add_request(make_request("r", prompt))
-    except InvalidRequestError as e:
+    except AssertionError as e:  # validated at the door: the core only asserts
         return str(e)
     return None
 

@@ -4,7 +4,8 @@ import pytest
 
 from scheduler_svc.core import RequestStatus
 from shared.types import FinishReason, InvalidRequestError
-from tests.scheduler.helpers import FakeWorker, check_invariants, make_request, make_scheduler
+from tests.scheduler.helpers import (FakeWorker, check_invariants, make_door, make_request,
+                                     make_scheduler)
 
 
 def step(sched, worker):
@@ -114,22 +115,27 @@ def test_request_never_grows_past_max_model_len():
 
 
 def test_prompt_that_leaves_no_room_for_output_is_rejected_at_the_door():
-    s = make_scheduler(max_model_len=64)
+    door = make_door(max_model_len=64)
     with pytest.raises(InvalidRequestError, match="64"):
+        door.check(make_request("a", 64, max_tokens=1))
+    door.check(make_request("b", 63, max_tokens=1))
+    s = make_scheduler(max_model_len=64)
+    with pytest.raises(AssertionError, match="64"):  # behind the door the core asserts it
         s.add_request(make_request("a", 64))
     assert not s.has_unfinished_requests() and len(s.waiting) == 0
     s.add_request(make_request("b", 63))
 
 
-def test_duplicate_or_empty_or_invalid_requests_are_rejected_and_queue_nothing():
+def test_the_core_refuses_a_held_id_and_the_door_an_empty_or_invalid_request():
     s = make_scheduler()
     s.add_request(make_request("a", 5))
     with pytest.raises(InvalidRequestError, match="already in use"):
         s.add_request(make_request("a", 5))
+    door = make_door()
     with pytest.raises(InvalidRequestError, match="empty"):
-        s.add_request(make_request("b", []))
+        door.check(make_request("b", []))
     with pytest.raises(InvalidRequestError, match="max_tokens"):
-        s.add_request(make_request("c", 5, max_tokens=0))
+        door.check(make_request("c", 5, max_tokens=0))
     assert len(s.waiting) == 1 and list(s.requests) == ["a"]
 
 

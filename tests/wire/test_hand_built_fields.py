@@ -7,12 +7,11 @@ read on purpose is listed with the reason. Messages built or read inline (an
 envelope, one list of ids) are pinned to their fields instead, with where to handle
 a new one.
 
-AddRequest's frontend side (OpenRequest.add_message) is checked in test_proto_parity.py.
+AddRequest's frontend side (continuation.add_message) is checked in test_proto_parity.py.
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import importlib
 import inspect
@@ -22,9 +21,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from frontend_svc.engine.continuation import OpenRequest
+from frontend_svc.engine.continuation import add_message
 from frontend_svc.api.grpc_api import (GenerationServicer, final_message, generate_input,
                                    tokenize_reply)
+from frontend_svc.request.choice import Choice
 from frontend_svc.request.output_stream import OutputStream
 from frontend_svc.request.translate import GenerationInput, ModelLimits
 from scheduler_svc.core.stats import SchedulerStats
@@ -104,10 +104,11 @@ def model_info() -> t.ModelInfo:
 
 def test_the_scheduler_reads_every_add_request_field():
     params = t.SamplingParams(max_tokens=10, min_tokens=4, temperature=0.0)
-    msg = OpenRequest("r", [5, 6], params, asyncio.Queue(), priority=2,
-                      trace_context={"traceparent": "00-x"}, cache_salt="s",
-                      generated=[7]).add_message()
-    assert_all_set([msg], "OpenRequest.add_message")
+    choice = Choice.for_prompt("r", [5, 6], params, priority=2)
+    choice.trace_context, choice.cache_salt = {"traceparent": "00-x"}, "s"
+    choice.generated = [7]
+    msg = add_message(choice)
+    assert_all_set([msg], "continuation.add_message")
     view, added = Recording(msg), []
     engine = SimpleNamespace(add=lambda session, req, trace: added.append((req, trace)))
     EngineServicer._add(engine, SimpleNamespace(), view, [2])  # the Session stream's add
@@ -188,10 +189,12 @@ def test_generate_input_reads_every_generate_request_field():
 
 def test_final_message_sets_every_field_of_the_final_usage_and_timings():
     def state(stop_reason) -> OutputStream:
-        return OutputStream("r", [1, 2, 3], t.SamplingParams(), None, None, arrival_s=1000.0,
-                            output_token_ids=[4, 5, 6], finish_reason=t.FinishReason.STOP,
-                            stop_reason=stop_reason, num_cached_tokens=2, num_preemptions=1,
-                            first_token_s=1000.1, last_token_s=1000.3)
+        choice = Choice("r", GenerationInput([1, 2, 3], t.SamplingParams()), t.SamplingParams(),
+                        arrival_unix_s=1000.0, arrival_s=1000.0, generated=[4, 5, 6],
+                        num_output_tokens=3, finish_reason=t.FinishReason.STOP,
+                        stop_reason=stop_reason, num_cached_tokens=2, num_preemptions=1,
+                        first_token_s=1000.1, last_token_s=1000.3)
+        return OutputStream(choice, None, None)
     finals = [final_message(state("END")), final_message(state(9))]  # the oneof's two arms
     where = "final_message (frontend_svc/api/grpc_api.py)"
     assert_all_set(finals, where)

@@ -207,20 +207,19 @@ def test_a_new_sampling_field_needs_only_the_proto_line_and_the_dataclass_field(
 
 
 def test_a_continuation_fills_every_add_request_field_and_the_scheduler_reads_them():
-    import asyncio
-
-    from frontend_svc.engine.continuation import OpenRequest
+    from frontend_svc.engine.continuation import add_message
+    from frontend_svc.request.choice import Choice
     from scheduler_svc.server import _request_from_proto
 
     params = t.SamplingParams(max_tokens=10, min_tokens=4, temperature=0.0)
-    open_ = OpenRequest("r", [5, 6], params, asyncio.Queue(), priority=2,
-                        trace_context={"traceparent": "00-x"}, cache_salt="s",
-                        generated=[7])
-    msg = open_.add_message()
+    choice = Choice.for_prompt("r", [5, 6], params, priority=2)
+    choice.trace_context, choice.cache_salt = {"traceparent": "00-x"}, "s"
+    choice.generated = [7]
+    msg = add_message(choice)
     for f in msg.DESCRIPTOR.fields:  # a new AddRequest field must be filled here too
         value = getattr(msg, f.name)
         assert (len(value) if f.is_repeated else msg.HasField(f.name) if f.has_presence
-                else value), f"AddRequest.{f.name} is not filled by OpenRequest.add_message"
+                else value), f"AddRequest.{f.name} is not filled by continuation.add_message"
     req = _request_from_proto(msg, [2])
     assert (req.req_id, req.prompt_token_ids, req.priority, req.cache_salt) == \
         ("r", [5, 6, 7], 2, "s")
