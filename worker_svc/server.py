@@ -34,6 +34,8 @@ from worker_svc.parallel import GroupLost
 
 log = get_logger(service="worker")
 
+STREAM_HANDOVER_S = 2.0  # longest a new Step stream waits for the one before it to end
+
 
 def describe_error(error: BaseException) -> str:
     """The exception in one line for the scheduler and the client: type and message."""
@@ -204,7 +206,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         once when no next step is waiting), so neither reading nor sending ever sits
         between two steps."""
         runner = self._runner(context)
-        if not self._stream_lock.acquire(blocking=False):
+        # a scheduler that reconnects (its own old stream still closing here) gets the
+        # worker once that stream ends; another scheduler's live stream keeps it
+        if not self._stream_lock.acquire(timeout=STREAM_HANDOVER_S):
             context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                           "another scheduler already drives this worker")
         context.send_initial_metadata(())  # tells the scheduler it has the stream
