@@ -4,4 +4,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export OMP_NUM_THREADS=1
-exec .venv/bin/python -m pytest -q "$@"
+# both cores: a test file runs on one worker (its module fixtures are built once), the
+# workers draw loopback ports from separate ranges (tests/ports.py)
+exec .venv/bin/python -m pytest -q -n 2 --dist loadfile "$@"
