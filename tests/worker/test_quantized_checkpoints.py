@@ -1,0 +1,46 @@
+"""A quantized checkpoint in each supported on-disk layout is dequantized at load and
+serves, under float32, the greedy tokens transformers computes on its dequantized
+float twin (W8A8 and FP8-dynamic included: activation quantization is the fast
+path's). tests/families/test_quantized_families.py: the other families."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.worker.quantized_checkpoints import LAYOUTS, write_quantized
+from tests.worker.step_driver import run_outputs, tiny_cpu_runner
+
+
+def _hf_greedy(path, prompts, n):
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+    outs = []
+    with torch.no_grad():
+        for p in prompts:
+            out = model.generate(torch.tensor([p]), max_new_tokens=n, min_new_tokens=n,
+                                 do_sample=False, pad_token_id=0,
+                                 attention_mask=torch.ones(1, len(p), dtype=torch.long))
+            outs.append(out[0, len(p):].tolist())
+    return outs
+
+
+def _prompts():
+    g = torch.Generator().manual_seed(7)
+    return [torch.randint(3, 256, (n,), generator=g).tolist() for n in (5, 19, 33)]
+
+
+def _weights_differ(twin, src) -> bool:
+    from safetensors.torch import load_file
+    a, b = load_file(str(twin / "model.safetensors")), load_file(str(src / "model.safetensors"))
+    return any(not torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_a_quantized_llama_is_greedy_token_equal_to_its_dequantized_twin(
+        layout, tiny_llama_dir, tmp_path):
+    quant, twin = tmp_path / "quant", tmp_path / "twin"
+    write_quantized(tiny_llama_dir, quant, twin, layout)
+    assert _weights_differ(twin, tiny_llama_dir)  # the codes are not the float weights
+    got = run_outputs(tiny_cpu_runner(quant, dtype="float32"), _prompts(), 12)
+    assert got == _hf_greedy(twin, _prompts(), 12)
