@@ -84,3 +84,13 @@ def test_an_int8_weight_alone_is_refused_naming_tensor_and_dtype_in_every_family
     _edit(edited, tensors=to_int8)
     with pytest.raises(CheckpointError, match=rf"{Q}\.weight has dtype I8, not a float"):
         tiny_cpu_runner(edited, dtype="float32")
+
+
+def test_a_shape_the_config_does_not_imply_is_refused_naming_both_in_every_family(edited):
+    def wrong_rows(t):  # a consistent file, but k_proj has twice the rows its heads imply
+        k = t["model.layers.1.self_attn.k_proj.weight"]
+        t["model.layers.1.self_attn.k_proj.weight"] = torch.zeros(2 * k.shape[0], k.shape[1])
+    _edit(edited, tensors=wrong_rows)
+    with pytest.raises(CheckpointError, match=r"layers\.1\.self_attn\.k_proj\.weight has "
+                                              r"shape \[\d+, \d+\], but config.json implies"):
+        tiny_cpu_runner(edited, dtype="float32")

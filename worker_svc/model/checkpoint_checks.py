@@ -49,10 +49,20 @@ def check_checkpoint(model_dir: Path, cfg: ModelConfig,
     as floats by the llama family; `entries` are its tensors as CheckpointSlices lists
     them (quantized linears already their float weights)."""
     expected = expected_shapes(cfg)
+    check_shapes(model_dir, entries, expected, lambda name: _optional(name, cfg))
+    unused = sorted(set(entries) - set(expected))
+    log.info("checkpoint_checked", model_dir=str(model_dir), tensors=len(entries),
+             dtypes=sorted({e.dtype for e in entries.values()}), unused=unused[:8],
+             num_unused=len(unused))
+
+
+def check_shapes(model_dir: Path, entries: dict[str, TensorEntry],
+                 expected: dict[str, tuple[int, ...]], optional=lambda name: False) -> None:
+    """Rule 3 for a family that states its tensors: each present, float, of its shape."""
     for name, shape in expected.items():
         e = entries.get(name)
         if e is None:
-            if _optional(name, cfg):
+            if optional(name):
                 continue
             raise CheckpointError(f"checkpoint in {model_dir} lacks tensor {name} "
                                   f"(shape {list(shape)})")
@@ -60,10 +70,6 @@ def check_checkpoint(model_dir: Path, cfg: ModelConfig,
         if e.shape != shape:
             raise CheckpointError(f"{e.path}: tensor {name} has shape {list(e.shape)}, but "
                                   f"config.json implies {list(shape)}")
-    unused = sorted(set(entries) - set(expected))
-    log.info("checkpoint_checked", model_dir=str(model_dir), tensors=len(entries),
-             dtypes=sorted({e.dtype for e in entries.values()}), unused=unused[:8],
-             num_unused=len(unused))
 
 
 def refuse_unread_quantized(model_dir: Path, entries: dict[str, TensorEntry],
