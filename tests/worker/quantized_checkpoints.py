@@ -40,9 +40,11 @@ def _groups(w: torch.Tensor) -> torch.Tensor:
 
 
 def ct_int8_channel(w):
-    s = (w.abs().amax(1, keepdim=True) / 127).to(torch.bfloat16)
-    q = (w / s.float()).round().clamp(-128, 127).to(torch.int8)
-    return {"weight": q, "weight_scale": s}, s.float() * q.float()
+    # float32 scales: with bf16 ones compressed-tensors' decompressor rounds the products
+    # to bf16, which is its twin, not the float32 one
+    s = w.abs().amax(1, keepdim=True) / 127
+    q = (w / s).round().clamp(-128, 127).to(torch.int8)
+    return {"weight": q, "weight_scale": s}, s * q.float()
 
 
 def ct_fp8_tensor(w):

@@ -44,3 +44,32 @@ def test_a_quantized_llama_is_greedy_token_equal_to_its_dequantized_twin(
     assert _weights_differ(twin, tiny_llama_dir)  # the codes are not the float weights
     got = run_outputs(tiny_cpu_runner(quant, dtype="float32"), _prompts(), 12)
     assert got == _hf_greedy(twin, _prompts(), 12)
+
+
+CT_LAYOUTS = [k for k in LAYOUTS if k.startswith("ct-")]
+
+
+@pytest.mark.parametrize("layout", CT_LAYOUTS)
+def test_compressed_tensors_own_decompression_gives_the_twins_weights_and_tokens(
+        layout, tiny_llama_dir, tmp_path):
+    # the library's own reading of the checkpoint (transformers with compressed-tensors,
+    # decompressed to float) is the twin: the layout is the library's, not ours alone
+    pytest.importorskip("compressed_tensors")
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+    from transformers.utils.quantization_config import CompressedTensorsConfig
+    quant, twin = tmp_path / "quant", tmp_path / "twin"
+    write_quantized(tiny_llama_dir, quant, twin, layout)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(quant), dtype=torch.float32,
+        quantization_config=CompressedTensorsConfig(run_compressed=False)).eval()
+    theirs, ours = model.state_dict(), load_file(str(twin / "model.safetensors"))
+    for name, w in ours.items():
+        assert torch.equal(theirs[name].float(), w), name
+    got = run_outputs(tiny_cpu_runner(quant, dtype="float32"), _prompts(), 12)
+    with torch.no_grad():
+        want = [model.generate(torch.tensor([p]), max_new_tokens=12, min_new_tokens=12,
+                               do_sample=False, pad_token_id=0,
+                               attention_mask=torch.ones(1, len(p), dtype=torch.long)
+                               )[0, len(p):].tolist() for p in _prompts()]
+    assert got == want
