@@ -185,9 +185,14 @@ LAYOUTS = {
                                                        "channel", acts=DYNAMIC_FP8)),
     "ct-w4a16-pack-quantized": (ct_w4a16_group, _ct("pack-quantized", "int", 4, "group",
                                                     group=GROUP)),
-    "fp8-block-scale-inv": (fp8_block, {"quant_method": "fp8", "fmt": "e4m3",
-                                        "activation_scheme": "dynamic",
-                                        "weight_block_size": [48, 48]}),
+    # blocks that divide the weights (what transformers' FineGrainedFP8 reads), and
+    # blocks cropped at the edges (what vLLM reads too)
+    "fp8-block-scale-inv": (lambda w: fp8_block(w, (32, 32)), {
+        "quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic",
+        "weight_block_size": [32, 32]}),
+    "fp8-block-scale-inv-cropped": (fp8_block, {"quant_method": "fp8", "fmt": "e4m3",
+                                                "activation_scheme": "dynamic",
+                                                "weight_block_size": [48, 48]}),
     "gptq-4bit-desc-act": (lambda w: gptq(w, True), {
         "quant_method": "gptq", "bits": 4, "group_size": GROUP, "desc_act": True,
         "sym": True, "checkpoint_format": "gptq"}),

@@ -46,23 +46,33 @@ def test_a_quantized_llama_is_greedy_token_equal_to_its_dequantized_twin(
     assert got == _hf_greedy(twin, _prompts(), 12)
 
 
-CT_LAYOUTS = [k for k in LAYOUTS if k.startswith("ct-")]
+def _library_dequantized(layout: str):
+    """transformers' own dequantizing config for a layout: compressed-tensors
+    decompressed (the compressed-tensors package), FineGrainedFP8 dequantized."""
+    from transformers.utils.quantization_config import (CompressedTensorsConfig,
+                                                        FineGrainedFP8Config)
+    if layout.startswith("ct-"):
+        pytest.importorskip("compressed_tensors")
+        return CompressedTensorsConfig(run_compressed=False)
+    pytest.importorskip("accelerate")  # transformers' FP8 loader asks for it
+    return FineGrainedFP8Config(dequantize=True, weight_block_size=(32, 32))
 
 
-@pytest.mark.parametrize("layout", CT_LAYOUTS)
-def test_compressed_tensors_own_decompression_gives_the_twins_weights_and_tokens(
+LIBRARY_LAYOUTS = [k for k in LAYOUTS if k.startswith("ct-")] + ["fp8-block-scale-inv"]
+
+
+@pytest.mark.parametrize("layout", LIBRARY_LAYOUTS)
+def test_the_librarys_own_dequantization_gives_the_twins_weights_and_tokens(
         layout, tiny_llama_dir, tmp_path):
-    # the library's own reading of the checkpoint (transformers with compressed-tensors,
-    # decompressed to float) is the twin: the layout is the library's, not ours alone
-    pytest.importorskip("compressed_tensors")
+    # transformers reading the quantized checkpoint itself, dequantized to float, is
+    # the twin: the layout is the library's, not ours alone
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM
-    from transformers.utils.quantization_config import CompressedTensorsConfig
+    config = _library_dequantized(layout)
     quant, twin = tmp_path / "quant", tmp_path / "twin"
     write_quantized(tiny_llama_dir, quant, twin, layout)
-    model = AutoModelForCausalLM.from_pretrained(
-        str(quant), dtype=torch.float32,
-        quantization_config=CompressedTensorsConfig(run_compressed=False)).eval()
+    model = AutoModelForCausalLM.from_pretrained(str(quant), dtype=torch.float32,
+                                                 quantization_config=config).eval()
     theirs, ours = model.state_dict(), load_file(str(twin / "model.safetensors"))
     for name, w in ours.items():
         assert torch.equal(theirs[name].float(), w), name
