@@ -33,6 +33,26 @@ def gemma_dir(tmp_path_factory):
     return write_dense("gemma3_text", tmp_path_factory.mktemp("gemma3_text"))
 
 
+@pytest.fixture(scope="module")
+def phi3_dir(tmp_path_factory):
+    return write_dense("phi3_longrope", tmp_path_factory.mktemp("phi3_longrope"))
+
+
+def test_a_quantized_qwen3_moe_dequantizes_every_experts_linear(family_dir, tmp_path):
+    quant, twin = tmp_path / "quant", tmp_path / "twin"
+    write_quantized(family_dir("qwen3_moe"), quant, twin, "gptq-4bit")
+    got = run_outputs(tiny_cpu_runner(quant, dtype="float32"), _prompts(), 12)
+    assert got == _hf_greedy(twin, _prompts(), 12)
+
+
+def test_a_quantized_fused_qkv_and_gate_up_phi3_is_split_after_dequantizing(
+        phi3_dir, tmp_path):
+    quant, twin = tmp_path / "quant", tmp_path / "twin"
+    write_quantized(phi3_dir, quant, twin, "awq-gemm")
+    got = run_outputs(tiny_cpu_runner(quant, dtype="float32"), _prompts(), 12)
+    assert got == _hf_greedy(twin, _prompts(), 12)
+
+
 @pytest.fixture(params=["qwen3", "gemma3_text"])
 def edited(request, family_dir, gemma_dir, tmp_path):
     src = family_dir("qwen3") if request.param == "qwen3" else gemma_dir

@@ -14,8 +14,11 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-           "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+# the layers' linears by their last name part: dense, experts' (Qwen3-MoE) and the
+# fused ones some checkpoints store (Phi-3); the MoE router stays float, as in
+# quantized MoE checkpoints
+LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
+           "qkv_proj", "gate_up_proj")
 GROUP = 32
 
 
@@ -210,7 +213,8 @@ LAYOUTS = {
 
 
 def is_linear(name: str) -> bool:
-    return name.endswith(".weight") and any(name.endswith(f".{n}.weight") for n in LINEARS)
+    return ".layers." in name and name.endswith(".weight") and any(
+        name.endswith(f".{n}.weight") for n in LINEARS)
 
 
 def write_quantized(src: Path, quant_dir: Path, twin_dir: Path, layout: str) -> None:
