@@ -114,3 +114,28 @@ def test_a_shape_the_config_does_not_imply_is_refused_naming_both_in_every_famil
     with pytest.raises(CheckpointError, match=r"layers\.1\.self_attn\.k_proj\.weight has "
                                               r"shape \[\d+, \d+\], but config.json implies"):
         tiny_cpu_runner(edited, dtype="float32")
+
+
+@pytest.mark.e2e
+def test_two_tensor_parallel_ranks_slice_the_dequantized_weights_like_float_ones(
+        phi3_dir, tmp_path):
+    # each rank takes its rows (fused qkv split, then heads) and its columns (o_proj,
+    # down_proj) of the dequantized weights: greedy equal to transformers on the twin
+    from shared.types import SamplingParams
+    from tests.integration.hf_reference import hf_greedy
+    from tests.integration.test_tensor_parallel import _addresses, _ranks
+    from tests.integration.tp_group import RankGroupClient
+    from tests.spec.engine_loop import run
+    quant, twin = tmp_path / "quant", tmp_path / "twin"
+    write_quantized(phi3_dir, quant, twin, "gptq-4bit-desc-act")
+    stack = _ranks(quant, tmp_path / "logs", flags=["--dtype", "float32"])
+    try:
+        group = RankGroupClient(_addresses(stack))
+        params = [SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True)
+                  for _ in _prompts()]
+        got, _, _ = run(group, _prompts(), params, num_blocks=32, max_model_len=96)
+        group.close()
+    finally:
+        stack.stop()
+    want = _hf_greedy(twin, _prompts(), 12)
+    assert [got[f"r{i}"] for i in range(len(want))] == want
