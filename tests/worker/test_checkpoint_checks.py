@@ -88,9 +88,10 @@ def test_an_unsupported_quantization_method_or_variant_is_refused_by_name(
         _load(edited)
 
 
-def test_an_autogptq_quantize_config_file_alone_is_refused_naming_it(edited):
+def test_an_autogptq_quantize_config_file_over_float_tensors_is_refused_naming_it(edited):
+    # read as the GPTQ config it is (AutoGPTQ writes it instead of a quantization_config)
     (edited / "quantize_config.json").write_text(json.dumps({"bits": 4, "group_size": 128}))
-    with pytest.raises(CheckpointError, match="quantize_config.json"):
+    with pytest.raises(CheckpointError, match="quant_method='gptq' in quantize_config.json"):
         _load(edited)
 
 

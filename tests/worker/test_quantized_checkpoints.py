@@ -83,3 +83,15 @@ def test_the_librarys_own_dequantization_gives_the_twins_weights_and_tokens(
                                attention_mask=torch.ones(1, len(p), dtype=torch.long)
                                )[0, len(p):].tolist() for p in _prompts()]
     assert got == want
+
+
+def test_an_autogptq_checkpoint_with_only_quantize_config_json_loads_as_gptq(
+        tiny_llama_dir, tmp_path):
+    import json
+    quant, twin = tmp_path / "quant", tmp_path / "twin"
+    write_quantized(tiny_llama_dir, quant, twin, "gptq-4bit-desc-act")
+    config = json.loads((quant / "config.json").read_text())
+    (quant / "quantize_config.json").write_text(json.dumps(config.pop("quantization_config")))
+    (quant / "config.json").write_text(json.dumps(config))
+    got = run_outputs(tiny_cpu_runner(quant, dtype="float32"), _prompts(), 12)
+    assert got == _hf_greedy(twin, _prompts(), 12)

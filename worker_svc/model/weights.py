@@ -176,7 +176,7 @@ class CheckpointSlices:
             if not taken:
                 raise CheckpointError(
                     f"checkpoint in {model_dir} has quant_method={self.quant.quant_method!r} "
-                    f"in its config, but no tensor in the {self.quant.name} format")
+                    f"in {self.quant.source}, but no tensor in the {self.quant.name} format")
         refuse_unread_quantized(model_dir, entries,
                                 self.quant.quant_method if self.quant else None)
         self.entries = causal_lm_entries(entries, cfg)

@@ -11,6 +11,7 @@ A method or a variant not listed in METHODS is refused here, by name.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
@@ -22,7 +23,8 @@ class QuantMethod:
     """One quantization method as a checkpoint's config states it."""
 
     name = "base"
-    quant_method = ""  # config.json's name for it, set by method_of
+    quant_method = ""  # the config's name for it, and the file that config is in:
+    source = "config.json"  # both set by method_of
     # last parts of tensor names this method stores beside or instead of `weight`
     suffixes: frozenset[str] = frozenset()
 
@@ -58,18 +60,23 @@ def method_of(model_dir: Path, hf_config) -> QuantMethod | None:
     qc = getattr(hf_config, "quantization_config", None)
     if qc is None:
         qc = getattr(hf_config, "compression_config", None)
-    for file in ("quantize_config.json", "quant_config.json"):
-        if not qc and (model_dir / file).is_file():  # old AutoGPTQ/AutoAWQ tools
-            raise refuse(model_dir, f"{file} without a quantization_config in config.json")
+    source = "config.json"
+    for file, default in (("quantize_config.json", "gptq"), ("quant_config.json", "awq")):
+        if not qc and (model_dir / file).is_file():  # AutoGPTQ/AutoAWQ's own file
+            try:
+                qc = {"quant_method": default, **json.loads((model_dir / file).read_text())}
+            except (OSError, ValueError) as e:
+                raise refuse(model_dir, f"{file} unreadable: {e}") from None
+            source = file
     if not qc:
         return None
     d = qc if isinstance(qc, dict) else getattr(qc, "to_dict", lambda: vars(qc))()
     name = d.get("quant_method", "unknown")
     name = getattr(name, "value", name)  # transformers' QuantizationMethod enum
     if name not in methods:
-        raise refuse(model_dir, f"quant_method={name!r}")
+        raise refuse(model_dir, f"quant_method={name!r} in {source}")
     method = methods[name](model_dir, d)
-    method.quant_method = name
+    method.quant_method, method.source = name, source
     return method
 
 
