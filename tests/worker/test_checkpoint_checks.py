@@ -1,5 +1,6 @@
 """A checkpoint the model would serve wrongly is refused at load, naming the format or
-the tensor: a quantization_config's method, a quantization format's tensor names,
+the tensor: a quantization_config's method not supported (or one whose tensors are
+absent), a quantization format's tensor names without a config,
 a non-float weight (int8, uint8, fp8), a missing tensor, a shape the config does not
 imply. Each is a tiny llama saved by transformers, then edited into that layout."""
 
@@ -52,7 +53,9 @@ def _edit_tensors(model_dir: Path, edit) -> None:
 
 QUANTIZATION_CONFIGS = {
     "fp8": {"quant_method": "fp8", "activation_scheme": "dynamic"},
-    "compressed-tensors": {"quant_method": "compressed-tensors", "format": "int-quantized"},
+    "compressed-tensors": {"quant_method": "compressed-tensors", "format": "int-quantized",
+                           "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
+                               "num_bits": 8, "type": "int", "strategy": "channel"}}}},
     "gptq": {"quant_method": "gptq", "bits": 4, "group_size": 128},
     "awq": {"quant_method": "awq", "bits": 4, "group_size": 128, "version": "gemm"},
     "bitsandbytes": {"quant_method": "bitsandbytes", "load_in_8bit": True},
@@ -60,15 +63,35 @@ QUANTIZATION_CONFIGS = {
 
 
 @pytest.mark.parametrize("method", list(QUANTIZATION_CONFIGS))
-def test_a_quantization_config_is_refused_naming_its_quant_method(edited, method):
+def test_a_supported_quantization_config_over_float_tensors_is_refused_naming_it(
+        edited, method):
+    # the config says quantized, the tensors say float: one of them lies
     _edit_config(edited, quantization_config=QUANTIZATION_CONFIGS[method])
-    with pytest.raises(CheckpointError, match=f"quant_method='{method}'"):
+    with pytest.raises(CheckpointError, match=f"quant_method='{method}'.*no tensor in"):
         _load(edited)
 
 
-def test_an_autogptq_quantize_config_file_is_refused_naming_it(edited):
+@pytest.mark.parametrize("config, named", [
+    ({"quant_method": "hqq", "nbits": 4}, "quant_method='hqq'"),
+    ({"quant_method": "gptq", "bits": 3, "group_size": 128}, "gptq bits=3"),
+    ({"quant_method": "awq", "bits": 4, "group_size": 128, "version": "gemv"},
+     "awq version='gemv'"),
+    ({"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized",
+      "config_groups": {"group_0": {"targets": ["Linear"], "weights": {
+          "num_bits": 4, "type": "float", "strategy": "tensor_group", "group_size": 16}}}},
+     "compressed-tensors format='nvfp4-pack-quantized'"),
+], ids=["hqq", "gptq-3bit", "awq-gemv", "nvfp4"])
+def test_an_unsupported_quantization_method_or_variant_is_refused_by_name(
+        edited, config, named):
+    _edit_config(edited, quantization_config=config)
+    with pytest.raises(CheckpointError, match=named):
+        _load(edited)
+
+
+def test_an_autogptq_quantize_config_file_over_float_tensors_is_refused_naming_it(edited):
+    # read as the GPTQ config it is (AutoGPTQ writes it instead of a quantization_config)
     (edited / "quantize_config.json").write_text(json.dumps({"bits": 4, "group_size": 128}))
-    with pytest.raises(CheckpointError, match="quantize_config.json"):
+    with pytest.raises(CheckpointError, match="quant_method='gptq' in quantize_config.json"):
         _load(edited)
 
 
@@ -146,10 +169,9 @@ def test_an_untied_model_without_lm_head_is_refused_naming_it(edited):
 
 
 def test_the_worker_process_exits_with_the_refusal_as_its_message(edited):
-    # the real entry point: a GPTQ checkpoint ends the process with a named refusal,
-    # not a KeyError traceback
-    _edit_config(edited, quantization_config=QUANTIZATION_CONFIGS["gptq"])
-    _edit_tensors(edited, _gptq)
+    # the real entry point: an unsupported quantized checkpoint ends the process with a
+    # named refusal, not a KeyError traceback
+    _edit_config(edited, quantization_config={"quant_method": "hqq", "nbits": 4})
     port, metrics = free_ports(2)
     result = subprocess.run(
         [sys.executable, "-m", "worker_svc.server", "--model", str(edited),
@@ -158,5 +180,5 @@ def test_the_worker_process_exits_with_the_refusal_as_its_message(edited):
         env={**os.environ, "OMP_NUM_THREADS": "1"})
     last = result.stderr.strip().splitlines()[-1]
     assert result.returncode == 2, result.stderr
-    assert last.startswith("gapserve worker: ") and "quant_method='gptq'" in last, last
+    assert last.startswith("gapserve worker: ") and "quant_method='hqq'" in last, last
     assert "Traceback" not in result.stderr

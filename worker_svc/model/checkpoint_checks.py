@@ -1,14 +1,17 @@
 """Refuse, before a byte of weights is read, a checkpoint the model would serve wrongly.
 
-Until quantized formats are supported, reading one as floats is garbage with no
-warning: FP8, int8 (W8A8) and bitsandbytes 8-bit weights are integers or fp8 codes
-whose scales sit in other tensors, and GPTQ/AWQ have no `weight` at all. So a
-checkpoint is refused, with a message naming the format or the tensor, when
-1. its config carries a `quantization_config` (or a quantize_config.json sits beside
-   it): the message names the `quant_method`;
-2. a tensor has a quantization format's name (`qweight`, `weight_scale`, `SCB`, ...);
-3. a tensor the model reads is missing, not a floating-point dtype (fp8 included:
-   codes without their scales), or not the shape the config implies.
+Every family reads its checkpoint through weights.CheckpointSlices, which applies
+these rules at one point. A quantized checkpoint is loaded by its method in
+worker_svc/model/quantization/ (dequantized to float at load), or refused there by
+name; what no method took is refused here, with a message naming the format or the
+tensor, when
+1. a tensor still has a quantization format's name (`qweight`, `weight_scale`, `SCB`,
+   ...) after the checkpoint's method took its own: quantized tensors without a
+   quantization_config saying how to read them, or of another format than it;
+2. a configured method found no linear in its format (a config that lies);
+3. a tensor the model reads is not a floating-point dtype (fp8 included: codes
+   without their scales), and, for the families that state their tensors
+   (expected_shapes: the llama family), missing or not the shape the config implies.
 Tensors the model does not read are logged, not refused (old checkpoints carry
 `rotary_emb.inv_freq`).
 """
@@ -38,54 +41,54 @@ QUANTIZED_TENSOR_NAMES = {
     "absmax": "bitsandbytes 4-bit", "quant_map": "bitsandbytes 4-bit",
     "nested_absmax": "bitsandbytes 4-bit", "nested_quant_map": "bitsandbytes 4-bit",
 }
-# files older GPTQ/AWQ tools write instead of a quantization_config
-QUANTIZE_CONFIG_FILES = ("quantize_config.json", "quant_config.json")
 
 
 def check_checkpoint(model_dir: Path, cfg: ModelConfig,
                      entries: dict[str, TensorEntry]) -> None:
     """Raise CheckpointError naming the first reason the checkpoint cannot be served
-    as floats by this model; `entries` are all its tensors (weights.checkpoint_entries)."""
-    refuse_quantization_config(model_dir, cfg.hf_config)
-    for name in entries:
-        if (fmt := quantized_format(name)) is not None:
-            raise CheckpointError(f"checkpoint in {model_dir} is quantized ({fmt}): tensor "
-                                  f"{name}; quantized checkpoints are not supported yet, "
-                                  "use a float16/bfloat16/float32 one")
+    as floats by the llama family; `entries` are its tensors as CheckpointSlices lists
+    them (quantized linears already their float weights)."""
     expected = expected_shapes(cfg)
-    for name, shape in expected.items():
-        e = entries.get(name)
-        if e is None:
-            if _optional(name, cfg):
-                continue
-            raise CheckpointError(f"checkpoint in {model_dir} lacks tensor {name} "
-                                  f"(shape {list(shape)})")
-        if e.dtype not in FLOAT_DTYPES:
-            raise CheckpointError(f"{e.path}: tensor {name} has dtype {e.dtype}, not a float "
-                                  "dtype (a quantized weight without its scales?); quantized "
-                                  "checkpoints are not supported yet")
-        if e.shape != shape:
-            raise CheckpointError(f"{e.path}: tensor {name} has shape {list(e.shape)}, but "
-                                  f"config.json implies {list(shape)}")
+    check_shapes(model_dir, entries, expected, lambda name: _optional(name, cfg))
     unused = sorted(set(entries) - set(expected))
     log.info("checkpoint_checked", model_dir=str(model_dir), tensors=len(entries),
              dtypes=sorted({e.dtype for e in entries.values()}), unused=unused[:8],
              num_unused=len(unused))
 
 
-def refuse_quantization_config(model_dir: Path, hf_config) -> None:
-    """Part 1 of the rule: a quantization_config (or compression_config) in config.json,
-    or a GPTQ/AWQ tool's own quantize config file."""
-    for key in ("quantization_config", "compression_config"):
-        qc = getattr(hf_config, key, None)
-        if qc:
-            raise CheckpointError(f"checkpoint in {model_dir} is quantized ({key} with "
-                                  f"{_describe(qc)}); quantized checkpoints are not "
-                                  "supported yet, use a float16/bfloat16/float32 one")
-    for file in QUANTIZE_CONFIG_FILES:
-        if (model_dir / file).is_file():
-            raise CheckpointError(f"checkpoint in {model_dir} is quantized ({file}); quantized "
-                                  "checkpoints are not supported yet")
+def check_shapes(model_dir: Path, entries: dict[str, TensorEntry],
+                 expected: dict[str, tuple[int, ...]], optional=lambda name: False) -> None:
+    """Rule 3 for a family that states its tensors: each present, float, of its shape."""
+    for name, shape in expected.items():
+        e = entries.get(name)
+        if e is None:
+            if optional(name):
+                continue
+            raise CheckpointError(f"checkpoint in {model_dir} lacks tensor {name} "
+                                  f"(shape {list(shape)})")
+        refuse_non_float(name, e)
+        if e.shape != shape:
+            raise CheckpointError(f"{e.path}: tensor {name} has shape {list(e.shape)}, but "
+                                  f"config.json implies {list(shape)}")
+
+
+def refuse_unread_quantized(model_dir: Path, entries: dict[str, TensorEntry],
+                            method_name: str | None) -> None:
+    """Rule 1: a quantization format's tensor that no configured method took."""
+    for name in entries:
+        if (fmt := quantized_format(name)) is not None:
+            how = (f"not in the format of its quant_method={method_name!r}" if method_name
+                   else "without a quantization_config in config.json saying how to read it")
+            raise CheckpointError(f"checkpoint in {model_dir} is quantized ({fmt}): tensor "
+                                  f"{name}, {how}; such checkpoints are not supported")
+
+
+def refuse_non_float(name: str, e: TensorEntry) -> None:
+    """Rule 3's dtype part, for a tensor the model is about to read."""
+    if e.dtype not in FLOAT_DTYPES:
+        raise CheckpointError(f"{e.path}: tensor {name} has dtype {e.dtype}, not a float "
+                              "dtype (a quantized weight without its scales or its "
+                              "quantization_config?); such checkpoints are not supported")
 
 
 def quantized_format(name: str) -> str | None:
@@ -120,13 +123,3 @@ def _optional(name: str, cfg: ModelConfig) -> bool:
     """Tensors a checkpoint may lack: biases (the loader pairs fused ones) and a tied
     lm_head (the embedding serves it)."""
     return name.endswith(".bias") or (name == "lm_head.weight" and cfg.tie_word_embeddings)
-
-
-def _describe(qc) -> str:
-    """quant_method and bits of a quantization_config (a dict, or transformers' object)."""
-    d = qc if isinstance(qc, dict) else getattr(qc, "to_dict", lambda: vars(qc))()
-    parts = [f"quant_method={d.get('quant_method', 'unknown')!r}"]
-    for key in ("bits", "load_in_8bit", "load_in_4bit", "fmt", "format"):
-        if d.get(key):
-            parts.append(f"{key}={d[key]!r}")
-    return ", ".join(parts)

@@ -18,6 +18,7 @@ import torch
 
 from worker_svc.kv_capacity import kv_cache_tensors
 from worker_svc.model import layers
+from worker_svc.model.checkpoint_checks import check_shapes
 from worker_svc.model.config import ModelConfig, layer_windows
 from worker_svc.model.layers import MoeWeights
 from worker_svc.model.safetensors_io import TensorReader
@@ -76,6 +77,7 @@ def load_weights(model_dir: Path, cfg: ModelConfig, dtype: torch.dtype, device: 
     mm = matmul_dtype or dtype
     with TensorReader() as reader:
         ck = CheckpointSlices(model_dir, cfg, shard, reader, dtype, device)
+        check_shapes(model_dir, ck.entries, expected_shapes(cfg, names))
 
         def w(prefix: str, key: str) -> list[str]:
             return [f"{prefix}{n}.weight" for n in names[key]]
@@ -106,6 +108,37 @@ def load_weights(model_dir: Path, cfg: ModelConfig, dtype: torch.dtype, device: 
         embed, lm_head = ck.embed_and_head(cfg.tie_word_embeddings, mm)
         final_norm = ck.take("model.norm.weight")
     return TorchWeights(embed=embed, layers=out, final_norm=final_norm, lm_head=lm_head)
+
+
+def expected_shapes(cfg: ModelConfig, names: dict[str, tuple[str, ...]]
+                    ) -> dict[str, tuple[int, ...]]:
+    """The layers' tensors a family's PACKED_MODULES_MAPPING names, with the shapes the
+    config implies (checkpoint_checks.check_shapes); biases are checked when stacked."""
+    h, hd = cfg.hidden_size, cfg.head_dim
+    q, kv = cfg.num_heads * hd, cfg.num_kv_heads * hd
+    per_key = {"input_norm": [(h,)], "post_norm": [(h,)], "qkv": [(q, h), (kv, h), (kv, h)],
+               "o_proj": [(h, q)], "q_norm": [(hd,)], "k_norm": [(hd,)],
+               "gate_up": [(cfg.intermediate_size, h)] * 2,
+               "down": [(h, cfg.intermediate_size)]}
+    if cfg.moe is not None:
+        mi = cfg.moe.intermediate_size
+        per_key |= {"router": [(cfg.moe.num_experts, h)], "expert_gate_up": [(mi, h)] * 2,
+                    "expert_down": [(h, mi)]}
+    out: dict[str, tuple[int, ...]] = {}
+    for i in range(cfg.num_layers):
+        moe_layer = bool(cfg.moe_layers) and cfg.moe_layers[i]
+        skip = ({"gate_up", "down"} if moe_layer else {"router", "expert_gate_up",
+                                                       "expert_down"})
+        if not cfg.qk_norm:
+            skip |= {"q_norm", "k_norm"}
+        for key, shapes in per_key.items():
+            if key in skip or key not in names:
+                continue
+            experts = range(cfg.moe.num_experts) if key.startswith("expert_") else [None]
+            for e in experts:
+                for n, shape in zip(names[key], shapes):
+                    out[f"model.layers.{i}.{n.format(e=e)}.weight"] = shape
+    return out
 
 
 def _experts(ck: CheckpointSlices, p: str, names, cfg: ModelConfig, shard: ShardPlan,

@@ -10,8 +10,11 @@ from pathlib import Path
 
 import torch
 
-from worker_svc.model.checkpoint_checks import check_checkpoint
+from worker_svc.model import quantization
+from worker_svc.model.checkpoint_checks import (check_checkpoint, refuse_non_float,
+                                                refuse_unread_quantized)
 from worker_svc.model.config import ModelConfig
+from worker_svc.model.quantization.linears import dequantized_entries
 from worker_svc.model.safetensors_io import (CheckpointError, TensorEntry, TensorReader,
                                              new_tensor, read_header)
 from worker_svc.parallel.shard import ShardPlan, whole_plan
@@ -154,13 +157,29 @@ class CheckpointSlices:
     mapping, no intermediate copies (see safetensors_io). Column-parallel parts are
     cut to this rank's rows by their name (q_proj, k_proj, v_proj: its heads;
     gate_proj, up_proj: its intermediate rows; embed_tokens, lm_head: its vocabulary);
-    `columns` cuts row-parallel ones. Use inside `with TensorReader() as reader`."""
+    `columns` cuts row-parallel ones. Use inside `with TensorReader() as reader`.
+
+    Every family's checkpoint comes through here: a quantized one's linears are
+    dequantized by its method (worker_svc/model/quantization/) or refused by name,
+    leftover quantized tensors are refused (checkpoint_checks), and a tensor taken must
+    be a float dtype."""
 
     def __init__(self, model_dir: Path, cfg: ModelConfig, plan: ShardPlan,
                  reader: TensorReader, dtype: torch.dtype, device: torch.device) -> None:
         self.model_dir, self.plan, self.reader = model_dir, plan, reader
         self.dtype, self.device = dtype, device
-        self.entries = causal_lm_entries(checkpoint_entries(model_dir), cfg)
+        entries = checkpoint_entries(model_dir)
+        self.quant = quantization.method_of(model_dir, cfg.hf_config)  # refuses by name
+        if self.quant is not None:
+            entries, self.reader, taken = dequantized_entries(model_dir, entries,
+                                                              self.quant, reader)
+            if not taken:
+                raise CheckpointError(
+                    f"checkpoint in {model_dir} has quant_method={self.quant.quant_method!r} "
+                    f"in {self.quant.source}, but no tensor in the {self.quant.name} format")
+        refuse_unread_quantized(model_dir, entries,
+                                self.quant.quant_method if self.quant else None)
+        self.entries = causal_lm_entries(entries, cfg)
         hd = cfg.head_dim
         self.q_rows = (plan.q_heads[0] * hd, plan.q_heads[1] * hd)
         kv_rows = (plan.kv_heads[0] * hd, plan.kv_heads[1] * hd)
@@ -178,6 +197,7 @@ class CheckpointSlices:
         if name not in self.entries:
             raise KeyError(f"checkpoint in {self.model_dir} lacks tensor {name}")
         e = self.entries[name]
+        refuse_non_float(name, e)
         part = name.rsplit(".", 2)[-2]  # "model.layers.0.self_attn.q_proj.weight" -> q_proj
         if whole or self.plan.whole or part not in self.rows_of or not e.shape:
             return e
