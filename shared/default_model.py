@@ -53,11 +53,25 @@ def resolve_model(model: str | None) -> Path:
     if model is None or model in ("", MODEL_DIR_NAME, "HuggingFaceTB/" + MODEL_DIR_NAME):
         return ensure_default_model()
     path = Path(model).expanduser()
+    if looks_like_hub_id(model):
+        raise FileNotFoundError(
+            f"model {model!r} looks like a Hugging Face hub id: gapserve serves local "
+            f"checkpoints only (nothing is downloaded from a model hub); give a directory "
+            f"holding config.json and *.safetensors (e.g. `huggingface-cli download {model} "
+            f"--local-dir ./{path.name}`, then `gapserve serve ./{path.name}`), or no model "
+            f"for the default {MODEL_DIR_NAME}")
     if not (path / "config.json").is_file():
         raise FileNotFoundError(
             f"model {model!r} is not a local checkpoint directory with a config.json "
             "(nothing is downloaded from a model hub)")
     return path
+
+
+def looks_like_hub_id(model: str) -> bool:
+    """`org/name` that is no local path: what vLLM would fetch from the hub."""
+    parts = model.split("/")
+    return (len(parts) == 2 and all(parts) and not model.startswith((".", "~"))
+            and not Path(model).expanduser().exists())
 
 
 def ensure_default_model() -> Path:
