@@ -59,12 +59,12 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
 rm -f "$STAMP"  # an interrupted install leaves no stamp behind
-say "installing torch 2.13.0, CPU build (~200 MB: a minute or two on a first run, seconds from pip's cache)"
+say "installing torch 2.13.0, CPU build (~200 MB: about two minutes on a first run, seconds when installed)"
 pip_step torch==2.13.0
 if [ "$MODE" = serve ]; then
   # the pinned dependencies include llguidance (structured outputs), a wheel without
   # dependencies; xgrammar is deliberately not one (its metadata pulls triton)
-  say "installing gapserve (editable) and its serving dependencies (transformers, grpcio, fastapi, ...: about a minute on a first run)"
+  say "installing gapserve (editable) and its serving dependencies (transformers, grpcio, fastapi, ...: two or three minutes on a first run)"
   pip_step -e .
 else
   say "installing gapserve (editable) with its test extras (pytest, triton, Helm/Kubernetes validators, routers: ~1.3 GB, several minutes on a first run)"

