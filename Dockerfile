@@ -26,16 +26,19 @@ RUN python -m venv /opt/venv \
  && pip install --index-url "${TORCH_INDEX_URL}" --extra-index-url "${PIP_INDEX_URL}" \
       "torch==${TORCH_VERSION}"
 WORKDIR /src
-# Sources only (see .dockerignore); tests and benchmarks stay out of the image.
-COPY pyproject.toml ./
-COPY protos protos
+# Sources only (see .dockerignore); tests and benchmarks stay out of the image, and so
+# does protos/: the generated modules are committed in shared/proto.
+COPY pyproject.toml README.md ./
 COPY shared shared
 COPY worker_svc worker_svc
 COPY scheduler_svc scheduler_svc
 COPY frontend_svc frontend_svc
 COPY gapserve gapserve
-# Its pinned dependencies come with it, llguidance (structured outputs) among them: a
-# wheel with no dependencies of its own, so the CPU image stays free of triton.
+# The runtime dependencies only (pyproject.toml's `dependencies`): never the test extra,
+# whose pytest, triton, grpcio-tools and validators a server never imports. llguidance
+# (structured outputs) is a wheel with no dependencies, so the CPU image has no triton.
+# A regular (not editable) install, as `pip install .` anywhere: the wheel carries the
+# C sources and templates (tests/test_wheel.py).
 RUN pip install --index-url "${PIP_INDEX_URL}" ".${EXTRAS:+[$EXTRAS]}"
 
 FROM build AS model

@@ -1,6 +1,6 @@
 """`gapserve`: one command for the whole stack, and one per service.
 
-    gapserve serve [flags]        worker, scheduler and frontend as three processes
+    gapserve serve [MODEL] [flags]  worker, scheduler and frontend as three processes
     gapserve worker [flags]       one worker rank       (containers)
     gapserve scheduler [flags]    the scheduler         (containers)
     gapserve frontend [flags]     the frontend          (containers)

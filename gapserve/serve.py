@@ -190,6 +190,7 @@ def _kv_events_dir() -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = serve_parser()
     args = flags.parse_args(parser, argv)
+    flags.model_from_args(parser, args)
     try:  # said once here, before anything starts, not by each child as it exits
         problem = inner_bind_problem(args.inner_host, LinkSecurity.from_args(args),
                                      args.allow_insecure_inner)

@@ -167,6 +167,8 @@ class Supervisor:
         """None once all are healthy; otherwise why not."""
         deadline = time.monotonic() + timeout_s
         pending = list(self.children)
+        self.say(f"gapserve serve: starting {', '.join(c.name for c in pending)}; "
+                 "waiting for each to report ready")
         while pending:
             if self.stop.is_set():
                 return "interrupted"
@@ -174,7 +176,11 @@ class Supervisor:
                 return f"{child.name} exited with code {child.process.returncode}"
             if time.monotonic() > deadline:
                 return f"{', '.join(c.name for c in pending)} not healthy after {timeout_s:.0f} s"
-            pending = [c for c in pending if not c.healthy()]
+            ready = [c for c in pending if c.healthy()]
+            for child in ready:  # each service's readiness, as it comes (the worker last)
+                self.say(f"gapserve serve: {child.name} ready "
+                         f"({timeout_s - (deadline - time.monotonic()):.0f} s)")
+            pending = [c for c in pending if c not in ready]
             if pending:
                 self.stop.wait(POLL_S)
         return None

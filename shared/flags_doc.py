@@ -57,7 +57,7 @@ def render() -> str:
                 group = m["group"]
                 out += [f"\n### {group}\n", "| flag | variable | default | what |",
                         "|---|---|---|---|"]
-            name = config.flag_name(f)
+            name = ", ".join([config.flag_name(f), *m.get("aliases", ())])
             if isinstance(config.flag_default(f), bool):
                 name = f"{name}, --no-{name[2:]}"
             elif m["choices"]:

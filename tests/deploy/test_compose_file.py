@@ -285,6 +285,13 @@ def test_triton_is_an_extra_the_cpu_install_does_not_bring():
     assert any(d.startswith("triton") for d in project["optional-dependencies"]["test"])
 
 
+def test_the_image_installs_the_runtime_dependencies_only():
+    installs = [rest for word, rest in dockerfile_instructions()
+                if word == "RUN" and "pip install" in rest]
+    assert installs and not any("[test]" in r or "pytest" in r for r in installs)
+    assert any('".${EXTRAS:+[$EXTRAS]}"' in r for r in installs)  # empty on CPU
+
+
 def test_the_healthcheck_script_is_where_the_image_runs_it():
     copies = [rest.split() for word, rest in dockerfile_instructions() if word == "COPY"]
     assert ["deploy/healthcheck.py", "deploy/healthcheck.py"] in copies
