@@ -12,12 +12,15 @@ the environment or a kernel's availability again. Which family serves the model
 takes the C element-wise ops, layer loop and small-batch matmul ("layers=c"); every
 other family runs its torch layers ("layers=torch"), sharing the attention backend,
 and an option only the C path serves (--quantization int8) is refused for it by
-name. The worker logs it in one
+name. A draft model (speculative decoding) asks `build_plan` for its own plan with
+`draft_of`, and every model's weights are made ready for its plan by
+`prepare_weights`, once. The worker logs it in one
 `compute_plan` line and reports `summary()` in ModelInfo (GetModelInfo, /v1/status).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from dataclasses import dataclass
 
@@ -150,14 +153,19 @@ def build_plan(config: WorkerConfig, device: torch.device, model_cfg, *, biases:
                windowed: bool = False, ranks_on_host: int = 1, kernels: Kernels | None = None,
                usable_cores: int | None = None, quota_cpus: float | None = None,
                environ=None, fault_stop_after_steps: int | None = None,
-               fault_fail_on_token: int | None = None) -> ComputePlan:
+               fault_fail_on_token: int | None = None, draft_of: ComputePlan | None = None,
+               self_draft: bool = False) -> ComputePlan:
     """The plan for this worker. model_cfg: the model as this rank holds it (head_dim,
     hidden_size); biases: whether any matmul has a bias (Qwen2's q/k/v); windowed:
     whether a sliding window applies (model.config.layer_windows). kernels,
     usable_cores (with quota_cpus, its cgroup's CPU quota) and environ default to this
-    machine's; tests pass their own."""
+    machine's; tests pass their own. draft_of: the served model's plan, when this is
+    its draft model's (self_draft: the int8 self-draft's; else a separate checkpoint's)."""
     from worker_svc.model import fused_ops, small_linear
     from worker_svc.model.registry import FAMILIES
+    if draft_of is not None:
+        return _draft_plan(config, device, model_cfg, biases, draft_of, self_draft, kernels,
+                           windowed)
     dtype = resolve_dtype(config.dtype, device)
     cpu = device.type == "cpu"
     family = getattr(model_cfg, "family", "llama")
@@ -212,6 +220,51 @@ def build_plan(config: WorkerConfig, device: torch.device, model_cfg, *, biases:
         ranks_on_host=ranks_on_host, zero_cost_steps=config.zero_cost_steps,
         fault_stop_after_steps=fault_stop_after_steps, fault_fail_on_token=fault_fail_on_token,
         family=family, c_layers=c_layers, windowed=windowed)
+
+
+def _draft_plan(config: WorkerConfig, device: torch.device, model_cfg, biases: bool,
+                target: ComputePlan, self_draft: bool, kernels: Kernels | None,
+                windowed: bool) -> ComputePlan:
+    """A draft model runs in the served model's threads, between its passes, and never
+    screens (its weights get no screen copy). The int8 self-draft is the served model
+    through the small-batch kernel's int8 copies, at their row limits; a separate
+    checkpoint is planned as a model of its own shape on one rank (rank 0 drafts alone)."""
+    from worker_svc.model import small_linear
+    if self_draft:
+        if device.type != "cpu" or target.small_batch == "off":
+            raise ValueError(
+                "the int8 self-draft runs on the CPU small-batch kernel's int8 weights: "
+                "it needs a CPU worker with a C compiler and --cpu-small-batch")
+        return dataclasses.replace(
+            target, small_batch="int8", small_max_rows=small_linear.INT8_MAX_ROWS,
+            logits_max_rows=small_linear.INT8_MAX_ROWS, argmax_screen=False)
+    plan = build_plan(dataclasses.replace(config, tensor_parallel_size=1), device, model_cfg,
+                      biases=biases, kernels=kernels, windowed=windowed)
+    return dataclasses.replace(plan, threads=target.threads, argmax_screen=False)
+
+
+def prepare_weights(weights, plan: ComputePlan):
+    """The loaded weights as `plan` computes with them: on the CPU the matmul weights
+    in its dtype (prepacked if it says so) with the small-batch kernel's copies, and
+    the argmax screen's int8 copy when it screens; on a GPU as loaded."""
+    from worker_svc.model.cpu_dtype import prepare_matmul_weights
+    if plan.device.type != "cpu":
+        return weights
+    small = None if plan.small_batch == "off" else plan.small_batch
+    weights = prepare_matmul_weights(weights, plan.dtype, plan.prepack, small=small)
+    if plan.argmax_screen:
+        weights.argmax_screen = _argmax_screen(weights)
+    return weights
+
+
+def _argmax_screen(weights):
+    """The int8 copy that screens greedy rows: of the vocabulary projection the
+    small-batch kernel reads, where its width divides into int8's groups."""
+    from worker_svc.model import small_linear
+    head = weights.lm_head if weights.plain_lm_head is None else weights.plain_lm_head
+    if head.shape[1] % small_linear.GROUP:
+        return None
+    return small_linear.quantize_int8(head.float())
 
 
 def _threads(requested: int, ranks_on_host: int, usable_cores: int,

@@ -23,15 +23,14 @@ from shared.types import (InvalidRequestError, ModelInfo, ModelRunnerOutput,
                           SchedulerOutput, StepTimings)
 from worker_svc.attention.metadata import AttentionMetadata
 from worker_svc.attention.select import select_backend
-from worker_svc.compute_plan import build_plan, has_biases
+from worker_svc.compute_plan import build_plan, has_biases, prepare_weights
 from worker_svc.config import WorkerConfig
 from worker_svc import fault_injection
 from worker_svc.inputs import prepare_inputs
 from worker_svc.kv_capacity import (KvAccounting, bytes_per_block, cpu_num_blocks,
                                     cuda_num_blocks, usable_blocks)
 from worker_svc.model.config import layer_windows, load_model_config
-from worker_svc.model import small_linear
-from worker_svc.model.cpu_dtype import native_bf16, prepare_matmul_weights
+from worker_svc.model.cpu_dtype import native_bf16
 from worker_svc.model.dummy_weights import dummy_weights
 from worker_svc.model.registry import FAMILIES
 from worker_svc.model.weights import weight_bytes
@@ -40,7 +39,7 @@ from worker_svc.worker_request import WorkerRequest
 from worker_svc.grammar import GrammarRuntime, apply_masks
 from worker_svc.sampler import sample
 from worker_svc.spec.speculator import build_speculator
-from worker_svc.spec.verify import VerifyPass, accepted, verify_rows
+from worker_svc.spec.verify import VerifyPass
 from worker_svc.step_check import check_step
 from worker_svc.zero_cost import zero_cost_step
 
@@ -90,11 +89,8 @@ class ModelRunner:
             else:
                 weights = module.load_weights(self.model_dir, cfg, act_dtype, self.device,
                                               self.plan, matmul_dtype=self.dtype)
-            if self.device.type == "cpu" and family.c_kernels:  # prepacked; bf16 matmuls
-                small = None if plan.small_batch == "off" else plan.small_batch
-                weights = prepare_matmul_weights(weights, self.dtype, plan.prepack, small=small)
-                if plan.argmax_screen:
-                    weights.argmax_screen = _argmax_screen(weights)
+            if family.c_kernels:  # CPU: prepacked, bf16 for the matmuls only, the kernels' copies
+                weights = prepare_weights(weights, plan)
             self.weight_bytes = weight_bytes(weights)
             self.model = module.Model(self.local_config, weights, select_backend(plan),
                                       max_positions=self.max_model_len, plan=plan, tp=self.tp)
@@ -209,21 +205,20 @@ class ModelRunner:
         """The step's forward passes (one, or num_steps of a multi-step decode)."""
         running = [states[i] for i in live]
         num = [step.num_scheduled_tokens[order[i]] for i in live]
-        drafts, draft_s = None, 0.0
+        verify, draft_s = None, 0.0
         if step.num_draft_slots and self.speculator is not None:
             if on_prepared is not None:  # proposing may run a draft model: answer first
                 on_prepared()
                 on_prepared = None
             slots = [step.num_draft_slots.get(order[i], 0) for i in live]
             t_draft = time.perf_counter()
-            drafts = self.speculator.propose(running, slots, self.kv_caches)
+            verify = self.speculator.draft(running, slots, self.kv_caches, step.step_id)
             draft_s = time.perf_counter() - t_draft
-            num = [n - d + len(dr) for n, d, dr in zip(num, slots, drafts)]
+            num = [n - d + len(dr) for n, d, dr in zip(num, slots, verify.drafts)]
             out.num_draft_tokens = [0] * len(order)
-            for i, dr in zip(live, drafts):
+            for i, dr in zip(live, verify.drafts):
                 out.num_draft_tokens[i] = len(dr)
-            drafts = VerifyPass(drafts, slots, step.step_id)
-        inputs = self._prepare_inputs(running, num, None if drafts is None else drafts.drafts)
+        inputs = self._prepare_inputs(running, num, None if verify is None else verify.drafts)
         t1 = time.perf_counter()
         if on_prepared is not None:
             on_prepared()
@@ -242,7 +237,7 @@ class ModelRunner:
                 inputs = self._prepare_inputs(running, [1] * len(live))
                 prepare_s += time.perf_counter() - t1
             t2 = time.perf_counter()
-            pass_forward_s = self._forward_and_sample(running, live, inputs, out, drafts)
+            pass_forward_s = self._forward_and_sample(running, live, inputs, out, verify)
             forward_s += pass_forward_s
             sample_s += time.perf_counter() - t2 - pass_forward_s
             passes += 1
@@ -256,12 +251,10 @@ class ModelRunner:
     def _forward_and_sample(self, states: list[WorkerRequest], slots: list[int], inputs,
                             out, verify: VerifyPass | None = None) -> float:
         """One forward pass over the prepared inputs of `states` (whose places in
-        `out` are `slots`); the sampled tokens are appended to the requests' states
-        and to `out`. verify: the drafts of a verify pass (speculative decoding).
-        Returns the forward pass's seconds."""
-        samplers = [states[i] for i in inputs.sample_rows]
-        rows = samplers if verify is None else [
-            row for i in inputs.sample_rows for row in verify_rows(states[i], verify.drafts[i])]
+        `out` are `slots`), its rows sampled and committed (`_commit`). verify: the
+        drafts of a verify pass (speculative decoding). Returns the forward pass's seconds."""
+        rows = [states[i] for i in inputs.sample_rows] if verify is None else \
+            verify.rows(states, inputs.sample_rows)
         t0 = time.perf_counter()
         logits = self.model.forward(inputs.input_ids, inputs.positions, self.kv_caches,
                                     inputs.meta, inputs.logits_indices,
@@ -272,50 +265,36 @@ class ModelRunner:
         tokens, token_list, logprobs = self._sample(logits, rows)
         for state, n in zip(states, inputs.num_scheduled):
             state.num_computed_tokens += n
-        if verify is not None:
-            self._commit_verified(states, slots, inputs, token_list, logprobs, verify, out)
-            return forward_s
-        if samplers:
-            row_ids = torch.tensor([s.row for s in samplers], device=self.device)
-            self.last_sampled.index_copy_(0, row_ids, tokens)
-        for i, state, token, lp in zip(inputs.sample_rows, samplers, token_list, logprobs):
-            state.record_sampled(token, self._eos)
-            slot = slots[i]
-            out.sampled_token_ids[slot].append(token)
-            if lp is not None:
-                out.logprobs[slot].extend(lp)
+        self._commit(states, slots, inputs, tokens, token_list, logprobs, out, verify)
         return forward_s
 
-    def _commit_verified(self, states: list[WorkerRequest], slots: list[int], inputs,
-                         token_list: list[int], logprobs: list, verify: VerifyPass,
-                         out) -> None:
-        """Per sampling request of a verify pass: commit its rows' samples up to and
-        including the first that differs from its draft (worker_svc/spec/verify.py),
-        through the stop rule (a stop among them ends the answer there). A request with
-        slots computed 1 + accepted of its positions, and remembers the slots it
-        rejected, which the scheduler may still count in the next step (step_check)."""
+    def _commit(self, states: list[WorkerRequest], slots: list[int], inputs,
+                tokens: torch.Tensor, token_list: list[int], logprobs: list, out,
+                verify: VerifyPass | None) -> None:
+        """The one commit of sampled tokens. Per sampling request, its rows' samples up
+        to and including the first that differs from its drafts (the one sample, with
+        none; how many the verify pass accepted: worker_svc/spec/verify.py) go through
+        the stop rule (a stop among them ends the answer there) into its state and
+        `out`; the last becomes its next input, on the device."""
         last, at = [], 0
         for i, n_rows in zip(inputs.sample_rows, inputs.num_logits):
-            sampled, row_lp = token_list[at:at + n_rows], logprobs[at:at + n_rows]
-            at += n_rows
-            state, drafts = states[i], verify.drafts[i]
-            a = accepted(drafts, sampled)
-            last.append(sampled[a])
-            if verify.slots[i]:
-                state.num_computed_tokens -= len(drafts) - a  # the rejected drafts' positions
-                state.last_rejection = (verify.step_id, verify.slots[i] - a)
-                self.speculator.verified(state, len(state.token_ids), len(drafts), a)
+            state, sampled = states[i], token_list[at:at + n_rows]
+            a = 0 if verify is None else verify.accept(i, state, sampled)
             slot = slots[i]
-            for token, lp in zip(sampled[:a + 1], row_lp):
+            for token, lp in zip(sampled[:a + 1], logprobs[at:at + a + 1]):
                 state.record_sampled(token, self._eos)
                 out.sampled_token_ids[slot].append(token)
                 if lp is not None:
                     out.logprobs[slot].extend(lp)
                 if state.stopped:
                     break
+            last.append(sampled[a])
+            at += n_rows
         if last:
             row_ids = torch.tensor([states[i].row for i in inputs.sample_rows], device=self.device)
-            self.last_sampled.index_copy_(0, row_ids, torch.tensor(last, device=self.device))
+            # one row each: the sampled tensor already holds the last tokens, on the device
+            self.last_sampled.index_copy_(0, row_ids, tokens if at == len(last) else
+                                          torch.tensor(last, device=self.device))
 
     def _sample(self, logits: torch.Tensor | None, samplers: list[WorkerRequest]):
         """Rank 0 samples from the gathered logits and sends the tokens to the other
@@ -491,15 +470,6 @@ def _join_group(plan, config: WorkerConfig, device: torch.device):
     return TensorParallelGroup(plan, config.master_addr, config.master_port,
                                config.distributed_timeout, device,
                                config.distributed_backend)
-
-
-def _argmax_screen(weights) -> small_linear.Int8Weight | None:
-    """The int8 copy that screens greedy rows: of the vocabulary projection the
-    small-batch kernel reads, where its width divides into int8's groups."""
-    head = weights.lm_head if weights.plain_lm_head is None else weights.plain_lm_head
-    if head.shape[1] % small_linear.GROUP:
-        return None
-    return small_linear.quantize_int8(head.float())
 
 
 def _argmax_only(samplers: list[WorkerRequest], max_rows: int) -> bool:

@@ -106,6 +106,32 @@ def test_ranks_on_one_host_split_its_cores_and_an_explicit_count_wins():
     assert plan(cores=64, environ={"OMP_NUM_THREADS": "1"}).threads == torch.get_num_threads()
 
 
+def test_the_int8_self_draft_plan_is_the_served_plan_through_its_int8_copies_unscreened():
+    target = plan()
+    draft = build_plan(WorkerConfig(), CPU, Shape(), biases=False, kernels=ALL,
+                       draft_of=target, self_draft=True)
+    assert draft == dataclasses.replace(
+        target, small_batch="int8", small_max_rows=small_linear.INT8_MAX_ROWS,
+        logits_max_rows=small_linear.INT8_MAX_ROWS, argmax_screen=False)
+
+
+def test_the_int8_self_draft_is_refused_without_the_small_batch_kernel():
+    target = plan(cpu_small_batch=False)
+    with pytest.raises(ValueError, match="int8 self-draft .* --cpu-small-batch"):
+        build_plan(WorkerConfig(cpu_small_batch=False), CPU, Shape(), biases=False,
+                   kernels=ALL, draft_of=target, self_draft=True)
+
+
+def test_a_separate_draft_model_is_planned_for_its_shape_on_one_rank_in_the_served_threads():
+    target = plan(tensor_parallel_size=2, ranks_on_host=2, cores=4)
+    assert target.layer_loop == "c_ops" and target.threads == 2  # split, its share
+    draft = build_plan(WorkerConfig(tensor_parallel_size=2), CPU,
+                       Shape(head_dim=32, hidden_size=256), biases=False, kernels=ALL,
+                       draft_of=target)
+    assert draft.layer_loop == "c_loop" and draft.small_batch == "plain"  # rank 0 alone
+    assert draft.threads == target.threads and not draft.argmax_screen
+
+
 def test_the_summary_names_every_choice_and_travels_in_model_info():
     p = plan(quantization="int8", ranks_on_host=2)
     line = p.summary()

@@ -13,7 +13,7 @@ The scan works on candidate end positions: first every position that follows a c
 of the last token (one vectorised comparison over the context), then, for n = 2, 3,
 ... only the survivors are compared one token further back. The work is one pass
 over the context plus a pass per n over a set that shrinks fast; no Python loop runs
-over the context. Timings: `python -m worker_svc.spec.bench_ngram`.
+over the context. Timings: `python benchmarks/ngram_proposer.py`.
 """
 
 from __future__ import annotations

@@ -1,14 +1,16 @@
 """The worker's speculative decoding, built once at start from --speculative-config
 (docs/spec_decode.md): the proposer, the draft model it may run and that model's KV.
 
-The runner asks it for a step's drafts (`propose`) and tells it what the verify pass
-accepted (`verified`); the verify pass itself is the runner's ordinary pass with more
-logits rows (worker_svc/spec/verify.py).
+The runner asks it for a step's drafts (`draft`), which come as a `VerifyPass`: the
+verify pass is the runner's ordinary pass with more logits rows, whose sampling rows
+and accepted counts the VerifyPass gives (worker_svc/spec/verify.py), and the runner
+commits what it accepts as it commits any sampled token. A draft model's compute plan
+is asked of `build_plan` and its weights made ready by `prepare_weights`, as the
+served model's are (worker_svc/compute_plan.py).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import torch
@@ -16,15 +18,14 @@ import torch
 from shared.speculative_config import SpeculativeConfig
 from shared.telemetry import get_logger
 from worker_svc.attention.select import select_backend
-from worker_svc.compute_plan import build_plan, has_biases
+from worker_svc.compute_plan import build_plan, has_biases, prepare_weights
 from worker_svc.kv_capacity import bytes_per_block
-from worker_svc.model import small_linear
 from worker_svc.model.config import layer_windows, load_model_config
-from worker_svc.model.cpu_dtype import prepare_matmul_weights
 from worker_svc.model.llama import DecoderModel
 from worker_svc.model.weights import load_weights
 from worker_svc.spec.proposers import (DraftModelProposer, NgramProposer,
                                        int8_self_draft_weights)
+from worker_svc.spec.verify import VerifyPass
 from worker_svc.worker_request import WorkerRequest
 
 log = get_logger(service="worker")
@@ -54,6 +55,12 @@ class Speculator:
                                                                           block_size)
 
     # ---------------------------------------------------------------- a step
+
+    def draft(self, states: list[WorkerRequest], slots: list[int], target_kv: list,
+              step_id: int) -> VerifyPass:
+        """The step's drafts (at most slots[i] for states[i]), as the pass verifies them."""
+        return VerifyPass(self.propose(states, slots, target_kv), slots, step_id,
+                          self.proposer)
 
     def propose(self, states: list[WorkerRequest], slots: list[int],
                 target_kv: list) -> list[list[int]]:
@@ -95,10 +102,6 @@ class Speculator:
         self.tp.broadcast_from_first(padded)
         return [[t for t in row if t >= 0] for row in padded.tolist()]
 
-    def verified(self, state: WorkerRequest, num_tokens_before: int, num_drafts: int,
-                 num_accepted: int) -> None:
-        self.proposer.verified(state, num_tokens_before, num_drafts, num_accepted)
-
     def forget(self, state: WorkerRequest) -> None:
         self.proposer.forget(state)
 
@@ -120,13 +123,8 @@ def build_speculator(spec: SpeculativeConfig | None, *, config, device: torch.de
                          f"on the C layers; model family {plan.family!r} speculates with "
                          "ngram only")
     if spec.is_int8_self_draft:
-        if device.type != "cpu" or plan.small_batch == "off":
-            raise ValueError(
-                "the int8 self-draft runs on the CPU small-batch kernel's int8 weights: "
-                "it needs a CPU worker with a C compiler and --cpu-small-batch")
-        draft_plan = dataclasses.replace(
-            plan, small_batch="int8", small_max_rows=small_linear.INT8_MAX_ROWS,
-            logits_max_rows=small_linear.INT8_MAX_ROWS, argmax_screen=False)
+        draft_plan = build_plan(config, device, local_cfg, biases=has_biases(model_cfg),
+                                draft_of=plan, self_draft=True)
         model = DecoderModel(local_cfg, int8_self_draft_weights(weights),
                              select_backend(draft_plan), max_positions=max_model_len,
                              plan=draft_plan, tp=tp)
@@ -150,15 +148,11 @@ def build_speculator(spec: SpeculativeConfig | None, *, config, device: torch.de
     if not first:  # rank 0 drafts alone and broadcasts
         return Speculator(spec, DraftModelProposer(None, block_size, device,
                                                    shares_kv=False), tp, device)
-    draft_plan = build_plan(dataclasses.replace(config, tensor_parallel_size=1), device,
-                            draft_cfg, biases=has_biases(draft_cfg),
-                            windowed=any(layer_windows(draft_cfg, max_model_len)))
-    draft_plan = dataclasses.replace(draft_plan, threads=plan.threads)
+    draft_plan = build_plan(config, device, draft_cfg, biases=has_biases(draft_cfg),
+                            windowed=any(layer_windows(draft_cfg, max_model_len)), draft_of=plan)
     with torch.inference_mode():
-        w = load_weights(Path(spec.model), draft_cfg, draft_plan.act_dtype, device)
-        if device.type == "cpu":
-            small = None if draft_plan.small_batch == "off" else draft_plan.small_batch
-            w = prepare_matmul_weights(w, draft_plan.dtype, draft_plan.prepack, small=small)
+        w = prepare_weights(load_weights(Path(spec.model), draft_cfg, draft_plan.act_dtype,
+                                         device), draft_plan)
     model = DecoderModel(draft_cfg, w, select_backend(draft_plan),
                          max_positions=max_model_len, plan=draft_plan, tp=None)
     log.info("speculator", method="draft_model", model=spec.model,

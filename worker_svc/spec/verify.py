@@ -30,11 +30,29 @@ from worker_svc.worker_request import WorkerRequest
 
 @dataclass(slots=True)
 class VerifyPass:
-    """A step's drafts, as the runner verifies them: per request of the pass (in its
-    order) the drafts proposed and the slots the scheduler gave (at least as many)."""
+    """A step's drafts as the speculator verifies them: per request of the pass (in
+    its order) the drafts proposed and the slots the scheduler gave (at least as
+    many); the proposer hears what each request accepted."""
     drafts: list[list[int]]
     slots: list[int]
     step_id: int
+    proposer: object
+
+    def rows(self, states: list[WorkerRequest], sample_rows: list[int]) -> list:
+        """The pass's sampling rows: verify_rows of each sampling request, in order."""
+        return [row for i in sample_rows for row in verify_rows(states[i], self.drafts[i])]
+
+    def accept(self, i: int, state: WorkerRequest, sampled: list[int]) -> int:
+        """How many of request i's drafts its rows' samples accept. A request with
+        slots computed 1 + accepted of its positions, and remembers the slots it
+        rejected, which the scheduler may still count in the next step (step_check)."""
+        drafts = self.drafts[i]
+        a = accepted(drafts, sampled)
+        if self.slots[i]:
+            state.num_computed_tokens -= len(drafts) - a  # the rejected drafts' positions
+            state.last_rejection = (self.step_id, self.slots[i] - a)
+            self.proposer.verified(state, len(state.token_ids), len(drafts), a)
+        return a
 
 
 class DraftMask:

@@ -3,7 +3,7 @@ random tokens (few matches: the common case of prose) and text that repeats (man
 candidate positions survive the first comparison: the worst case), k = 5, n in [1, 5]
 and [3, 5]. Prints microseconds per call (median of repeats).
 
-    OMP_NUM_THREADS=1 .venv/bin/python -m worker_svc.spec.bench_ngram
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/ngram_proposer.py
 """
 
 from __future__ import annotations
