@@ -171,7 +171,8 @@ def _grammar_text(spec: StructuredOutputSpec) -> str:
         if not isinstance(schema, (dict, bool)):
             raise StructuredOutputError("the JSON schema must be an object", "json")
         try:
-            return llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=options)
+            return llguidance.LLMatcher.grammar_from_json_schema(strict_schema(schema),
+                                                                 overrides=options)
         except ValueError as exc:
             raise StructuredOutputError(f"invalid JSON schema: {exc}", "json") from exc
     if spec.kind == "regex":
@@ -186,6 +187,28 @@ def _grammar_text(spec: StructuredOutputSpec) -> str:
         return llguidance.grammar_from("grammar", spec.value)
     except ValueError as exc:
         raise StructuredOutputError(f"invalid grammar: {exc}", "grammar") from exc
+
+
+# keywords whose value maps names to subschemas (not a schema itself)
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+
+
+def strict_schema(schema):
+    """The schema with `"additionalProperties": false` on every object schema that
+    declares properties and says nothing about others: what pydantic, LangChain and
+    instructor send means "these keys", and a loose grammar lets a small model pad
+    with invented keys until max_tokens (vLLM's default backend is strict too)."""
+    if isinstance(schema, list):
+        return [strict_schema(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: ({n: strict_schema(s) for n, s in v.items()}
+               if k in _SCHEMA_MAPS and isinstance(v, dict) else strict_schema(v))
+           for k, v in schema.items()}
+    if ("properties" in out or "patternProperties" in out) and \
+            "additionalProperties" not in out and "unevaluatedProperties" not in out:
+        out["additionalProperties"] = False
+    return out
 
 
 def _json_options(spec: StructuredOutputSpec) -> dict:
