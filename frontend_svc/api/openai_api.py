@@ -361,12 +361,13 @@ def _chat_delta_chunks(resp_id: str, created: int, model: str, index: int, delta
     if not bodies and not delta.finished and not lps:
         return []
     bodies = bodies or [{}]
-    finish = plan.finish_reason(delta.finish_name, parser.num_calls) \
+    finish = plan.finish_reason(delta.finish_name, parser.num_complete, bool(parser.cut)) \
         if delta.finished else None
     last = len(bodies) - 1
     return [fmt.chat_chunk(resp_id, created, model, index, body,
                            delta if i == last else None, lps if i == 0 else None,
-                           finish if i == last else None)
+                           finish if i == last else None,
+                           parser.cut if i == last and delta.finished else None)
             for i, body in enumerate(bodies)]
 
 
