@@ -27,6 +27,7 @@ from frontend_svc.api.http_util import (
     HttpError, SSEResponse, install_error_handlers, parse_body, unless_disconnected)
 from frontend_svc.telemetry.observe import scrape
 from frontend_svc.api.router_compat import router_compat_router
+from frontend_svc.api.messages_api import messages_router
 from frontend_svc.api.protocol import (
     MAX_REQUEST_ID_CHARS, ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
     TokenizeRequest)
@@ -49,6 +50,7 @@ def build_app(fe: Frontend, payload_limit: int = 8 << 20) -> FastAPI:
     app.include_router(token_router(fe))
     app.include_router(generation_router(fe))
     app.include_router(router_compat_router(fe))  # sglang-router's worker endpoints
+    app.include_router(messages_router(fe))  # Anthropic's Messages API, chat's path
     return app
 
 
