@@ -42,6 +42,7 @@ class MessagesRequest(BaseModel):
     tool_choice: dict[str, Any] | None = None
     metadata: dict[str, Any] | None = None  # inert: Anthropic's user_id for abuse tracking
     service_tier: str | None = None  # inert: one tier here
+    cache_control: dict[str, Any] | None = None  # inert: the prefix cache is automatic
     thinking: Any = None
     container: Any = None
     mcp_servers: Any = None
