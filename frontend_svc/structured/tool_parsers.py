@@ -9,8 +9,9 @@ characters only, never on where a piece ended, so the concatenated deltas equal
 what the same parser returns for the whole text at once (`parse_all`, the
 non-streamed reply). A call whose arguments never became a whole JSON value
 (cut by max_tokens, or broken after its name) is listed in `parser.cut`: the
-non-streamed reply drops it, the stream names it in its final chunk. A possible tag prefix (`<tool_`) is held back until the
-next piece settles it; whitespace next to a tool call is dropped.
+non-streamed reply drops it, the stream names it in its final chunk. A possible
+tag prefix (`<tool_`) is held back until the next piece settles it; whitespace
+next to a tool call is dropped.
 
 Parsers (vLLM's names): `hermes` (`<tool_call>{"name", "arguments"}</tool_call>`),
 `llama3_json` (the reply is `{"name", "parameters"}` objects separated by `;`),
