@@ -20,8 +20,9 @@ from frontend_svc.telemetry.observe import log
 
 OPEN_PATHS = frozenset({"/health", "/metrics"})  # probes and scrapers need no key
 # the routes that cost CPU or a request slot: all go through admission
-GENERATE_PATHS = frozenset({"/v1/completions", "/v1/chat/completions"})  # a drain refuses these
-ADMITTED_PATHS = GENERATE_PATHS | {"/tokenize", "/detokenize"}
+GENERATE_PATHS = frozenset({"/v1/completions", "/v1/chat/completions",
+                            "/v1/messages"})  # a drain refuses these
+ADMITTED_PATHS = GENERATE_PATHS | {"/tokenize", "/detokenize", "/v1/messages/count_tokens"}
 
 
 class PayloadTooLarge(HTTPException):

@@ -27,6 +27,7 @@ from frontend_svc.api.http_util import (
     HttpError, SSEResponse, install_error_handlers, parse_body, unless_disconnected)
 from frontend_svc.telemetry.vllm_metrics import scrape
 from frontend_svc.api.router_compat import router_compat_router
+from frontend_svc.api.messages_api import messages_router
 from frontend_svc.api.protocol import (
     MAX_REQUEST_ID_CHARS, ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
     TokenizeRequest)
@@ -49,6 +50,7 @@ def build_app(fe: Frontend, payload_limit: int = 8 << 20) -> FastAPI:
     app.include_router(token_router(fe))
     app.include_router(generation_router(fe))
     app.include_router(router_compat_router(fe))  # sglang-router's worker endpoints
+    app.include_router(messages_router(fe))  # Anthropic's Messages API, chat's path
     return app
 
 
@@ -363,12 +365,13 @@ def _chat_delta_chunks(resp_id: str, created: int, model: str, index: int, delta
     if not bodies and not delta.finished and not lps:
         return []
     bodies = bodies or [{}]
-    finish = plan.finish_reason(delta.finish_name, parser.num_calls) \
+    finish = plan.finish_reason(delta.finish_name, parser.num_complete, bool(parser.cut)) \
         if delta.finished else None
     last = len(bodies) - 1
     return [fmt.chat_chunk(resp_id, created, model, index, body,
                            delta if i == last else None, lps if i == 0 else None,
-                           finish if i == last else None)
+                           finish if i == last else None,
+                           parser.cut if i == last and delta.finished else None)
             for i, body in enumerate(bodies)]
 
 

@@ -106,11 +106,12 @@ def chat_choice(index: int, state: OutputStream, echo_text: str | None,
     message = {"role": "assistant", "content": (echo_text or "") + state.text}
     finish = _finish(state.choice.finish_reason)
     if plan is not None and plan.parses:
-        content, calls = parse_all(plan.new_parser(), state.text)
+        parser = plan.new_parser()
+        content, calls = parse_all(parser, state.text)
         message = {"role": "assistant", "content": content}
         if calls:
             message["tool_calls"] = calls
-        finish = plan.finish_reason(finish, len(calls))
+        finish = plan.finish_reason(finish, len(calls), bool(parser.cut))
     return {"index": index, "message": message, "logprobs": logprobs,
             "finish_reason": finish, "stop_reason": state.choice.stop_reason}
 
@@ -125,14 +126,17 @@ def completion_chunk(resp_id: str, created: int, model: str, index: int, text: s
 
 def chat_chunk(resp_id: str, created: int, model: str, index: int, delta_body: dict,
                delta: Delta | None, logprobs: dict | None,
-               finish_reason: str | None = None) -> dict:
-    """finish_reason: given when tool calling renames it (ToolPlan.finish_reason)."""
+               finish_reason: str | None = None, cut: list[dict] | None = None) -> dict:
+    """finish_reason: given when tool calling renames it (ToolPlan.finish_reason);
+    cut: the final chunk's `cut_tool_calls`, the streamed calls whose arguments do
+    not parse (docs/tool_calling.md)."""
     finish = finish_reason or (delta.finish_name if delta else None)
+    choice = {"index": index, "delta": delta_body, "logprobs": logprobs,
+              "finish_reason": finish, "stop_reason": delta.stop_reason if delta else None}
+    if cut:
+        choice["cut_tool_calls"] = cut
     return {"id": resp_id, "object": "chat.completion.chunk", "created": created,
-            "model": model,
-            "choices": [{"index": index, "delta": delta_body, "logprobs": logprobs,
-                         "finish_reason": finish,
-                         "stop_reason": delta.stop_reason if delta else None}]}
+            "model": model, "choices": [choice]}
 
 
 def _finish(reason) -> str | None:

@@ -32,11 +32,12 @@ KIND_FIELDS = ("json", "regex", "choice", "grammar", "json_object")
 LEGACY_FIELDS = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice",
                  "guided_grammar": "grammar"}
 # other keys of structured_outputs: honoured, inert, or refused with a reason
-OPTION_FIELDS = {"disable_any_whitespace", "disable_fallback"}  # the latter: no fallback here
+# disable_fallback: no fallback here; disable_additional_properties: vLLM's switch to
+# strict objects, which every schema here already is (shared.structured.spec.strict_schema)
+OPTION_FIELDS = {"disable_any_whitespace", "disable_fallback", "disable_additional_properties"}
 REFUSED_OPTIONS = {
     "whitespace_pattern": "use disable_any_whitespace (whitespace is otherwise bounded)",
     "structural_tag": "structural tags are not supported",
-    "disable_additional_properties": "set \"additionalProperties\": false in the schema",
 }
 
 
@@ -106,6 +107,10 @@ def _structured_outputs(value: dict[str, Any] | None) -> Constraint | None:
         raise _refuse(f"structured_outputs needs exactly one of {', '.join(KIND_FIELDS)}; "
                       f"got {', '.join(given) or 'none'}", "structured_outputs")
     kind = given[0]
+    for option in ("disable_additional_properties",):
+        if not isinstance(value.get(option, False), bool):
+            raise _refuse(f"structured_outputs.{option} must be a boolean",
+                          f"structured_outputs.{option}")
     whitespace = value.get("disable_any_whitespace") or False
     if not isinstance(whitespace, bool):
         raise _refuse("structured_outputs.disable_any_whitespace must be a boolean",

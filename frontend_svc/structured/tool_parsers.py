@@ -7,8 +7,11 @@ OpenAI streams them.
 The one rule that keeps streaming honest: every decision depends on the
 characters only, never on where a piece ended, so the concatenated deltas equal
 what the same parser returns for the whole text at once (`parse_all`, the
-non-streamed reply). A possible tag prefix (`<tool_`) is held back until the
-next piece settles it; whitespace next to a tool call is dropped.
+non-streamed reply). A call whose arguments never became a whole JSON value
+(cut by max_tokens, or broken after its name) is listed in `parser.cut`: the
+non-streamed reply drops it, the stream names it in its final chunk. A possible
+tag prefix (`<tool_`) is held back until the next piece settles it; whitespace
+next to a tool call is dropped.
 
 Parsers (vLLM's names): `hermes` (`<tool_call>{"name", "arguments"}</tool_call>`),
 `llama3_json` (the reply is `{"name", "parameters"}` objects separated by `;`),
@@ -40,6 +43,8 @@ class ToolParser:
         self.new_id = new_id
         self.max_calls = max_calls
         self.num_calls = 0
+        self.cut: list[dict] = []  # {"index", "id", "name"} of calls whose arguments do not parse
+        self._opened: dict[int, dict] = {}
         self._out: list[dict] = []
         self._held_ws = ""  # trailing whitespace of content: dropped if a call follows
         self._strip_leading = False  # just after a call: its following whitespace goes
@@ -91,10 +96,23 @@ class ToolParser:
         self._held_ws = ""
         index = self.num_calls
         self.num_calls += 1
-        self._out.append({"tool_calls": [{"index": index, "id": self.new_id(),
+        call_id = self.new_id()
+        self._opened[index] = {"index": index, "id": call_id, "name": name}
+        self._out.append({"tool_calls": [{"index": index, "id": call_id,
                                           "type": "function",
                                           "function": {"name": name, "arguments": ""}}]})
         return index
+
+    def _cut_call(self, index: int, why: str) -> None:
+        """The call's arguments will never parse: it must not reach a client as a call."""
+        if all(c["index"] != index for c in self.cut):
+            self.cut.append(self._opened[index])
+            log.warning("tool call cut: its arguments do not parse", parser=type(self).__name__,
+                        tool=self._opened[index]["name"], why=why)
+
+    @property
+    def num_complete(self) -> int:
+        return self.num_calls - len(self.cut)
 
     def _args(self, index: int, fragment: str) -> None:
         last = self._out[-1]["tool_calls"][0] if self._out and \
@@ -147,6 +165,8 @@ class CallObject:
             n = self.scanner.feed(text)
         except ScanError as exc:
             self.raw += text[:exc.at]
+            if self.committed:
+                self.parser._cut_call(self.index, str(exc))
             raise
         self.raw += text[:n]
         if self.scanner.done:
@@ -154,8 +174,11 @@ class CallObject:
         return n
 
     def close(self) -> None:
-        """The object ended (or the reply did): a call without arguments gets {}."""
-        if self.committed:
+        """The object ended (or the reply did): a call without arguments gets {}; one
+        whose object did not end is cut (no filler that would pass for arguments)."""
+        if self.committed and not self.scanner.done and not self._args_closed:
+            self.parser._cut_call(self.index, "the reply ended inside the call")
+        elif self.committed:
             self._pass(self._canon.finish())
             if not self._args_sent:
                 self._send("{}")
@@ -427,6 +450,7 @@ class NamedParser(ToolParser):
         self.name = name
         self._index: int | None = None
         self._started = False
+        self._text = ""  # the arguments so far: whole JSON at the end, or the call is cut
 
     def _open(self) -> None:
         if self._index is None:
@@ -434,6 +458,7 @@ class NamedParser(ToolParser):
 
     def _handle(self, text: str) -> str:
         self._open()
+        self._text += text
         if not self._started:
             text = text.lstrip(WHITESPACE)
             self._started = bool(text)
@@ -448,6 +473,10 @@ class NamedParser(ToolParser):
     def finish(self) -> list[dict]:
         self._open()
         self._held_ws = ""  # trailing whitespace is not part of the arguments
+        try:
+            json.loads(self._text)
+        except ValueError:
+            self._cut_call(self._index, "the arguments are not a whole JSON value")
         return self._take()
 
 
@@ -456,8 +485,11 @@ PARSERS: dict[str, type[ToolParser]] = {"hermes": HermesParser,
 
 
 def parse_all(parser: ToolParser, text: str) -> tuple[str | None, list[dict]]:
-    """The whole reply at once: (content or None, OpenAI tool_calls)."""
-    return collect(parser.feed(text) + parser.finish())
+    """The whole reply at once: (content or None, OpenAI tool_calls without the cut
+    ones: never a call whose arguments do not parse)."""
+    content, calls = collect(parser.feed(text) + parser.finish())
+    cut = {c["id"] for c in parser.cut}
+    return content, [c for c in calls if c["id"] not in cut]
 
 
 def collect(bodies: list[dict]) -> tuple[str | None, list[dict]]:

@@ -100,12 +100,14 @@ class ToolPlan:
             return NamedParser(self.name)
         return None
 
-    def finish_reason(self, finish: str | None, num_calls: int) -> str | None:
+    def finish_reason(self, finish: str | None, num_calls: int,
+                      cut: bool = False) -> str | None:
         """vLLM's table: `tool_calls` when an `auto` reply holds calls, even one cut
         by max_tokens (vLLM's serving_chat says tool_calls whenever the parser found
         calls); `required` says it when the reply stopped (cut: length, its last call
-        may be incomplete); a named function's reply ends as generated (`stop`)."""
-        if not num_calls:
+        may be incomplete); a named function's reply ends as generated (`stop`).
+        A reply with a cut call (dropped) keeps its own reason: `length`."""
+        if not num_calls or cut:
             return finish
         if self.mode == "auto" and finish in ("stop", "length"):
             return "tool_calls"

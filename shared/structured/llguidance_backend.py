@@ -17,7 +17,7 @@ import llguidance
 
 from shared.structured.backend import CompiledGrammar, GrammarVocab
 from shared.structured.spec import KINDS, StructuredOutputError, StructuredOutputSpec, \
-    error_field
+    error_field, strict_schema
 
 # Whitespace between JSON tokens when the client does not forbid it: bounded, so a
 # small model cannot pad forever ("runaway whitespace"); one newline and up to 12
@@ -128,7 +128,8 @@ def _grammar_text(spec: StructuredOutputSpec) -> str:
         if not isinstance(schema, (dict, bool)):
             raise StructuredOutputError("the JSON schema must be an object", "json")
         try:
-            return llguidance.LLMatcher.grammar_from_json_schema(schema, overrides=options)
+            return llguidance.LLMatcher.grammar_from_json_schema(strict_schema(schema),
+                                                                 overrides=options)
         except ValueError as exc:
             raise StructuredOutputError(f"invalid JSON schema: {exc}", "json") from exc
     if spec.kind == "regex":

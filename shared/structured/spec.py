@@ -44,3 +44,26 @@ class CompileCapacityError(StructuredOutputError):
 def error_field(spec: StructuredOutputSpec) -> str:
     """The field an error about this spec names."""
     return spec.kind if spec.kind in KINDS else "structured_output"
+
+
+# keywords whose value maps names to subschemas (not a schema itself)
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+
+
+def strict_schema(schema):
+    """The schema with `"additionalProperties": false` on every object schema that
+    declares properties and says nothing about others: what pydantic, LangChain and
+    instructor send means "these keys", and a loose grammar lets a small model pad
+    with invented keys until max_tokens (vLLM's default backend is strict too). A
+    backend compiles this, whatever its own defaults."""
+    if isinstance(schema, list):
+        return [strict_schema(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: ({n: strict_schema(s) for n, s in v.items()}
+               if k in _SCHEMA_MAPS and isinstance(v, dict) else strict_schema(v))
+           for k, v in schema.items()}
+    if ("properties" in out or "patternProperties" in out) and \
+            "additionalProperties" not in out and "unevaluatedProperties" not in out:
+        out["additionalProperties"] = False
+    return out

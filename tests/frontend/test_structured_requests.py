@@ -54,6 +54,8 @@ def spec_of(tokenizer, limits, endpoint="completions", **body):
      StructuredOutputSpec("grammar", 'start: "a" | "b"')),
     ({"structured_outputs": {"json_object": True, "disable_fallback": True}},
      StructuredOutputSpec("json_object")),
+    ({"structured_outputs": {"json": SCHEMA, "disable_additional_properties": True}},
+     StructuredOutputSpec("json", json.dumps(SCHEMA))),  # strict already: vLLM's switch
     ({"guided_json": SCHEMA}, StructuredOutputSpec("json", json.dumps(SCHEMA))),
     ({"guided_regex": "a+"}, StructuredOutputSpec("regex", "a+")),
     ({"guided_choice": ["x", "y"]}, StructuredOutputSpec("choice", '["x", "y"]')),
@@ -102,6 +104,8 @@ def test_translation_refuses_shapes_at_once_and_compiles_only_in_check(tokenizer
      "not a field"),
     ({"structured_outputs": {"regex": "a", "disable_any_whitespace": "yes"}},
      "structured_outputs.disable_any_whitespace", "boolean"),
+    ({"structured_outputs": {"json": SCHEMA, "disable_additional_properties": "yes"}},
+     "structured_outputs.disable_additional_properties", "boolean"),
     ({"structured_outputs": {"json": "{not json"}}, "structured_outputs.json", "not valid JSON"),
     ({"structured_outputs": {"json": [1]}}, "structured_outputs.json", "object"),
     ({"structured_outputs": {"regex": ""}}, "structured_outputs.regex", "non-empty"),

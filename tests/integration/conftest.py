@@ -163,6 +163,17 @@ def default_stack(tmp_path_factory):
     stack.stop()
 
 
+@pytest.fixture(scope="session")
+def agent_stack(tmp_path_factory):
+    """The default model with auto tool choice (hermes), as agent frameworks need it."""
+    from shared.default_model import ensure_default_model
+    stack = start_stack(ensure_default_model(), tmp_path_factory.mktemp("agent-stack"),
+                        flags=["--max-model-len", "2048", "--kv-cache-memory", str(256 << 20),
+                               "--enable-auto-tool-choice", "--tool-call-parser", "hermes"])
+    yield stack
+    stack.stop()
+
+
 @pytest.fixture
 def start_stack_factory(tmp_path):
     """start_stack_factory(model_dir, services=..., flags=[...]) -> Stack, stopped afterwards."""

@@ -30,11 +30,14 @@ def make(kind: str, **kwargs):
 
 
 def streamed(kind: str, pieces: list[str], **kwargs) -> list[dict]:
+    """The stream as a client that honours the final chunk's cut_tool_calls sees it."""
     parser = make(kind, **kwargs)
     bodies = []
     for piece in pieces:
         bodies += parser.feed(piece)
-    return bodies + parser.finish()
+    bodies += parser.finish()
+    cut = {c["index"] for c in parser.cut}
+    return [b for b in bodies if not any(d["index"] in cut for d in b.get("tool_calls", ()))]
 
 
 def whole(kind: str, text: str, **kwargs):
@@ -204,7 +207,7 @@ def test_required_and_named():
     content, calls = whole("named", NAMED[1])
     assert content is None and calls[0]["function"] == {"name": "get_weather",
                                                         "arguments": '{"a": [1, 2]}'}
-    assert whole("named", "")[1][0]["function"]["name"] == "get_weather"
+    assert whole("named", "")[1] == []  # no arguments at all: cut, not "{}"
 
 
 def test_a_malformed_block_falls_back_to_exactly_the_model_s_text():
@@ -260,3 +263,22 @@ def test_generated_arguments_stream_as_json_dumps_of_the_parsed_value(
     content, calls = collect(streamed("hermes", split_at(text, cuts)))
     assert content is None
     assert calls[0]["function"]["arguments"] == json.dumps(args, ensure_ascii=False)
+
+
+@pytest.mark.parametrize("kind,text,kept", [
+    ("required", '[{"name": "a", "parameters": {}}, {"name": "b", "parameters": {"city": "Os',
+     ["a"]),
+    ("required", '[{"name": "a", "parameters": {"n": 1}}, {"name": "b"', ["a"]),
+    ("hermes", '<tool_call>{"name": "a", "arguments": {}}</tool_call><tool_call>'
+               '{"name": "b", "arguments": {"city": "Oslo", "', ["a"]),
+    ("llama3_json", '{"name": "a", "parameters": {"x": [1, ', []),
+    ("named", '{"city": "Os', []),
+])
+def test_a_cut_call_is_never_returned_and_is_named_in_parser_cut(kind, text, kept):
+    parser = make(kind)
+    content, calls = parse_all(parser, text)
+    assert [c["function"]["name"] for c in calls] == kept
+    assert all(isinstance(json.loads(c["function"]["arguments"]), dict) for c in calls)
+    assert [c["index"] for c in parser.cut] == [len(kept)]
+    assert parser.num_complete == len(kept)
+    assert collect(streamed(kind, list(text)))[1] == calls  # the stream, honouring the cut

@@ -205,6 +205,11 @@ def test_finish_reasons_follow_vllm_s_table(mode, finish, calls, expected):
     assert ToolPlan(mode).finish_reason(finish, calls) == expected
 
 
+@pytest.mark.parametrize("mode", ["auto", "required", "named"])
+def test_a_reply_whose_last_call_was_cut_keeps_finish_reason_length(mode):
+    assert ToolPlan(mode).finish_reason("length", 2, cut=True) == "length"
+
+
 @pytest.mark.parametrize("command", ["frontend", "serve"])
 def test_help_shows_the_tool_calling_flags(command):
     out = subprocess.run([sys.executable, "-m", "gapserve", command, "--help"],
