@@ -114,3 +114,15 @@ def test_the_store_evicts_the_oldest_beyond_its_size_and_expires_by_age():
     assert store.get("r1") is None and store.get("r2") is None and len(store) == 0
     store.put("r3", {}, [])
     assert store.delete("r3") and not store.delete("r3")
+
+
+def test_every_field_of_the_openai_client_s_responses_create_is_honoured_refused_or_inert():
+    from openai.types.responses import response_create_params as params
+
+    from frontend_svc.api.protocol import REFUSED
+    from frontend_svc.api.responses_protocol import (
+        PASSED_FIELDS, RESPONSES_NO_EFFECT, RESPONSES_REFUSED)
+    sent = set(params.ResponseCreateParamsBase.__annotations__) | {"stream"}
+    known = (set(ResponsesRequest.model_fields) | set(RESPONSES_REFUSED) | set(REFUSED)
+             | RESPONSES_NO_EFFECT | set(PASSED_FIELDS))
+    assert sent - known == set()
