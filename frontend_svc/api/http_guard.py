@@ -18,10 +18,10 @@ from frontend_svc.request.caps import REJECTED
 from frontend_svc.errors import EngineError, error_body
 from frontend_svc.telemetry.observe import log
 
-OPEN_PATHS = frozenset({"/health", "/metrics"})  # probes and scrapers need no key
+OPEN_PATHS = frozenset({"/health", "/ping", "/metrics"})  # probes and scrapers need no key
 # the routes that cost CPU or a request slot: all go through admission
-GENERATE_PATHS = frozenset({"/v1/completions", "/v1/chat/completions",
-                            "/v1/messages"})  # a drain refuses these
+GENERATE_PATHS = frozenset({"/v1/completions", "/v1/chat/completions",  # a drain refuses these
+                            "/v1/responses", "/v1/messages"})
 ADMITTED_PATHS = GENERATE_PATHS | {"/tokenize", "/detokenize", "/v1/messages/count_tokens"}
 
 

@@ -8,7 +8,7 @@ import asyncio
 import contextlib
 import json
 import re
-from collections.abc import Awaitable
+from collections.abc import AsyncIterator, Awaitable
 from typing import TypeVar
 
 from fastapi import FastAPI, Request
@@ -187,3 +187,26 @@ class SSEResponse(StreamingResponse):
             aclose = getattr(self.body_iterator, "aclose", None)
             if aclose is not None:
                 await aclose()
+
+
+def check_model(fe, name: str | None) -> None:
+    """A request naming another model than the served one is a 404 (OpenAI's)."""
+    if name is not None and name != fe.served_model_name:
+        raise HttpError(404, f"The model `{name}` does not exist.", "model")
+
+
+async def primed(request: Request, stream: AsyncIterator):
+    """Wait for the first delta before answering 200, so that a request the
+    scheduler rejects gets its HTTP error status instead of a broken stream."""
+    first = await unless_disconnected(request, anext(stream))
+    return first, stream
+
+
+async def chain(first, rest: AsyncIterator) -> AsyncIterator:
+    """The primed first item, then the rest of the stream; closes the stream."""
+    try:
+        yield first
+        async for item in rest:
+            yield item
+    finally:
+        await rest.aclose()

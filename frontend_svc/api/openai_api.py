@@ -24,10 +24,12 @@ from frontend_svc.errors import EngineError, FieldError, error_body
 from frontend_svc.request.choice import Choice
 from frontend_svc.api.http_guard import HttpGuard
 from frontend_svc.api.http_util import (
-    HttpError, SSEResponse, install_error_handlers, parse_body, unless_disconnected)
+    HttpError, SSEResponse, chain as _chain, check_model, install_error_handlers, parse_body,
+    primed as _primed, unless_disconnected)
 from frontend_svc.telemetry.vllm_metrics import scrape
-from frontend_svc.api.router_compat import router_compat_router
 from frontend_svc.api.messages_api import messages_router
+from frontend_svc.api.responses_api import responses_router
+from frontend_svc.api.router_compat import package_version, router_compat_router
 from frontend_svc.api.protocol import (
     MAX_REQUEST_ID_CHARS, ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
     TokenizeRequest)
@@ -49,14 +51,10 @@ def build_app(fe: Frontend, payload_limit: int = 8 << 20) -> FastAPI:
     app.include_router(operator_router(fe))
     app.include_router(token_router(fe))
     app.include_router(generation_router(fe))
+    app.include_router(responses_router(fe))  # OpenAI's Responses API, on the chat path
     app.include_router(router_compat_router(fe))  # sglang-router's worker endpoints
     app.include_router(messages_router(fe))  # Anthropic's Messages API, chat's path
     return app
-
-
-def check_model(fe: Frontend, name: str | None) -> None:
-    if name is not None and name != fe.served_model_name:
-        raise HttpError(404, f"The model `{name}` does not exist.", "model")
 
 
 def json_bytes(body: dict) -> Response:
@@ -69,6 +67,9 @@ def operator_router(fe: Frontend) -> APIRouter:
     router = APIRouter()
 
     @router.get("/health")
+    # vLLM's and SageMaker's liveness probe: the same answer as /health
+    @router.get("/ping")
+    @router.post("/ping")
     async def health() -> Response:
         """Liveness: fails until the whole stack was ready once, then stays up while
         the scheduler or a worker is away (this process holds their requests)."""
@@ -84,6 +85,11 @@ def operator_router(fe: Frontend) -> APIRouter:
             return JSONResponse(error_body("not ready: the scheduler or its workers are "
                                            "not connected", 503), 503)
         return Response(status_code=200)
+
+    @router.get("/version")
+    async def version() -> dict:
+        """vLLM's: the server's version (here gapserve's package version)."""
+        return {"version": package_version()}
 
     @router.get("/v1/models", response_model=None)
     async def models() -> dict | JSONResponse:
@@ -284,13 +290,6 @@ def _completion_logprobs(fe: Frontend, req: CompletionRequest, state: OutputStre
         state.choice.output_logprobs)
 
 
-async def _primed(request: Request, stream: AsyncIterator):
-    """Wait for the first delta before answering 200, so that a request the
-    scheduler rejects gets its HTTP error status instead of a broken stream."""
-    first = await unless_disconnected(request, anext(stream))
-    return first, stream
-
-
 async def _completion_events(fe: Frontend, req: CompletionRequest, resp_id: str,
                              choices: list[Choice], echo: list[str | None],
                              prompt_lens: list[int], first, rest) -> AsyncIterator[str]:
@@ -373,13 +372,3 @@ def _chat_delta_chunks(resp_id: str, created: int, model: str, index: int, delta
                            finish if i == last else None,
                            parser.cut if i == last and delta.finished else None)
             for i, body in enumerate(bodies)]
-
-
-async def _chain(first, rest: AsyncIterator) -> AsyncIterator:
-    """The primed first item, then the rest of the stream; closes the stream."""
-    try:
-        yield first
-        async for item in rest:
-            yield item
-    finally:
-        await rest.aclose()

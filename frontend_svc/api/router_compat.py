@@ -130,7 +130,7 @@ def server_info_body(fe: Frontend, statuses: dict[int, object]) -> dict:
         "max_total_tokens": sum(max(s.num_kv_blocks - 1, 0)
                                 for s in statuses.values()) * info.block_size,
         "page_size": info.block_size,
-        "version": _version(),
+        "version": package_version(),
         "engine": "gapserve",
     }
 
@@ -177,7 +177,7 @@ def _checkpoint_config(model_path: str) -> dict:
         return {}
 
 
-def _version() -> str:
+def package_version() -> str:
     try:
         return metadata.version("gapserve")
     except metadata.PackageNotFoundError:

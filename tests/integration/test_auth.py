@@ -44,9 +44,11 @@ CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 
 def test_health_and_metrics_are_open_and_everything_else_needs_a_key(stack):
     assert httpx.get(stack.http_url + "/health").status_code == 200
+    assert httpx.get(stack.http_url + "/ping").status_code == 200  # /health's twin, a probe
     assert httpx.get(stack.http_url + "/metrics").status_code == 200
     for method, path in [("GET", "/v1/models"), ("GET", "/v1/status"),
                          ("POST", "/v1/completions"), ("POST", "/v1/chat/completions"),
+                         ("POST", "/v1/responses"), ("GET", "/version"),
                          ("POST", "/tokenize"), ("GET", "/no-such-route")]:
         for headers in ({}, bearer("wrong"), {"Authorization": KEY}):
             reply = httpx.request(method, stack.http_url + path, json={}, headers=headers)

@@ -1,0 +1,162 @@
+"""Responses API bodies as plain dicts: output items built from the chat path's
+delta bodies ({"content"} / {"tool_calls"}, what the tool parsers emit), the
+stream's events, and the Response object. A non-streaming response is built by
+the same ResponseOutput from the whole reply, so the two agree by construction."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+from frontend_svc.api.responses_protocol import ResponsesRequest
+from frontend_svc.request.output_stream import OutputStream
+
+
+def new_item_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+class ResponseOutput:
+    """Output items, opened and closed as delta bodies arrive: text goes to a
+    message item, each tool call to its own function_call item. feed and close
+    return the stream events (without sequence_number: Sequencer adds it)."""
+
+    def __init__(self) -> None:
+        self.items: list[dict] = []
+        self._open: dict | None = None  # the item receiving deltas
+        self._calls: dict[int, dict] = {}  # parser call index -> its item
+
+    def feed(self, bodies: list[dict]) -> list[dict]:
+        events: list[dict] = []
+        for body in bodies:
+            if body.get("content"):
+                if self._open is None or self._open["type"] != "message":
+                    events += self._close("completed") + self._open_message()
+                item = self._open
+                item["content"][0]["text"] += body["content"]
+                events.append({"type": "response.output_text.delta", "item_id": item["id"],
+                               "output_index": self._index(), "content_index": 0,
+                               "delta": body["content"], "logprobs": []})
+            for call in body.get("tool_calls", ()):
+                events += self._call_delta(call)
+        return events
+
+    def close(self, status: str = "completed") -> list[dict]:
+        return self._close(status)
+
+    @property
+    def text(self) -> str | None:
+        texts = [c["text"] for it in self.items if it["type"] == "message" for c in it["content"]]
+        return "".join(texts) or None
+
+    @property
+    def tool_calls(self) -> list[dict]:
+        """The calls as a chat assistant message's tool_calls (the stored conversation)."""
+        return [{"id": it["call_id"], "type": "function",
+                 "function": {"name": it["name"], "arguments": it["arguments"]}}
+                for it in self.items if it["type"] == "function_call"]
+
+    def _index(self) -> int:
+        return len(self.items) - 1
+
+    def _open_message(self) -> list[dict]:
+        item = {"id": new_item_id("msg"), "type": "message", "role": "assistant",
+                "status": "in_progress",
+                "content": [{"type": "output_text", "text": "", "annotations": [],
+                             "logprobs": []}]}
+        self.items.append(item)
+        self._open = item
+        empty_part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
+        return [{"type": "response.output_item.added", "output_index": self._index(),
+                 "item": {**item, "content": []}},
+                {"type": "response.content_part.added", "item_id": item["id"],
+                 "output_index": self._index(), "content_index": 0, "part": empty_part}]
+
+    def _call_delta(self, call: dict) -> list[dict]:
+        events: list[dict] = []
+        item = self._calls.get(call["index"])
+        fn = call.get("function", {})
+        if item is None:
+            events += self._close("completed")
+            item = {"id": new_item_id("fc"), "type": "function_call",
+                    "call_id": call.get("id") or new_item_id("call"),
+                    "name": fn.get("name", ""), "arguments": "", "status": "in_progress"}
+            self.items.append(item)
+            self._calls[call["index"]] = item
+            self._open = item
+            events.append({"type": "response.output_item.added",
+                           "output_index": self._index(), "item": dict(item)})
+        if fn.get("arguments"):
+            item["arguments"] += fn["arguments"]
+            events.append({"type": "response.function_call_arguments.delta",
+                           "item_id": item["id"], "output_index": self.items.index(item),
+                           "delta": fn["arguments"]})
+        return events
+
+    def _close(self, status: str) -> list[dict]:
+        item, self._open = self._open, None
+        if item is None:
+            return []
+        item["status"] = status
+        index = self.items.index(item)
+        if item["type"] == "message":
+            part = item["content"][0]
+            return [{"type": "response.output_text.done", "item_id": item["id"],
+                     "output_index": index, "content_index": 0, "text": part["text"],
+                     "logprobs": []},
+                    {"type": "response.content_part.done", "item_id": item["id"],
+                     "output_index": index, "content_index": 0, "part": dict(part)},
+                    {"type": "response.output_item.done", "output_index": index,
+                     "item": json.loads(json.dumps(item))}]
+        return [{"type": "response.function_call_arguments.done", "item_id": item["id"],
+                 "output_index": index, "name": item["name"],
+                 "arguments": item["arguments"]},
+                {"type": "response.output_item.done", "output_index": index,
+                 "item": dict(item)}]
+
+
+class Sequencer:
+    """sequence_number on every event of one stream, from 0."""
+
+    def __init__(self) -> None:
+        self.next = 0
+
+    def number(self, event: dict) -> dict:
+        event["sequence_number"] = self.next
+        self.next += 1
+        return event
+
+
+def usage(state: OutputStream | None) -> dict | None:
+    if state is None:
+        return None
+    prompt = len(state.prompt_token_ids)
+    return {"input_tokens": prompt,
+            "input_tokens_details": {"cached_tokens": state.num_cached_tokens},
+            "output_tokens": state.num_completion_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": prompt + state.num_completion_tokens}
+
+
+def incomplete_details(finish: str | None) -> dict | None:
+    """A reply cut by max_output_tokens is `incomplete` (OpenAI's status), else completed."""
+    return {"reason": "max_output_tokens"} if finish == "length" else None
+
+
+def response_body(resp_id: str, created: int, model: str, req: ResponsesRequest,
+                  items: list[dict], status: str, finish: str | None,
+                  state: OutputStream | None) -> dict:
+    """The Response object; the request's settings are echoed back, as OpenAI's are."""
+    return {"id": resp_id, "object": "response", "created_at": created, "model": model,
+            "status": status, "error": None,
+            "incomplete_details": incomplete_details(finish) if status != "in_progress"
+            else None,
+            "instructions": req.instructions, "max_output_tokens": req.max_output_tokens,
+            "metadata": req.metadata, "output": items,
+            "parallel_tool_calls": req.parallel_tool_calls is not False,
+            "previous_response_id": req.previous_response_id,
+            "reasoning": None, "store": bool(req.store),
+            "temperature": req.temperature, "top_p": req.top_p,
+            "text": req.text or {"format": {"type": "text"}},
+            "tool_choice": req.tool_choice or "auto", "tools": req.tools or [],
+            "truncation": "disabled", "user": req.user, "usage": usage(state)}
