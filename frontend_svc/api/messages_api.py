@@ -18,7 +18,7 @@ from frontend_svc.api.http_util import (
     ClientGone, HttpError, SSEResponse, parse_body, unless_disconnected)
 from frontend_svc.errors import EngineError
 from frontend_svc.request.context import Frontend
-from frontend_svc.request.generation import Choice
+from frontend_svc.request.choice import Choice
 from frontend_svc.request.translate import chat_input, chat_prompt, check_constraints, fan_out
 from frontend_svc.structured.tool_parsers import parse_all
 from frontend_svc.telemetry.observe import log
@@ -97,14 +97,14 @@ def _reply(fe: Frontend, resp_id: str, inp, state) -> dict:
         content, calls = state.text, []
     blocks = ([{"type": "text", "text": content}] if content else []) + \
         [mf.tool_use(c) for c in calls]
-    reason, sequence = mf.stop_reason(finish, state.stop_reason, len(calls))
+    reason, sequence = mf.stop_reason(finish, state.choice.stop_reason, len(calls))
     return mf.message(resp_id, fe.served_model_name, blocks, reason, sequence,
-                      len(inp.prompt_token_ids), state.num_completion_tokens)
+                      len(inp.prompt_token_ids), state.choice.num_completion_tokens)
 
 
 def _finish_name(state) -> str | None:
-    return {1: "stop", 2: "length", 3: "abort"}.get(int(state.finish_reason)) \
-        if state.finish_reason else None
+    return {1: "stop", 2: "length", 3: "abort"}.get(int(state.choice.finish_reason)) \
+        if state.choice.finish_reason else None
 
 
 async def _events(fe: Frontend, resp_id: str, inp, first, rest) -> AsyncIterator[str]:
@@ -135,7 +135,7 @@ async def _events(fe: Frontend, resp_id: str, inp, first, rest) -> AsyncIterator
                                                   blocks.num_calls)
                 yield mf.event("message_delta", {
                     "delta": {"stop_reason": reason, "stop_sequence": sequence},
-                    "usage": {"output_tokens": state.num_completion_tokens}})
+                    "usage": {"output_tokens": state.choice.num_completion_tokens}})
                 yield mf.event("message_stop", {})
     except EngineError as exc:
         log.warning("messages stream ended by an error", error=exc.message)

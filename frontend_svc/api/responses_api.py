@@ -25,7 +25,7 @@ from frontend_svc.api.responses_protocol import (
 from frontend_svc.api.responses_store import ResponseStore
 from frontend_svc.errors import EngineError
 from frontend_svc.request.context import Frontend
-from frontend_svc.request.generation import Choice
+from frontend_svc.request.choice import Choice
 from frontend_svc.request.output_stream import OutputStream
 from frontend_svc.request.translate import check_constraints, chat_input, fan_out
 from frontend_svc.telemetry.observe import log
@@ -111,7 +111,7 @@ def _ids(fe: Frontend, request: Request, req: ResponsesRequest) -> tuple[str, st
 def _finished(fe: Frontend, req: ResponsesRequest, resp_id: str, out: ResponseOutput,
               state: OutputStream, conversation: list[dict], store: ResponseStore) -> dict:
     """Close the output, build the Response, and store it with its conversation."""
-    finish = fmt._finish(state.finish_reason)
+    finish = fmt._finish(state.choice.finish_reason)
     status = "incomplete" if finish == "length" else "completed"
     out.close(status)
     body = response_body(resp_id, fmt.now(), fe.served_model_name, req, out.items, status,
@@ -141,7 +141,7 @@ async def _events(fe: Frontend, req: ResponsesRequest, resp_id: str, parser,
                 bodies += parser.finish()
             for event in out.feed(bodies):
                 yield fmt.sse(seq.number(event))
-        finish = fmt._finish(state.finish_reason)
+        finish = fmt._finish(state.choice.finish_reason)
         for event in out.close("incomplete" if finish == "length" else "completed"):
             yield fmt.sse(seq.number(event))
         body = _finished(fe, req, resp_id, out, state, conversation, store)

@@ -130,12 +130,12 @@ class Sequencer:
 def usage(state: OutputStream | None) -> dict | None:
     if state is None:
         return None
-    prompt = len(state.prompt_token_ids)
+    prompt = len(state.choice.prompt_token_ids)
     return {"input_tokens": prompt,
-            "input_tokens_details": {"cached_tokens": state.num_cached_tokens},
-            "output_tokens": state.num_completion_tokens,
+            "input_tokens_details": {"cached_tokens": state.choice.num_cached_tokens},
+            "output_tokens": state.choice.num_completion_tokens,
             "output_tokens_details": {"reasoning_tokens": 0},
-            "total_tokens": prompt + state.num_completion_tokens}
+            "total_tokens": prompt + state.choice.num_completion_tokens}
 
 
 def incomplete_details(finish: str | None) -> dict | None:
