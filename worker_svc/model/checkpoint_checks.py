@@ -60,7 +60,7 @@ def check_checkpoint(model_dir: Path, cfg: ModelConfig,
                 continue
             raise CheckpointError(f"checkpoint in {model_dir} lacks tensor {name} "
                                   f"(shape {list(shape)})")
-        if e.dtype not in FLOAT_DTYPES:
+        if e.dtype not in FLOAT_DTYPES and e.ggml_type is None:  # GGUF: dequantized on read
             raise CheckpointError(f"{e.path}: tensor {name} has dtype {e.dtype}, not a float "
                                   "dtype (a quantized weight without its scales?); quantized "
                                   "checkpoints are not supported yet")
