@@ -17,14 +17,15 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
-import logging
 import os
 import shutil
 import tempfile
 import time
 from pathlib import Path
 
-log = logging.getLogger("gapserve.gguf")
+from shared.telemetry import get_logger
+
+log = get_logger()
 
 SOURCE_FILE = "gguf_source.json"  # marks a view directory; names the GGUF it reads
 VIEW_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json", SOURCE_FILE)
@@ -115,8 +116,8 @@ def ensure_view(gguf_path: Path, cache_root: Path) -> Path:
             if target.exists():  # a stale or partial view: replace it
                 shutil.rmtree(target)
             os.rename(out, target)
-    log.info("gguf view built: %s -> %s (%s, %.2f s)", gguf_path, target, arch,
-             time.monotonic() - started)
+    log.info("gguf_view_built", gguf=str(gguf_path), view=str(target), architecture=arch,
+             seconds=round(time.monotonic() - started, 2))
     return target
 
 

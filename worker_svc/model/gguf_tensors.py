@@ -15,16 +15,16 @@ order (dequantize to float32, then fix up), so the values are bit-equal to its l
 
 from __future__ import annotations
 
-import logging
 import re
 from pathlib import Path
 
 import numpy as np
 
 from shared.gguf_model import SUPPORTED_TYPES, GGUFError, check_gguf
+from shared.telemetry import get_logger
 from worker_svc.model.safetensors_io import TensorEntry
 
-log = logging.getLogger("gapserve.worker.gguf")
+log = get_logger(service="worker")
 
 _COMMON_BLOCK = {
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
@@ -101,8 +101,9 @@ def gguf_entries(path: Path, head_dim: int) -> dict[str, TensorEntry]:
         entries[name] = TensorEntry(name=name, shape=shape, offset=int(t.data_offset),
                                     nbytes=int(t.n_bytes), rope_head_dim=rope,
                                     norm_offset=offset, **base)
-    log.info("gguf tensors listed: %s (%s, %d tensors, types %s)", path, arch,
-             len(entries), sorted({e.dtype for e in entries.values()}))
+    log.info("gguf_tensors_listed", gguf=str(path), architecture=arch,
+             tensors=len(entries), types=sorted({e.dtype for e in entries.values()}),
+             path="exact: dequantized to float32 on load")
     return entries
 
 
