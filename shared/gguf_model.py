@@ -38,10 +38,11 @@ SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
                    "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 
 # general.architecture -> the transformers model_type our families serve; the tensor
-# name tables live in worker_svc/model/gguf_tensors.py under the same keys
+# name tables live in worker_svc/model/gguf_tensors.py under the same keys. Only the
+# architectures tests check against transformers' gguf_file= load are served; qwen3moe,
+# gemma2 and phi3 (tables drafted there) are refused until tests cover them.
 ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
-                 "qwen3moe": "qwen3_moe", "gemma2": "gemma2", "gemma3": "gemma3_text",
-                 "phi3": "phi3"}
+                 "gemma3": "gemma3_text"}
 
 
 class GGUFError(ValueError):
