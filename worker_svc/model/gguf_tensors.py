@@ -1,0 +1,134 @@
+"""A GGUF file as a tensor source: each tensor under our (Hugging Face) name, with the
+place of its bytes in the file and its GGML type, so the worker's CheckpointSlices
+reads it like a safetensors tensor (row slices for tensor parallelism included: a
+quantized row is whole blocks) and TensorReader dequantizes it on the way in.
+
+The seam for a quantized fast path: `raw_blocks(entry)` gives a tensor's quantized
+bytes with its ggml type, `dequantized(entry)` the float32 values; the exact path
+(this module's only user today) uses the latter.
+
+Per architecture, one table maps GGUF names to ours and names the fix-up llama.cpp's
+converter needs undone: llama's q/k row permutation (interleaved RoPE pairs), Gemma's
+norm weights stored as 1 + w. transformers' GGUF loader undoes the same, in the same
+order (dequantize to float32, then fix up), so the values are bit-equal to its load.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+
+from shared.gguf_model import SUPPORTED_TYPES, GGUFError, check_gguf
+from shared.telemetry import get_logger
+from worker_svc.model.safetensors_io import TensorEntry
+
+log = get_logger(service="worker")
+
+_COMMON_BLOCK = {
+    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj", "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+}
+_GEMMA_BLOCK = {**_COMMON_BLOCK, "post_attention_norm": "post_attention_layernorm",
+                "ffn_norm": "pre_feedforward_layernorm",
+                "post_ffw_norm": "post_feedforward_layernorm"}
+_PHI3_BLOCK = {**_COMMON_BLOCK, "attn_qkv": "self_attn.qkv_proj",
+               "ffn_up": "mlp.gate_up_proj"}  # phi3's GGUF keeps HF's fused layout
+_MOE_BLOCK = {**_COMMON_BLOCK, "ffn_gate_inp": "mlp.gate"}
+# stacked experts [n_expert, rows, cols] -> one entry per expert under these names
+_EXPERTS = {"ffn_gate_exps": "mlp.experts.{e}.gate_proj",
+            "ffn_up_exps": "mlp.experts.{e}.up_proj",
+            "ffn_down_exps": "mlp.experts.{e}.down_proj"}
+_TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
+        "output": "lm_head"}
+
+# general.architecture -> (block table, undo llama's q/k permutation, norm offset);
+# shared/gguf_model.ARCHITECTURES decides which are served (qwen3moe, gemma2, phi3: not
+# yet, no test checks them against transformers)
+TABLES = {
+    "llama": (_COMMON_BLOCK, True, 0.0),
+    "qwen2": (_COMMON_BLOCK, False, 0.0),
+    "qwen3": (_COMMON_BLOCK, False, 0.0),
+    "qwen3moe": (_MOE_BLOCK, False, 0.0),
+    "gemma2": (_GEMMA_BLOCK, False, -1.0),
+    "gemma3": (_GEMMA_BLOCK, False, -1.0),
+    "phi3": (_PHI3_BLOCK, False, 0.0),
+}
+_BLOCK_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
+
+
+def gguf_entries(path: Path, head_dim: int) -> dict[str, TensorEntry]:
+    """Every tensor of the GGUF under our names (checked: architecture and types)."""
+    from gguf import GGUFReader
+
+    arch = check_gguf(path)
+    block, permute, norm_offset = TABLES[arch]
+    reader = GGUFReader(str(path))
+    entries: dict[str, TensorEntry] = {}
+    for t in reader.tensors:
+        shape = tuple(int(d) for d in reversed(t.shape))  # GGUF lists dims inner-first
+        kind = t.tensor_type.name
+        if kind not in SUPPORTED_TYPES:  # check_gguf refused it already; belt and braces
+            raise GGUFError(f"{path}: tensor {t.name} has GGUF type {kind}")
+        base = dict(path=path, dtype=f"GGUF_{kind}", ggml_type=int(t.tensor_type))
+        m = _BLOCK_NAME.match(t.name)
+        if m and m.group(2) in _EXPERTS and arch == "qwen3moe":
+            per = int(t.n_bytes) // shape[0]  # each expert's rows are contiguous bytes
+            for e in range(shape[0]):
+                name = f"model.layers.{m.group(1)}." + _EXPERTS[m.group(2)].format(e=e) \
+                    + "." + m.group(3)
+                entries[name] = TensorEntry(name=name, shape=shape[1:],
+                                            offset=int(t.data_offset) + e * per,
+                                            nbytes=per, **base)
+            continue
+        if m:
+            part = block.get(m.group(2))
+            if part is None:
+                raise GGUFError(f"{path}: tensor {t.name} has no counterpart in the "
+                                f"{arch} family (not served)")
+            name = f"model.layers.{m.group(1)}.{part}.{m.group(3)}"
+        else:
+            top, _, suffix = t.name.rpartition(".")
+            if top not in _TOP:
+                raise GGUFError(f"{path}: tensor {t.name} has no counterpart in the "
+                                f"{arch} family (not served)")
+            name = f"{_TOP[top]}.{suffix}"
+        rope = head_dim if permute and name.endswith(("q_proj.weight", "k_proj.weight")) \
+            else 0
+        offset = norm_offset if name.endswith("norm.weight") else 0.0
+        entries[name] = TensorEntry(name=name, shape=shape, offset=int(t.data_offset),
+                                    nbytes=int(t.n_bytes), rope_head_dim=rope,
+                                    norm_offset=offset, **base)
+    log.info("gguf_tensors_listed", gguf=str(path), architecture=arch,
+             tensors=len(entries), types=sorted({e.dtype for e in entries.values()}),
+             path="exact: dequantized to float32 on load")
+    return entries
+
+
+def raw_blocks(entry: TensorEntry, raw: np.ndarray) -> tuple[np.ndarray, int]:
+    """The seam for a quantized path: the entry's bytes as [rows, row bytes] uint8
+    blocks and the ggml type that decodes them."""
+    rows = entry.shape[0] if len(entry.shape) > 1 else 1
+    return raw.reshape(rows, -1), int(entry.ggml_type)
+
+
+def dequantized(entry: TensorEntry, raw: np.ndarray) -> np.ndarray:
+    """The entry's float32 values in our layout, from its raw bytes: gguf.quants.
+    dequantize, then llama.cpp's converter's fix-ups undone (as transformers does)."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    blocks, kind = raw_blocks(entry, raw)
+    w = np.asarray(dequantize(blocks, GGMLQuantizationType(kind)), dtype=np.float32)
+    w = w.reshape(entry.shape)
+    if entry.rope_head_dim:  # rows of whole heads: undo the per-head pair interleave
+        n_head = w.shape[0] // entry.rope_head_dim
+        half = entry.rope_head_dim // 2
+        w = w.reshape(n_head, half, 2, *w.shape[1:]).swapaxes(2, 1).reshape(w.shape)
+    if entry.norm_offset:
+        w = w + np.float32(entry.norm_offset)
+    return np.ascontiguousarray(w)
