@@ -34,7 +34,9 @@ from worker_svc.parallel import GroupLost
 
 log = get_logger(service="worker")
 
-STREAM_HANDOVER_S = 2.0  # longest a new Step stream waits for the one before it to end
+# longest a new Step stream waits for the one before it to end: under the scheduler's
+# reconnect wait (2 s), so a live other scheduler's stream is refused by name first
+STREAM_HANDOVER_S = 1.0
 
 
 def describe_error(error: BaseException) -> str:

@@ -114,7 +114,7 @@ def test_grpc_get_model_info_reports_the_served_model(tiny_stack):
     assert reply.model_info.vocab_size == 49152 and reply.model_info.max_model_len == 512
     assert reply.model_info.num_kv_blocks > 1 and reply.model_info.block_size == 16
     # how the worker computes its steps, as its compute plan logged it at start
-    assert reply.model_info.compute_plan.startswith("device=cpu dtype=float32 attention=")
+    assert reply.model_info.compute_plan.startswith("device=cpu family=llama layers=c dtype=float32 attention=")
 
 
 @pytest.mark.parametrize("fields", [
