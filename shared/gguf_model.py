@@ -94,14 +94,16 @@ def check_gguf(path: Path) -> str:
     return arch
 
 
-def view_dir_for(path: Path, cache_root: Path) -> Path:
-    return cache_root / "gguf" / f"{path.stem}-{file_sha256(path)[:16]}"
+def view_dir_for(path: Path, cache_root: Path, name: str | None = None) -> Path:
+    """Keyed by the file's content; the directory's own name is the model's name, which
+    the services serve it as (`--served-model-name` aside): the file's stem, or `name`."""
+    return cache_root / "gguf" / file_sha256(path)[:16] / (name or path.stem)
 
 
-def ensure_view(gguf_path: Path, cache_root: Path) -> Path:
+def ensure_view(gguf_path: Path, cache_root: Path, name: str | None = None) -> Path:
     """The view directory of `gguf_path`, built on first use."""
     started = time.monotonic()
-    target = view_dir_for(gguf_path, cache_root)
+    target = view_dir_for(gguf_path, cache_root, name)
     if _is_view(target, gguf_path):
         return target
     arch = check_gguf(gguf_path)
