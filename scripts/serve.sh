@@ -5,7 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh serve
-# converts the default model once into ~/.cache/gapserve, with a progress line; quick after
+# fetches the default model's GGUF once into ~/.cache/gapserve; quick after
 .venv/bin/python -m shared.default_model >/dev/null
 echo "gapserve serve.sh: starting the services (the worker loads the model first)" >&2
 exec .venv/bin/gapserve serve "$@"

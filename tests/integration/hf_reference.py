@@ -1,6 +1,21 @@
 """The transformers reference that greedy outputs are compared against."""
 
+from pathlib import Path
+
 import torch
+
+from shared.gguf_model import gguf_source
+
+
+def load_reference(model_dir):
+    """transformers' float32 model of a checkpoint directory, or of the GGUF a view
+    directory serves (the default model's: `gguf_file=`, dequantized as we do)."""
+    from transformers import AutoModelForCausalLM
+    source = gguf_source(Path(model_dir))
+    if source is None:
+        return AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    return AutoModelForCausalLM.from_pretrained(str(source.parent), gguf_file=source.name,
+                                                dtype=torch.float32).eval()
 
 
 def hf_greedy(model, prompt: list[int], n: int) -> list[int]:

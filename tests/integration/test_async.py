@@ -26,7 +26,7 @@ from shared.structured import compile_cache as so
 from shared.proto import common_pb2, engine_pb2, generate_pb2
 from shared.structured.spec import StructuredOutputSpec as Spec
 from shared.types import SamplingParams
-from tests.integration.hf_reference import hf_greedy as greedy
+from tests.integration.hf_reference import hf_greedy as greedy, load_reference
 from tests.structured.reference import GrammarLogitsProcessor, hf_constrained_greedy
 
 # 13 usable blocks of 16 tokens. Preemption must not hang on arrival timing: the three
@@ -90,13 +90,13 @@ def workload():
     """Prompt ids and the transformers reference of every case, computed once, before
     any stack runs (so the reference has the cores to itself)."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from shared.default_model import ensure_default_model
 
     model_dir = ensure_default_model()
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    model = load_reference(model_dir)
     eos = model.generation_config.eos_token_id
     eos_ids = set(eos if isinstance(eos, list) else [eos])
     vocab = so.grammar_vocab(model_dir, model.config.vocab_size, sorted(eos_ids))

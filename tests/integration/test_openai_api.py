@@ -169,7 +169,7 @@ PROMPTS_32 = [f"Write one sentence about the number {i}." for i in range(24)] + 
 @pytest.mark.e2e
 def test_32_concurrent_greedy_requests_equal_transformers(default_stack):
     import torch
-    from transformers import AutoModelForCausalLM
+    from tests.integration.hf_reference import load_reference
 
     from frontend_svc.request.tokenizer import TextTokenizer
 
@@ -185,8 +185,7 @@ def test_32_concurrent_greedy_requests_equal_transformers(default_stack):
         choices = list(pool.map(one, PROMPTS_32))
 
     tokenizer = TextTokenizer.from_dir(default_stack.model_dir)
-    ref = AutoModelForCausalLM.from_pretrained(str(default_stack.model_dir),
-                                               dtype=torch.float32).eval()
+    ref = load_reference(default_stack.model_dir)
     eos = ref.generation_config.eos_token_id
     threads = torch.get_num_threads()
     torch.set_num_threads(2)  # the stack is idle now: the reference may use both cores

@@ -218,7 +218,7 @@ def test_the_default_model_through_the_router_equals_transformers(default_stack,
     """The real default model on two replicas behind the router: each prompt's greedy
     text equals transformers' for that prompt alone, whichever replica served it."""
     import torch
-    from transformers import AutoModelForCausalLM
+    from tests.integration.hf_reference import load_reference
 
     from frontend_svc.request.tokenizer import TextTokenizer
 
@@ -241,8 +241,7 @@ def test_the_default_model_through_the_router_equals_transformers(default_stack,
     finally:
         r.stop()
     tokenizer = TextTokenizer.from_dir(default_stack.model_dir)
-    ref = AutoModelForCausalLM.from_pretrained(str(default_stack.model_dir),
-                                               dtype=torch.float32).eval()
+    ref = load_reference(default_stack.model_dir)
     eos = ref.generation_config.eos_token_id
     for prompt, text in zip(prompts, texts):
         ids = tokenizer.encode(prompt)

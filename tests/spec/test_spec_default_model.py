@@ -11,7 +11,7 @@ import torch
 
 from shared.speculative_config import parse_speculative_config
 from shared.types import SamplingParams
-from tests.integration.hf_reference import hf_greedy
+from tests.integration.hf_reference import hf_greedy, load_reference
 from tests.spec.engine_loop import run
 
 QUESTIONS = [
@@ -32,7 +32,7 @@ SPECS = {
 
 @pytest.fixture(scope="module")
 def setup():
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     from shared.default_model import resolve_model
     model_dir = resolve_model(None)
@@ -40,7 +40,7 @@ def setup():
     prompts = [tok.apply_chat_template([{"role": "user", "content": q}], tokenize=True,
                                        add_generation_prompt=True, return_dict=True)
                ["input_ids"] for q in QUESTIONS]
-    hf = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    hf = load_reference(model_dir)
     return model_dir, prompts, [hf_greedy(hf, p, MAX_TOKENS) for p in prompts]
 
 

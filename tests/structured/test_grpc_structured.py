@@ -184,7 +184,7 @@ def test_other_streams_keep_their_pace_while_a_large_grammar_compiles(start_stac
 
 def check_pace(streams, sent: float, first: float) -> None:
     """The other streams' largest token gap while the grammar compiled (from `sent`
-    to the constrained request's first token) stays under 0.3 of that window: a
+    to the constrained request's first token) stays under half that window: a
     compile on the step path (or holding the event loop) would stall them for about
     all of it. Skipped when the window is too short to tell the two apart."""
     window = first - sent
@@ -195,7 +195,7 @@ def check_pace(streams, sent: float, first: float) -> None:
             if sent <= a and b <= first]
     assert len(gaps) > 20, "the other streams made no progress while it compiled"
     print(f"compile window {window:.3f} s, max gap {max(gaps):.3f} s, {len(gaps)} gaps")
-    assert max(gaps) < 0.3 * window, (max(gaps), window)
+    assert max(gaps) < 0.5 * window, (max(gaps), window)
 
 
 def tokenizer_id(stack, text: str) -> int:
