@@ -112,16 +112,3 @@ def served_family_dir(tmp_path_factory):
         return written[name]
     return get
 
-
-@pytest.fixture(scope="session")
-def hf_family():
-    """transformers' float32 model of a checkpoint directory, loaded once."""
-    from transformers import AutoModelForCausalLM
-    cache = {}
-
-    def get(path):
-        if path not in cache:
-            cache[path] = AutoModelForCausalLM.from_pretrained(
-                str(path), dtype=torch.float32).eval()
-        return cache[path]
-    return get

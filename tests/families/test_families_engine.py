@@ -45,13 +45,13 @@ def runners(family_dir):
 
 
 @pytest.fixture(scope="module")
-def reference(family_dir, hf_family):
+def reference(family_dir, hf_model_cache):
     cache = {}
 
     def get(name: str, prompt: list[int], n: int) -> list[int]:
         key = (name, tuple(prompt), n)
         if key not in cache:
-            cache[key] = hf_greedy(hf_family(family_dir(name)), prompt, n)
+            cache[key] = hf_greedy(hf_model_cache(family_dir(name)), prompt, n)
         return cache[key]
     return get
 

@@ -21,12 +21,12 @@ def _runner(path, max_model_len: int = 256) -> ModelRunner:
 
 
 @pytest.mark.parametrize("name", list(VARIANTS))
-def test_full_prompt_logits_match_transformers(name, family_dir, hf_family):
+def test_full_prompt_logits_match_transformers(name, family_dir, hf_model_cache):
     path = family_dir(name)
     prompt = _prompt(0, 83)
     got = _chunk_logits(_runner(path), _state(prompt), len(prompt))
     with torch.no_grad():
-        want = hf_family(path)(torch.tensor([prompt])).logits[0]
+        want = hf_model_cache(path)(torch.tensor([prompt])).logits[0]
     assert _relative_error(got, want) < 1e-4
 
 
@@ -40,7 +40,7 @@ def test_prompt_prefilled_in_chunks_gives_one_shot_logits(name, family_dir):
     assert _relative_error(torch.cat(chunks), one_shot) < 1e-5
 
 
-def test_yarn_logits_match_transformers_past_max_position_embeddings(family_dir, hf_family):
+def test_yarn_logits_match_transformers_past_max_position_embeddings(family_dir, hf_model_cache):
     """max_position_embeddings 64, YaRN x4: positions 0..199 all match."""
     path = family_dir("qwen2_yarn")
     prompt = _prompt(2, 200)
@@ -49,7 +49,7 @@ def test_yarn_logits_match_transformers_past_max_position_embeddings(family_dir,
     state.block_ids = list(range(1, 14))  # 13 blocks of 16 hold 200 tokens
     chunks = [_chunk_logits(runner, state, n) for n in (64, 64, 72)]
     with torch.no_grad():
-        want = hf_family(path)(torch.tensor([prompt])).logits[0]
+        want = hf_model_cache(path)(torch.tensor([prompt])).logits[0]
     assert _relative_error(torch.cat(chunks), want) < 1e-4
 
 
@@ -102,7 +102,7 @@ def test_experts_split_across_ranks_sum_to_the_whole_layer():
     torch.testing.assert_close(parts[0] + parts[1], layers.moe(x, w, spec))
 
 
-def test_bf16_on_cpu_runs_a_torch_family_with_bf16_matmul_weights(family_dir, hf_family):
+def test_bf16_on_cpu_runs_a_torch_family_with_bf16_matmul_weights(family_dir, hf_model_cache):
     """--dtype bfloat16 on CPU: bf16 matmul weights (experts included) under fp32
     activations, as the llama family's; close to the fp32 logits, not equal. (Mixtral:
     the Qwen3 variants' sharp q/k norms magnify bf16's rounding to ~0.1 here, as 0.005
@@ -116,5 +116,5 @@ def test_bf16_on_cpu_runs_a_torch_family_with_bf16_matmul_weights(family_dir, hf
     prompt = _prompt(4, 40)
     got = _chunk_logits(runner, _state(prompt), len(prompt))
     with torch.no_grad():
-        want = hf_family(path)(torch.tensor([prompt])).logits[0]
+        want = hf_model_cache(path)(torch.tensor([prompt])).logits[0]
     assert _relative_error(got, want) < 0.03

@@ -24,7 +24,7 @@ PROMPTS = [[1, 504, 3209, 28, 253, 4821, 99], [7, 8, 9, 10, 11],
 
 @pytest.mark.parametrize("name", ["qwen3", "qwen3_moe_unnormalized_sparse_step", "mixtral"])
 def test_two_ranks_are_greedy_equal_to_transformers_through_a_preemption(
-        served_family_dir, hf_family, tmp_path, name):
+        served_family_dir, hf_model_cache, tmp_path, name):
     path = served_family_dir(name)
     stack = _ranks(path, tmp_path)
     try:
@@ -40,14 +40,14 @@ def test_two_ranks_are_greedy_equal_to_transformers_through_a_preemption(
         group.close()
     finally:
         stack.stop()
-    hf = hf_family(path)
+    hf = hf_model_cache(path)
     for req, prompt in zip(reqs, PROMPTS):
         assert req.output == hf_greedy(hf, prompt, 16), req.req_id
 
 
 @pytest.mark.parametrize("name", ["qwen3", "qwen3_moe", "mixtral"])
 def test_the_stack_serves_the_family_greedy_equal_to_transformers(
-        served_family_dir, hf_family, tmp_path, name):
+        served_family_dir, hf_model_cache, tmp_path, name):
     from transformers import AutoTokenizer
     path = served_family_dir(name)
     stack = start_stack(path, tmp_path, flags=TINY_FLAGS)
@@ -64,7 +64,7 @@ def test_the_stack_serves_the_family_greedy_equal_to_transformers(
         status = stack.engine_status()
     finally:
         stack.stop()
-    hf = hf_family(path)
+    hf = hf_model_cache(path)
     assert tokens == hf_greedy(hf, PROMPTS[0], 12)
     tok = AutoTokenizer.from_pretrained(str(path))
     ids = tok("The capital of France is")["input_ids"]
@@ -75,7 +75,7 @@ def test_the_stack_serves_the_family_greedy_equal_to_transformers(
 @pytest.mark.parametrize("name", ["qwen3", "qwen3_moe_unnormalized_sparse_step", "mixtral",
                                   "qwen2_yarn"])
 def test_two_ranks_with_ngram_drafts_chunks_and_preemption_are_greedy_equal(
-        family_dir, hf_family, tmp_path, name):
+        family_dir, hf_model_cache, tmp_path, name):
     """The ranks driven by the real scheduler core (tests/spec/engine_loop.py): n-gram
     drafts verified on both ranks, 16-token chunks, a pool that preempts."""
     path = family_dir(name)
@@ -92,7 +92,7 @@ def test_two_ranks_with_ngram_drafts_chunks_and_preemption_are_greedy_equal(
         group.close()
     finally:
         stack.stop()
-    hf = hf_family(path)
+    hf = hf_model_cache(path)
     for i, prompt in enumerate(prompts):
         assert got[f"r{i}"] == hf_greedy(hf, prompt, 24), (name, i)
     st = sched.stats()

@@ -63,16 +63,3 @@ def tiny_mistral_sharded_dir(tmp_path_factory):
                              tie_word_embeddings=False, sliding_window=None,
                              rope_parameters=rope)
 
-
-@pytest.fixture(scope="session")
-def hf_model_cache():
-    """transformers reference models, loaded once per checkpoint directory."""
-    from transformers import AutoModelForCausalLM
-    cache = {}
-
-    def get(path):
-        if path not in cache:
-            cache[path] = AutoModelForCausalLM.from_pretrained(
-                str(path), dtype=torch.float32).eval()
-        return cache[path]
-    return get
