@@ -176,7 +176,9 @@ def main() -> None:
     points = (decode_batches, prefill_chunks, args.decode_steps, args.reps)
     tp = args.tensor_parallel_size
     if args.rank > 0:  # a helper rank: replay the same steps in lockstep with rank 0
-        measure(_runner(args, decode_batches, args.rank, tp, args.master_port), *points)
+        runner = _runner(args, decode_batches, args.rank, tp, args.master_port)
+        measure(runner, *points)
+        runner.tp.close()
         return
     t0 = time.perf_counter()
     runner = _runner(args, decode_batches, 0, 1, 0)
@@ -223,7 +225,9 @@ def _measure_split(args, decode_batches, points):
                                  "--master-port", str(port)]) for r in range(1, tp)]
     try:
         runner = _runner(args, decode_batches, 0, tp, port)
-        return measure(runner, *points), runner.compute_plan
+        rows = measure(runner, *points)
+        runner.tp.close()
+        return rows, runner.compute_plan
     finally:
         for h in helpers:
             if h.wait(timeout=120) != 0:

@@ -74,7 +74,9 @@ class TensorParallelGroup:
         self.barrier()
         log.info("tp_group_formed", rank=self.rank, size=self.size, backend=self.backend,
                  seconds=round(time.perf_counter() - t0, 3))
-        threading.Thread(target=self._heartbeat, name="tp-heartbeat", daemon=True).start()
+        self._closing = threading.Event()
+        self._beat = threading.Thread(target=self._heartbeat, name="tp-heartbeat", daemon=True)
+        self._beat.start()
 
     # ------------------------------------------------------------------ collectives
 
@@ -141,6 +143,16 @@ class TensorParallelGroup:
             self.lose(f"{fn.__name__} failed on rank {self.rank}: {e}")
             raise GroupLost(f"tensor-parallel {fn.__name__} failed: {e}") from e
 
+    def close(self) -> None:
+        """Leave the group at the end of a run: the heartbeat stops and is joined before
+        the process group goes, so no store call is in flight while the interpreter
+        exits (C++ would abort the process: 'terminate called without an active
+        exception', a helper rank's exit code -6)."""
+        self._closing.set()
+        self._beat.join(timeout=HEARTBEAT_INTERVAL_S + self.timeout_s)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
     # ------------------------------------------------------------------ liveness
 
     def lose(self, reason: str) -> None:
@@ -167,7 +179,7 @@ class TensorParallelGroup:
             return
         peers = [r for r in range(self.size) if r != self.rank]
         seen = {r: (-1, time.monotonic()) for r in peers}
-        while not self._lost.wait(HEARTBEAT_INTERVAL_S):
+        while not self._lost.wait(HEARTBEAT_INTERVAL_S) and not self._closing.is_set():
             try:
                 store.add(f"beat/{self.rank}", 1)
                 now = time.monotonic()
