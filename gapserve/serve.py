@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 from gapserve.supervisor import Child, Supervisor
 from shared import config as flags
+from shared.flag_spec import forwarded, secrets_env
 from shared.instance import new_instance_id
 from shared.link_security import LinkSecurity, inner_bind_problem
 from shared.ports import PortUnavailable, check_free
@@ -79,7 +80,7 @@ def children(args: argparse.Namespace) -> list[Child]:
     scheme = "https" if args.ssl_certfile else "http"
     # --api-server-count N: N frontends on the same ports; the kernel spreads connections
     count = getattr(args, "api_server_count", 1)
-    front_env = flags.secrets_env(args, flags.FrontendFlags)
+    front_env = secrets_env(args, flags.FrontendFlags)
     if count > 1:  # a scrape reaches one: it sums all (frontend_svc/telemetry/vllm_metrics.py)
         front_env["PROMETHEUS_MULTIPROC_DIR"] = _metrics_dir()
     if size == 1:
@@ -93,7 +94,7 @@ def children(args: argparse.Namespace) -> list[Child]:
     frontends = [Child(
         "frontend" if count == 1 else f"frontend-{i}",
         ["frontend", *upstream, "--host", args.host,
-         *flags.forwarded(args, flags.FrontendFlags)],
+         *forwarded(args, flags.FrontendFlags)],
         f"{front}:{args.grpc_port}", f"{scheme}://{front}:{args.http_port}/health",
         env=dict(front_env), security=security, instance_id=args.instance_id,
         # the --api-server-count frontends share them: checked once
@@ -123,8 +124,8 @@ def _replica(args: argparse.Namespace, i: int, size: int, host: str,
         workers.append(Child(
             f"worker-{tag}{rank}",
             ["worker", "--rank", str(rank), "--port", str(port_), "--metrics-port", str(metrics),
-             "--host", args.inner_host, *flags.forwarded(args, flags.WorkerFlags)],
-            f"{host}:{port_}", env=flags.secrets_env(args, flags.WorkerFlags),
+             "--host", args.inner_host, *forwarded(args, flags.WorkerFlags)],
+            f"{host}:{port_}", env=secrets_env(args, flags.WorkerFlags),
             security=security, instance_id=args.instance_id,
             ports=[(args.inner_host, port_, "--worker-port"),
                    (args.inner_host, metrics, "--worker-metrics-port")]))
@@ -135,8 +136,8 @@ def _replica(args: argparse.Namespace, i: int, size: int, host: str,
         ["scheduler", "--port", str(sched_port), "--metrics-port", str(metrics_port),
          "--worker-addresses", ",".join(w.health_address for w in workers),
          "--host", args.inner_host,
-         *flags.forwarded(args, flags.SchedulerFlags)],
-        f"{host}:{sched_port}", env=flags.secrets_env(args, flags.SchedulerFlags),
+         *forwarded(args, flags.SchedulerFlags)],
+        f"{host}:{sched_port}", env=secrets_env(args, flags.SchedulerFlags),
         security=security, instance_id=args.instance_id,
         ports=[(args.inner_host, sched_port, "--scheduler-port"),
                (args.inner_host, metrics_port, "--scheduler-metrics-port")])

@@ -23,6 +23,7 @@ import urllib.request
 from collections.abc import Sequence
 
 from shared import config as flags
+from shared.flag_spec import add_flags
 from shared.arg_types import key_list, port
 
 
@@ -40,7 +41,7 @@ def status_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the raw JSON")
     p.add_argument("--api-key", type=key_list, default=[],
                    help="for a frontend started with --api-key (the first key is sent)")
-    flags.add_flags(p, flags.LinkSecurityFlags)  # for --scheduler-address: TLS and the internal token
+    add_flags(p, flags.LinkSecurityFlags)  # for --scheduler-address: TLS and the internal token
     return p
 
 

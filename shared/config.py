@@ -5,7 +5,8 @@ address")`): its name is the flag (`--host`) and the variable (GAPSERVE_HOST), i
 default the flag's, its metadata the help, value type and choices. Each service's
 flags are one dataclass made of groups (WorkerFlags, SchedulerFlags, FrontendFlags,
 ServeFlags); its argparse parser, what `gapserve serve` forwards to it and
-docs/flags.md (`python -m shared.flags_doc`) are built from that dataclass.
+docs/flags.md (`python -m shared.flags_doc`) are built from that dataclass by
+shared/flag_spec.py, which says how a declaration becomes each of them.
 
 Every flag `--foo-bar` also reads the environment variable GAPSERVE_FOO_BAR: the
 flag wins over the variable, the variable over the default. A bad value in a
@@ -15,19 +16,19 @@ variable is reported like a bad flag (naming the variable), before anything star
 from __future__ import annotations
 
 import argparse
-import difflib
 import os
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import MISSING, Field, dataclass, field, fields, make_dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, make_dataclass
 
 from shared.arg_types import (address_groups, address_list, endpoint_list, fraction,
                               key_list, non_negative_float, non_negative_int,
                               positive_int, positive_seconds, readable_file,
                               port as port_number,
                               relative_threshold, routing_threshold)
+from shared.flag_spec import (ENV_PREFIX, FlagParser, add_flags, env_name, group,
+                               service_flags)
 from shared.speculative_config import speculative_config_arg
 
-ENV_PREFIX = "GAPSERVE_"
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off"}
 # variables that were renamed: set, they are refused with the new name, not ignored
@@ -35,11 +36,6 @@ RENAMED_VARIABLES = {
     ENV_PREFIX + "STRUCTURED_OUTPUT_COMPILE_TIMEOUT_S":
         ENV_PREFIX + "STRUCTURED_OUTPUTS_COMPILE_TIMEOUT_S",
 }
-
-
-def env_name(flag: str) -> str:
-    """`--max-num-seqs` -> `GAPSERVE_MAX_NUM_SEQS`."""
-    return ENV_PREFIX + flag.lstrip("-").replace("-", "_").upper()
 
 
 def parse_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None,
@@ -85,118 +81,23 @@ def _env_value(parser: argparse.ArgumentParser, action: argparse.Action, name: s
 
 
 # ---------------------------------------------------------------------------
-# how a flag is declared, and what is built from the declarations
-
-
-def _group(title: str) -> Callable[..., Field]:
-    """A field maker for one argparse group: `worker(16, "help", type=positive_int)`.
-    A bool default makes a --x/--no-x switch. secret: `gapserve serve` hands it to its
-    children in their environment, never on a command line. per_child: serve sets it
-    for each child itself (--host), so it is not forwarded. aliases: other names of the
-    same flag (vLLM's, e.g. --port for --http-port); only the first name is forwarded."""
-    def declare(default=None, help: str | None = None, *, type=None, choices=None,
-                metavar: str | None = None, secret: bool = False,
-                per_child: bool = False, aliases: tuple[str, ...] = ()) -> Field:
-        meta = {"group": title, "help": help, "type": type, "choices": choices,
-                "metavar": metavar, "secret": secret, "per_child": per_child,
-                "aliases": aliases}
-        if isinstance(default, list):  # each parser gets its own
-            return field(default_factory=lambda: list(default), metadata=meta)
-        return field(default=default, metadata=meta)
-    return declare
-
-
-def flag_name(f: Field) -> str:
-    return "--" + f.name.replace("_", "-")
-
-
-def flag_default(f: Field):
-    return f.default_factory() if f.default is MISSING else f.default
-
-
-def add_flags(parser: argparse.ArgumentParser, *groups: type) -> None:
-    """Add the flags of these group (or service) dataclasses to the parser."""
-    made: dict[str, argparse._ArgumentGroup] = {}
-    for f in (f for g in groups for f in fields(g)):
-        m = f.metadata
-        g = made.get(m["group"]) or made.setdefault(
-            m["group"], parser.add_argument_group(m["group"]))
-        default = flag_default(f)
-        kwargs = {"default": default, "help": m["help"]}
-        if isinstance(default, bool):
-            kwargs["action"] = argparse.BooleanOptionalAction
-        else:
-            kwargs.update({k: m[k] for k in ("type", "choices", "metavar") if m[k] is not None})
-        g.add_argument(flag_name(f), *m.get("aliases", ()), dest=f.name, **kwargs)
-
-
-def service_flags(name: str, *groups: type) -> type:
-    """One service's flags: the union of its groups, in order, as one dataclass (a
-    name in two of its groups is a mistake, caught here)."""
-    spec, seen = [], set()
-    for group in groups:
-        for f in fields(group):
-            if f.name in seen:
-                raise TypeError(f"{name}: --{f.name} is declared by two of its groups")
-            seen.add(f.name)
-            spec.append((f.name, f.type, field(default=f.default,
-                                               default_factory=f.default_factory,
-                                               metadata=f.metadata)))
-    return make_dataclass(name, spec, frozen=True)
-
-
-def forwarded(args: argparse.Namespace, child: type) -> list[str]:
-    """`gapserve serve`: the command line of a child taking `child`'s flags, from serve's
-    parsed flags: every flag both take, but secrets (see secrets_env) and what serve
-    sets per child. None = left unset."""
-    out: list[str] = []
-    for f in fields(child):
-        if f.metadata["secret"] or f.metadata["per_child"] or not hasattr(args, f.name):
-            continue
-        value, flag = getattr(args, f.name), flag_name(f)
-        if value is None:
-            continue
-        if isinstance(value, bool):
-            out.append(flag if value else "--no-" + flag[2:])
-        elif isinstance(value, list):
-            out += [flag, ",".join(map(str, value))]
-        elif hasattr(value, "to_json"):  # a parsed JSON flag (--speculative-config)
-            out += [flag, value.to_json()]
-        else:
-            out += [flag, str(value)]
-    return out
-
-
-def secrets_env(args: argparse.Namespace, child: type) -> dict[str, str]:
-    """The child's secret flags that serve was given, as the child's variables (a
-    command line is readable by any local user in the process list)."""
-    out = {}
-    for f in fields(child):
-        value = getattr(args, f.name, None) if f.metadata["secret"] else None
-        if value:
-            out[env_name(flag_name(f))] = ",".join(value) if isinstance(value, list) \
-                else str(value)
-    return out
-
-
-# ---------------------------------------------------------------------------
 # the flags, by group
 
-common = _group("all services")
-limits = _group("limits")
-worker = _group("worker")
-tensor_parallel = _group("tensor parallelism (with --tensor-parallel-size > 1)")
-structured = _group("structured outputs (docs/structured_outputs.md)")
-scheduler = _group("scheduler")
-frontend = _group("frontend")
-security = _group("gRPC link security (every service)")
-admission = _group("client authentication and admission (frontend)")
-scheduler_admission = _group("admission (scheduler)")
-routing = _group("data-parallel routing (frontend; docs/deploy.md, "
+common = group("all services")
+limits = group("limits")
+worker = group("worker")
+tensor_parallel = group("tensor parallelism (with --tensor-parallel-size > 1)")
+structured = group("structured outputs (docs/structured_outputs.md)")
+scheduler = group("scheduler")
+frontend = group("frontend")
+security = group("gRPC link security (every service)")
+admission = group("client authentication and admission (frontend)")
+scheduler_admission = group("admission (scheduler)")
+routing = group("data-parallel routing (frontend; docs/deploy.md, "
                  "\"Data parallelism and routing\")")
-data_parallel = _group("data parallelism (gapserve serve)")
-inner_ports = _group("ports of the inner services (0 turns a metrics port off)")
-model = _group("model")
+data_parallel = group("data parallelism (gapserve serve)")
+inner_ports = group("ports of the inner services (0 turns a metrics port off)")
+model = group("model")
 
 
 @dataclass(frozen=True)
@@ -584,22 +485,6 @@ def model_from_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         parser.error(f"the model is given twice: {tag!r} and --model {args.model!r}")
     if tag is not None:
         args.model = tag
-
-
-class FlagParser(argparse.ArgumentParser):
-    """argparse, but an error is one line (exit 2), not the whole usage: with some sixty
-    flags the usage buries the mistake. A mistyped flag names the closest flag."""
-
-    def error(self, message: str):
-        if message.startswith("unrecognized arguments: "):
-            unknown = message.split(": ", 1)[1].split()
-            flag = next((a for a in unknown if a.startswith("-")), unknown[0])
-            known = [o for a in self._actions for o in a.option_strings]
-            close = difflib.get_close_matches(flag.split("=", 1)[0], known, n=1, cutoff=0.6)
-            hint = f"; did you mean {close[0]}?" if close else f"; see {self.prog} --help"
-            what = "unknown flag" if flag.startswith("-") else "unexpected argument"
-            self.exit(2, f"{self.prog}: {what} {flag}{hint}\n")
-        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def _parser(flags: type, prog: str, description: str) -> argparse.ArgumentParser:

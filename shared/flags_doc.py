@@ -9,7 +9,7 @@ import sys
 from dataclasses import fields
 from pathlib import Path
 
-from shared import config
+from shared import config, flag_spec
 
 PATH = Path(__file__).resolve().parents[1] / "docs" / "flags.md"
 INTRO = """\
@@ -38,7 +38,7 @@ def _cell(text) -> str:
 
 
 def _default(f) -> str:
-    value = config.flag_default(f)
+    value = flag_spec.flag_default(f)
     if value is None or value == []:
         return "—"
     if isinstance(value, bool):
@@ -57,14 +57,14 @@ def render() -> str:
                 group = m["group"]
                 out += [f"\n### {group}\n", "| flag | variable | default | what |",
                         "|---|---|---|---|"]
-            name = ", ".join([config.flag_name(f), *m.get("aliases", ())])
-            if isinstance(config.flag_default(f), bool):
+            name = ", ".join([flag_spec.flag_name(f), *m.get("aliases", ())])
+            if isinstance(flag_spec.flag_default(f), bool):
                 name = f"{name}, --no-{name[2:]}"
             elif m["choices"]:
                 name += " {" + ",".join(map(str, m["choices"])) + "}"
             elif m["metavar"]:
                 name += f" {m['metavar']}"
-            out.append(f"| `{name}` | `{config.env_name(config.flag_name(f))}` | "
+            out.append(f"| `{name}` | `{flag_spec.env_name(flag_spec.flag_name(f))}` | "
                        f"{_default(f)} | {_cell(m['help'] or '')} |")
     out += ["\n## Variables without a flag\n", "| variable | what |", "|---|---|"]
     out += [f"| `{name}` | {_cell(what)} |" for name, what in config.VARIABLES.items()]

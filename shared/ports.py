@@ -12,7 +12,7 @@ from __future__ import annotations
 import errno
 import socket
 
-from shared.config import env_name
+from shared.flag_spec import env_name
 
 
 class PortUnavailable(OSError):

@@ -8,6 +8,7 @@ import argparse
 
 from gapserve import cli
 from shared import config
+from shared.flag_spec import env_name
 
 
 def subcommand_parsers() -> dict[str, argparse.ArgumentParser]:
@@ -22,7 +23,7 @@ def subcommand_parsers() -> dict[str, argparse.ArgumentParser]:
 
 def flag_env_names(parser: argparse.ArgumentParser) -> set[str]:
     """The GAPSERVE_* variable of every --flag the parser takes."""
-    return {config.env_name(flags[0]) for action in parser._actions
+    return {env_name(flags[0]) for action in parser._actions
             if action.dest != "help"
             for flags in [[f for f in action.option_strings
                            if f.startswith("--") and not f.startswith("--no-")]] if flags}

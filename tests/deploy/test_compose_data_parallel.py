@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from shared import config
+from shared.flag_spec import env_name
 
 from .cli_parsers import subcommand_parsers
 from .compose_file import (DP2_ENV_PATH, ROOT, ROUTER_ENV_PATH, environment,
@@ -47,7 +48,7 @@ def test_each_service_of_the_profile_parses_its_command_and_reads_every_variable
         env = environment(svc)
         parser = parsers[svc["command"][0]]
         config.parse_args(parser, svc["command"][1:], environ=env)  # a usage error exits
-        reads = {config.env_name(f) for a in parser._actions for f in a.option_strings[:1]
+        reads = {env_name(f) for a in parser._actions for f in a.option_strings[:1]
                  if f.startswith("--") and not f.startswith("--no-")}
         assert {k for k in env if not k.startswith("OTEL_")} <= reads, name
 

@@ -13,6 +13,7 @@ from compose_spec import ComposeSpecification
 from compose_spec import compose_spec as spec_parser
 
 from shared import config
+from shared.flag_spec import env_name
 
 from .compose_file import (COMPOSE_PATH, OBSERVABILITY_ENV, ROOT, depends_on,
                            dockerfile_entrypoint, dockerfile_instructions, environment,
@@ -36,7 +37,7 @@ def _flag_env_names(parser: argparse.ArgumentParser) -> set[str]:
         flags = [f for f in action.option_strings
                  if f.startswith("--") and not f.startswith("--no-")]
         if flags and action.dest != "help":
-            names.add(config.env_name(flags[0]))
+            names.add(env_name(flags[0]))
     return names
 
 

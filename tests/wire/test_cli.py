@@ -5,6 +5,7 @@ import pytest
 from gapserve import cli
 from gapserve.serve import children, serve_parser
 from shared import config
+from shared.flag_spec import flag_default
 from worker_svc.server import worker_config
 
 PARSERS = {"worker": config.worker_parser, "scheduler": config.scheduler_parser,
@@ -129,7 +130,7 @@ def test_serve_forwards_every_flag_a_child_takes_and_serve_was_given():
         serve_has = {f.name for f in fields(config.ServeFlags)}
         expected = {f.name for f in fields(child) if f.name in serve_has
                     and not f.metadata["secret"] and not f.metadata["per_child"]
-                    and config.flag_default(f) is not None}
+                    and flag_default(f) is not None}
         given = {a[2:].replace("-", "_").removeprefix("no_") for a in kids[name].argv
                  if a.startswith("--")}
         assert expected <= given, (name, expected - given)

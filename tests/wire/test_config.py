@@ -3,10 +3,11 @@
 import pytest
 
 from shared import config
+from shared.flag_spec import env_name
 
 
 def test_env_name_is_the_flag_in_upper_snake_case():
-    assert config.env_name("--max-num-seqs") == "GAPSERVE_MAX_NUM_SEQS"
+    assert env_name("--max-num-seqs") == "GAPSERVE_MAX_NUM_SEQS"
 
 
 def test_default_applies_without_flag_or_env():
