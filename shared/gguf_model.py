@@ -23,6 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from shared.progress import Progress
 from shared.telemetry import get_logger
 
 log = get_logger()
@@ -144,11 +145,16 @@ def _write_view(gguf_path: Path, arch: str, out: Path) -> None:
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
     directory, name = str(gguf_path.parent), gguf_path.name
-    config = AutoConfig.from_pretrained(directory, gguf_file=name)
-    if config.model_type != ARCHITECTURES[arch]:
-        raise GGUFError(f"{gguf_path}: transformers reads architecture {arch!r} as "
-                        f"model_type {config.model_type!r}, expected {ARCHITECTURES[arch]!r}")
-    tok = AutoTokenizer.from_pretrained(directory, gguf_file=name)
+    # the tokenizer's conversion takes most of it (about 2 minutes for a 262k vocabulary)
+    with Progress(f"reading {name}'s config and tokenizer once", 2) as progress:
+        config = AutoConfig.from_pretrained(directory, gguf_file=name)
+        if config.model_type != ARCHITECTURES[arch]:
+            raise GGUFError(f"{gguf_path}: transformers reads architecture {arch!r} as "
+                            f"model_type {config.model_type!r}, expected "
+                            f"{ARCHITECTURES[arch]!r}")
+        progress.advance()
+        tok = AutoTokenizer.from_pretrained(directory, gguf_file=name)
+        progress.advance()
     template = GGUFReader(str(gguf_path)).fields.get("tokenizer.chat_template")
     if template is not None:
         tok.chat_template = str(template.contents())
