@@ -9,7 +9,7 @@ kernel alone), fp32 activations.
 Each (rows, dtype) point times one pass over all the weights with every method in
 turn, repeated --repeats times in alternation; it prints the median ms per pass, the
 spread (min-max) and the weight bytes per second of the median. MAX_ROWS in
-worker_svc/model/small_linear.py is where the kernel stops winning.
+worker_svc/model/cpu/small_linear.py is where the kernel stops winning.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from worker_svc.model import small_linear
-from worker_svc.model.cpu_dtype import PACK_BATCH, native_bf16
+from worker_svc.model.cpu import small_linear
+from worker_svc.model.cpu.cpu_dtype import PACK_BATCH, native_bf16
 
 LAYERS = 30
 SHAPES = ((960, 576), (576, 576), (3072, 576), (576, 1536))  # SmolLM2-135M, [out, in]

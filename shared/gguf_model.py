@@ -2,7 +2,7 @@
 small "view" directory in the gapserve cache, keyed by the file's SHA-256, holding
 what both services read as text (config.json, generation_config.json, tokenizer.json,
 tokenizer_config.json with the file's chat template) and gguf_source.json, which
-points the worker's weight reader at the GGUF itself (worker_svc/model/gguf_tensors.py):
+points the worker's weight reader at the GGUF itself (worker_svc/model/loading/gguf_tensors.py):
 no weight is converted or copied.
 
 The config and tokenizer come from transformers' own GGUF metadata readers
@@ -39,7 +39,7 @@ SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
                    "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 
 # general.architecture -> the transformers model_type our families serve; the tensor
-# name tables live in worker_svc/model/gguf_tensors.py under the same keys. Only the
+# name tables live in worker_svc/model/loading/gguf_tensors.py under the same keys. Only the
 # architectures tests check against transformers' gguf_file= load are served; qwen3moe,
 # gemma2 and phi3 (tables drafted there) are refused until tests cover them.
 ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3",

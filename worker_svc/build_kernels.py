@@ -10,7 +10,7 @@ import sys
 
 from worker_svc import native
 from worker_svc.attention import cpu_kernel
-from worker_svc.model import decode_layers, fused_ops, small_linear
+from worker_svc.model.cpu import decode_layers, fused_ops, small_linear
 
 # (csrc name, extra flags) of every C kernel the worker loads
 KERNELS = (("paged_decode", cpu_kernel.FLAGS), ("decoder_ops", fused_ops.FLAGS),

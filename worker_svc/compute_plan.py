@@ -49,7 +49,7 @@ class Kernels:
 
 def probe_kernels() -> Kernels:
     from worker_svc.attention import cpu_kernel
-    from worker_svc.model import cpu_dtype, decode_layers, fused_ops, small_linear
+    from worker_svc.model.cpu import cpu_dtype, decode_layers, fused_ops, small_linear
     return Kernels(attention=cpu_kernel.load() is not None,
                    fused_ops=fused_ops.load() is not None,
                    small_batch=small_linear.load() is not None,
@@ -64,8 +64,8 @@ class ComputePlan:
     dtype: torch.dtype  # the matmul weights' (what ModelInfo.dtype reports)
     act_dtype: torch.dtype  # activations and KV cache: fp32 under bf16 CPU weights
     attention: str  # "triton", "c_decode_kernel" or "torch_sdpa"
-    prepack: bool  # matmul weights in oneDNN's packed layout (model/cpu_dtype.py)
-    fused_ops: bool  # a layer's element-wise ops in C (model/fused_ops.py)
+    prepack: bool  # matmul weights in oneDNN's packed layout (model/cpu/cpu_dtype.py)
+    fused_ops: bool  # a layer's element-wise ops in C (model/cpu/fused_ops.py)
     decode_layers: bool  # small decode steps: every layer in one C call
     small_batch: str  # "off", "plain" or "int8": the small-batch kernel's weight copies
     small_max_rows: int  # steps of at most this many tokens run that kernel (0: none)
@@ -161,7 +161,7 @@ def build_plan(config: WorkerConfig, device: torch.device, model_cfg, *, biases:
     usable_cores (with quota_cpus, its cgroup's CPU quota) and environ default to this
     machine's; tests pass their own. draft_of: the served model's plan, when this is
     its draft model's (self_draft: the int8 self-draft's; else a separate checkpoint's)."""
-    from worker_svc.model import fused_ops, small_linear
+    from worker_svc.model.cpu import fused_ops, small_linear
     from worker_svc.model.registry import FAMILIES
     if draft_of is not None:
         return _draft_plan(config, device, model_cfg, biases, draft_of, self_draft, kernels,
@@ -229,7 +229,7 @@ def _draft_plan(config: WorkerConfig, device: torch.device, model_cfg, biases: b
     screens (its weights get no screen copy). The int8 self-draft is the served model
     through the small-batch kernel's int8 copies, at their row limits; a separate
     checkpoint is planned as a model of its own shape on one rank (rank 0 drafts alone)."""
-    from worker_svc.model import small_linear
+    from worker_svc.model.cpu import small_linear
     if self_draft:
         if device.type != "cpu" or target.small_batch == "off":
             raise ValueError(
@@ -247,7 +247,7 @@ def prepare_weights(weights, plan: ComputePlan):
     """The loaded weights as `plan` computes with them: on the CPU the matmul weights
     in its dtype (prepacked if it says so) with the small-batch kernel's copies, and
     the argmax screen's int8 copy when it screens; on a GPU as loaded."""
-    from worker_svc.model.cpu_dtype import prepare_matmul_weights
+    from worker_svc.model.cpu.cpu_dtype import prepare_matmul_weights
     if plan.device.type != "cpu":
         return weights
     small = None if plan.small_batch == "off" else plan.small_batch
@@ -260,7 +260,7 @@ def prepare_weights(weights, plan: ComputePlan):
 def _argmax_screen(weights):
     """The int8 copy that screens greedy rows: of the vocabulary projection the
     small-batch kernel reads, where its width divides into int8's groups."""
-    from worker_svc.model import small_linear
+    from worker_svc.model.cpu import small_linear
     head = weights.lm_head if weights.plain_lm_head is None else weights.plain_lm_head
     if head.shape[1] % small_linear.GROUP:
         return None

@@ -15,7 +15,7 @@ class WorkerConfig:
     served_model_name: str | None = None  # reported in ModelInfo; default: the dir's name
     device: str = "auto"  # auto = cuda when available, else cpu
     dtype: str = "auto"  # auto = bfloat16 on cuda, float32 on cpu
-    # "int8": the CPU small-batch kernel reads int8 weights (model/small_linear.py)
+    # "int8": the CPU small-batch kernel reads int8 weights (model/cpu/small_linear.py)
     quantization: str | None = None
     block_size: int = 16
     num_gpu_blocks_override: int | None = None  # wins over both memory budgets

@@ -30,10 +30,10 @@ from worker_svc.inputs import prepare_inputs
 from worker_svc.kv_capacity import (KvAccounting, bytes_per_block, cpu_num_blocks,
                                     cuda_num_blocks, usable_blocks)
 from worker_svc.model.config import layer_windows, load_model_config
-from worker_svc.model.cpu_dtype import native_bf16
-from worker_svc.model.dummy_weights import dummy_weights
+from worker_svc.model.cpu.cpu_dtype import native_bf16
+from worker_svc.model.loading.dummy_weights import dummy_weights
 from worker_svc.model.registry import FAMILIES
-from worker_svc.model.weights import weight_bytes
+from worker_svc.model.loading.weights import weight_bytes
 from worker_svc.parallel.shard import shard_plan
 from worker_svc.worker_request import WorkerRequest
 from worker_svc.grammar import GrammarRuntime, apply_masks

@@ -16,7 +16,7 @@ from tests.families.dense_checkpoints import write as write_dense
 from tests.worker.quantized_checkpoints import write_quantized
 from tests.worker.step_driver import run_outputs, tiny_cpu_runner
 from tests.worker.test_quantized_checkpoints import _hf_greedy, _prompts
-from worker_svc.model.safetensors_io import CheckpointError
+from worker_svc.model.loading.safetensors_io import CheckpointError
 
 
 @pytest.mark.parametrize("layout", ["gptq-4bit-desc-act", "ct-w8a8-int8", "bnb-nf4"])

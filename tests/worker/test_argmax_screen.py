@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from shared.types import SamplingParams
-from worker_svc.model import small_linear
-from worker_svc.model.small_linear import (SCREEN_MAX_CANDIDATES, quantize_int8,
+from worker_svc.model.cpu import small_linear
+from worker_svc.model.cpu.small_linear import (SCREEN_MAX_CANDIDATES, quantize_int8,
                                            screened_argmax_logits)
 
 from .step_driver import run_outputs, tiny_cpu_runner

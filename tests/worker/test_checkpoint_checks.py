@@ -17,8 +17,8 @@ from safetensors.torch import load_file, save_file
 
 from tests.ports import free_ports
 from worker_svc.model.config import load_model_config
-from worker_svc.model.safetensors_io import CheckpointError
-from worker_svc.model.weights import load_weights
+from worker_svc.model.loading.safetensors_io import CheckpointError
+from worker_svc.model.loading.weights import load_weights
 
 Q = "model.layers.0.self_attn.q_proj"
 REPO = Path(__file__).resolve().parents[2]

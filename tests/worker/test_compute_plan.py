@@ -16,7 +16,7 @@ from shared.types import ModelInfo
 from worker_svc import fault_injection
 from worker_svc.compute_plan import ComputePlan, Kernels, build_plan
 from worker_svc.config import WorkerConfig
-from worker_svc.model import fused_ops, small_linear
+from worker_svc.model.cpu import fused_ops, small_linear
 from worker_svc.server import worker_config
 
 CPU = torch.device("cpu")

@@ -1,4 +1,4 @@
-"""Small decode steps run every layer in one C call (worker_svc/model/decode_layers.py):
+"""Small decode steps run every layer in one C call (worker_svc/model/cpu/decode_layers.py):
 the same kernels in the same order as the Python loop, so the same bits; it takes
 only the steps it can (all rows single-token decodes, no more than the small-batch
 kernel's copies serve, no biases)."""
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from shared.types import SamplingParams
-from worker_svc.model import decode_layers, small_linear
+from worker_svc.model.cpu import decode_layers, small_linear
 
 from .step_driver import StepDriver, tiny_cpu_runner
 

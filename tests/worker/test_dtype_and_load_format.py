@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from worker_svc.config import WorkerConfig
-from worker_svc.model import cpu_dtype
+from worker_svc.model.cpu import cpu_dtype
 from worker_svc.runner import ModelRunner
 from worker_svc.zero_cost import made_up_token
 

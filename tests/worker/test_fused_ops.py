@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from worker_svc import native
-from worker_svc.model import fused_ops
+from worker_svc.model.cpu import fused_ops
 
 pytestmark = pytest.mark.skipif(
     fused_ops.load() is None,

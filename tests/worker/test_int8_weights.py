@@ -1,5 +1,5 @@
 """--quantization int8: the small-batch kernel's weights as int8 with a scale per 32
-inputs (worker_svc/model/small_linear.py). Quantizing keeps each weight within half a
+inputs (worker_svc/model/cpu/small_linear.py). Quantizing keeps each weight within half a
 scale step; the kernel computes x @ dequantize(w).T on every ISA build this CPU runs;
 a worker decodes on the int8 copies and runs wider steps on its --dtype weights, and
 on a checkpoint whose weights int8 holds exactly its greedy tokens are the fp32 ones."""
@@ -11,9 +11,9 @@ import torch
 
 from worker_svc import native
 from worker_svc.config import WorkerConfig
-from worker_svc.model import small_linear
-from worker_svc.model.small_linear import GROUP, Int8Weight, quantize_int8
-from worker_svc.model.weights import weight_bytes
+from worker_svc.model.cpu import small_linear
+from worker_svc.model.cpu.small_linear import GROUP, Int8Weight, quantize_int8
+from worker_svc.model.loading.weights import weight_bytes
 
 from .step_driver import run_outputs, tiny_cpu_runner
 

@@ -7,7 +7,7 @@ import torch
 from shared.types import SamplingParams
 from worker_svc.config import WorkerConfig
 from worker_svc.inputs import prepare_inputs
-from worker_svc.model import fused_ops
+from worker_svc.model.cpu import fused_ops
 from worker_svc.worker_request import WorkerRequest
 from worker_svc.runner import ModelRunner
 

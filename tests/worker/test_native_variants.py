@@ -12,7 +12,7 @@ import pytest
 
 from worker_svc import native
 from worker_svc.attention import cpu_kernel
-from worker_svc.model import fused_ops
+from worker_svc.model.cpu import fused_ops
 
 pytestmark = pytest.mark.skipif(platform.machine() != "x86_64", reason="x86-64 ISA levels")
 

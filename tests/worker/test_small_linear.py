@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from worker_svc import native
-from worker_svc.model import small_linear
-from worker_svc.model.weights import weight_bytes
+from worker_svc.model.cpu import small_linear
+from worker_svc.model.loading.weights import weight_bytes
 
 from .step_driver import run_outputs, tiny_cpu_runner
 

@@ -11,9 +11,9 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from worker_svc.model.config import load_model_config
-from worker_svc.model.safetensors_io import (CheckpointError, TensorReader, new_tensor,
+from worker_svc.model.loading.safetensors_io import (CheckpointError, TensorReader, new_tensor,
                                              read_header)
-from worker_svc.model.weights import checkpoint_files, load_weights
+from worker_svc.model.loading.weights import checkpoint_files, load_weights
 
 
 def _load(model_dir, dtype=torch.float32):

@@ -21,8 +21,8 @@ import torch
 
 from worker_svc.model import layers, torch_decoder
 from worker_svc.model.config import ModelConfig
-from worker_svc.model.safetensors_io import TensorReader
-from worker_svc.model.weights import CheckpointSlices
+from worker_svc.model.loading.safetensors_io import TensorReader
+from worker_svc.model.loading.weights import CheckpointSlices
 from worker_svc.parallel.shard import whole_plan
 
 ACTIVATION = "gelu_pytorch_tanh"

@@ -14,9 +14,10 @@ import torch.nn.functional as F
 
 from worker_svc.attention.metadata import AttentionMetadata
 from worker_svc.kv_capacity import kv_cache_tensors
-from worker_svc.model import decode_layers, fused_ops, layers, small_linear
+from worker_svc.model.cpu import decode_layers, fused_ops, small_linear
+from worker_svc.model import layers
 from worker_svc.model.config import ModelConfig, layer_windows, require_silu
-from worker_svc.model.weights import ModelWeights, load_weights as _load_weights
+from worker_svc.model.loading.weights import ModelWeights, load_weights as _load_weights
 
 # model_type -> whether q/k/v projections carry a bias regardless of config flags
 QKV_BIAS = {"llama": False, "mistral": False, "qwen2": True}

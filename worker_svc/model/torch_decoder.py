@@ -18,11 +18,11 @@ import torch
 
 from worker_svc.kv_capacity import kv_cache_tensors
 from worker_svc.model import layers
-from worker_svc.model.checkpoint_checks import check_shapes
+from worker_svc.model.loading.checkpoint_checks import check_shapes
 from worker_svc.model.config import ModelConfig, layer_windows
 from worker_svc.model.layers import MoeWeights
-from worker_svc.model.safetensors_io import TensorReader
-from worker_svc.model.weights import CheckpointSlices
+from worker_svc.model.loading.safetensors_io import TensorReader
+from worker_svc.model.loading.weights import CheckpointSlices
 from worker_svc.parallel.shard import ShardPlan, whole_plan
 
 

@@ -9,7 +9,7 @@ verify pass):
 - `NgramProposer`: prompt lookup over prompt + output (worker_svc/spec/ngram.py), no
   model. Every tensor-parallel rank finds the same drafts in the same tokens.
 - `DraftModelProposer` on the served model's own int8 copy (the self-draft): the
-  small-batch kernel's int8 weights (model/small_linear.py) run k greedy passes of
+  small-batch kernel's int8 weights (model/cpu/small_linear.py) run k greedy passes of
   one token a request. It shares the target's paged KV: a draft pass writes its
   provisional K/V at the positions it computes, and the verify pass that follows in
   the same step writes the target's own K/V at every one of them before any
@@ -34,9 +34,9 @@ import torch
 from shared.speculative_config import SpeculativeConfig
 from worker_svc.inputs import sequence_inputs
 from worker_svc.grammar import apply_masks
-from worker_svc.model import small_linear
-from worker_svc.model.decode_layers import MATMULS
-from worker_svc.model.weights import ModelWeights
+from worker_svc.model.cpu import small_linear
+from worker_svc.model.cpu.decode_layers import MATMULS
+from worker_svc.model.loading.weights import ModelWeights
 from worker_svc.spec import ngram
 from worker_svc.worker_request import WorkerRequest
 

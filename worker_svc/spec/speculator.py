@@ -22,7 +22,7 @@ from worker_svc.compute_plan import build_plan, has_biases, prepare_weights
 from worker_svc.kv_capacity import bytes_per_block
 from worker_svc.model.config import layer_windows, load_model_config
 from worker_svc.model.llama import DecoderModel
-from worker_svc.model.weights import load_weights
+from worker_svc.model.loading.weights import load_weights
 from worker_svc.spec.proposers import (DraftModelProposer, NgramProposer,
                                        int8_self_draft_weights)
 from worker_svc.spec.verify import VerifyPass

@@ -4,7 +4,7 @@ path: float activations, token-equal to transformers on the dequantized float tw
 Laid out as vLLM's model_executor/layers/quantization/: one module per method, each
 a QuantMethod parsed from config.json's `quantization_config` that turns one linear's
 stored tensors (`qweight`, `weight_scale`, ...) into its float `weight` [out, in].
-CheckpointSlices (worker_svc/model/weights.py) applies it to every linear before a
+CheckpointSlices (worker_svc/model/loading/weights.py) applies it to every linear before a
 family reads a tensor, so a model file never knows how its weights were stored.
 A method or a variant not listed in METHODS is refused here, by name.
 """
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from worker_svc.model.safetensors_io import CheckpointError
+from worker_svc.model.loading.safetensors_io import CheckpointError
 
 
 class QuantMethod:

@@ -13,7 +13,7 @@ import torch
 
 from shared.telemetry import get_logger
 from worker_svc.model.quantization import QuantMethod
-from worker_svc.model.safetensors_io import TensorEntry, TensorReader
+from worker_svc.model.loading.safetensors_io import TensorEntry, TensorReader
 
 log = get_logger(service="worker")
 # the path of an entry a DequantizingReader computes instead of reading

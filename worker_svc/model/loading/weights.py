@@ -12,11 +12,11 @@ import torch
 
 from shared.gguf_model import gguf_source
 from worker_svc.model import quantization
-from worker_svc.model.checkpoint_checks import (check_checkpoint, refuse_non_float,
+from worker_svc.model.loading.checkpoint_checks import (check_checkpoint, refuse_non_float,
                                                 refuse_unread_quantized)
 from worker_svc.model.config import ModelConfig
 from worker_svc.model.quantization.linears import dequantized_entries
-from worker_svc.model.safetensors_io import (CheckpointError, TensorEntry, TensorReader,
+from worker_svc.model.loading.safetensors_io import (CheckpointError, TensorEntry, TensorReader,
                                              new_tensor, read_header)
 from worker_svc.parallel.shard import ShardPlan, whole_plan
 
@@ -68,7 +68,7 @@ def checkpoint_entries(model_dir: Path) -> dict[str, TensorEntry]:
     source = gguf_source(model_dir)
     if source is not None:
         from worker_svc.model.config import load_model_config
-        from worker_svc.model.gguf_tensors import gguf_entries
+        from worker_svc.model.loading.gguf_tensors import gguf_entries
         return gguf_entries(source, load_model_config(model_dir).head_dim)
     entries: dict[str, TensorEntry] = {}
     for path in checkpoint_files(model_dir):

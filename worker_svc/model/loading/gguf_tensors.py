@@ -22,7 +22,7 @@ import numpy as np
 
 from shared.gguf_model import SUPPORTED_TYPES, GGUFError, check_gguf
 from shared.telemetry import get_logger
-from worker_svc.model.safetensors_io import TensorEntry
+from worker_svc.model.loading.safetensors_io import TensorEntry
 
 log = get_logger(service="worker")
 

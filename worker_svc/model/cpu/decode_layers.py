@@ -25,8 +25,8 @@ import torch
 
 from worker_svc import native
 from worker_svc.attention import cpu_kernel
-from worker_svc.model import fused_ops, small_linear
-from worker_svc.model.cpu_dtype import LINEARS
+from worker_svc.model.cpu import fused_ops, small_linear
+from worker_svc.model.cpu.cpu_dtype import LINEARS
 
 FLAGS: tuple[str, ...] = ()  # no arithmetic of its own: the kernels keep their flags
 _P, _I64, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float

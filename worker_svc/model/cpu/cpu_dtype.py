@@ -21,8 +21,8 @@ import functools
 
 import torch
 
-from worker_svc.model import small_linear
-from worker_svc.model.weights import ModelWeights
+from worker_svc.model.cpu import small_linear
+from worker_svc.model.loading.weights import ModelWeights
 
 # The batch oneDNN packs each weight for (_reorder_linear_weight's batch_size). Packed
 # for one row, every call of more rows first copies the weight into the layout it wants

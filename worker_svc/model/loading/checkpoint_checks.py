@@ -22,7 +22,7 @@ from pathlib import Path
 
 from shared.telemetry import get_logger
 from worker_svc.model.config import ModelConfig
-from worker_svc.model.safetensors_io import CheckpointError, TensorEntry
+from worker_svc.model.loading.safetensors_io import CheckpointError, TensorEntry
 
 log = get_logger(service="worker")
 

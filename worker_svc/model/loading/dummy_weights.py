@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from worker_svc.model.config import ModelConfig
-from worker_svc.model.weights import LayerWeights, ModelWeights
+from worker_svc.model.loading.weights import LayerWeights, ModelWeights
 
 LOW, HIGH = -1e-3, 1e-3
 

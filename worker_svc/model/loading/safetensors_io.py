@@ -42,7 +42,7 @@ class TensorEntry:
     shape: tuple[int, ...]
     offset: int  # absolute position of the first byte in the file
     nbytes: int
-    # a GGUF tensor (worker_svc/model/gguf_tensors.py): its ggml type, dequantized to
+    # a GGUF tensor (worker_svc/model/loading/gguf_tensors.py): its ggml type, dequantized to
     # float32 on read; the rows per head whose RoPE pairs llama.cpp interleaved; the
     # constant its converter added to norm weights (undone)
     ggml_type: int | None = None
@@ -154,7 +154,7 @@ class TensorReader:
         dest.copy_(tmp.view(dest.shape))
 
     def _read_gguf(self, entry: TensorEntry, dest: torch.Tensor) -> None:
-        from worker_svc.model.gguf_tensors import dequantized
+        from worker_svc.model.loading.gguf_tensors import dequantized
 
         raw = torch.empty(entry.nbytes, dtype=torch.uint8)
         self._read_bytes(entry, raw)
