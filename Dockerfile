@@ -45,7 +45,7 @@ FROM build AS model
 ENV GAPSERVE_CACHE_DIR=/opt/gapserve/cache
 # Run outside /src so the installed package is the one fetching.
 WORKDIR /tmp
-RUN python -m shared.default_model
+RUN python -m shared.model_files.default_model
 # The CPU C kernels (paged decode, fused layer ops) for a baseline ISA (x86-64-v2)
 # and each level up to this build machine's CPU (AVX2, AVX-512); the worker picks the
 # best its CPU runs (the runtime image has no compiler), so another CPU keeps the C path.

@@ -505,7 +505,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.model is None:
         sys.path.insert(0, str(ROOT))
-        from shared.default_model import ensure_default_model
+        from shared.model_files.default_model import ensure_default_model
         args.model = str(ensure_default_model())
     import tempfile
     log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="gapserve-dp-bench-"))

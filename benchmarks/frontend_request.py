@@ -16,7 +16,7 @@ import asyncio
 import time
 from contextlib import aclosing
 
-from shared.default_model import ensure_default_model
+from shared.model_files.default_model import ensure_default_model
 from shared.proto import common_pb2, engine_pb2
 from shared.types import ModelInfo, SamplingParams
 

@@ -15,7 +15,7 @@
                                                          # checks the script, not the GPU
 
 Part (c) uses --model, else the converted default model when it is already on disk
-(`python -m shared.default_model` converts it); it never downloads. Without either
+(`python -m shared.model_files.default_model` converts it); it never downloads. Without either
 it builds a checkpoint with the default model's exact architecture and random
 weights, which decodes at the same speed.
 """
@@ -246,7 +246,7 @@ def model_dir(smoke: bool, tmp: Path, given: Path | None) -> tuple[Path, str]:
     if given is not None:
         return given, str(given)
     if not smoke:
-        from shared.default_model import default_gguf_path, ensure_default_model
+        from shared.model_files.default_model import default_gguf_path, ensure_default_model
         if default_gguf_path().is_file():  # its view is built from the file, no network
             return ensure_default_model(), "default model"
         # never fetch here: a GPU box may have no network, and pip would retry for minutes

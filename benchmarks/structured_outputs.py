@@ -426,7 +426,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             Path(args.json).write_text(json.dumps(results, indent=2))
         return 0
-    from shared.default_model import ensure_default_model
+    from shared.model_files.default_model import ensure_default_model
     model_dir = args.model or str(ensure_default_model())
     backend = compile_times(model_dir, args.compiles)
     log = Path(tempfile.mkdtemp(prefix="structured-bench-")) / "serve.log"

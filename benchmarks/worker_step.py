@@ -35,7 +35,7 @@ import time
 import numpy as np
 import torch
 
-from shared.default_model import resolve_model
+from shared.model_files.default_model import resolve_model
 from shared.types import (CachedRequestData, NewRequestData, SamplingParams,
                           SchedulerOutput)
 from worker_svc.config import WorkerConfig

@@ -20,7 +20,7 @@ from grpc_reflection.v1alpha import reflection
 
 from shared.structured import compile_cache
 from shared.config import frontend_parser, parse_args, tool_flags_problem
-from shared.default_model import resolve_model
+from shared.model_files.default_model import resolve_model
 from shared.grpc_server import CHANNEL_OPTIONS, add_port
 from shared.instance import HEADER as INSTANCE_HEADER
 from shared.instance import health_service

@@ -205,7 +205,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                      f"scheduler would take the port of the previous one's last rank")
     if flags.tool_flags_problem(args):
         parser.error(flags.tool_flags_problem(args))
-    from shared.default_model import resolve_model
+    from shared.model_files.default_model import resolve_model
 
     try:  # converted once here, not raced by two children
         args.model = str(resolve_model(args.model))

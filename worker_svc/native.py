@@ -82,7 +82,7 @@ def library_path(name: str, variant: Variant, extra_flags: tuple[str, ...] = ())
     hashed = source.read_bytes() + b"".join(h.read_bytes()
                                             for h in sorted(SOURCE_DIR.glob("*.h")))
     digest = hashlib.sha256(hashed + " ".join(flags).encode()).hexdigest()[:16]
-    from shared.default_model import cache_dir
+    from shared.model_files.default_model import cache_dir
     return cache_dir() / "kernels" / f"{source.stem}-{digest}.so"
 
 

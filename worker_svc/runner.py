@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from shared.default_model import resolve_model
+from shared.model_files.default_model import resolve_model
 from shared.telemetry import get_logger
 from shared.types import (InvalidRequestError, ModelInfo, ModelRunnerOutput,
                           SchedulerOutput, StepTimings)

@@ -15,7 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from shared.gemma3_270m import ensure_gemma3_270m  # noqa: E402
+from shared.model_files.gemma3_270m import ensure_gemma3_270m  # noqa: E402
 
 PROMPTS = ["The capital of France is",
            "Once upon a time, in a small village by the sea,",

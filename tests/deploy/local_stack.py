@@ -183,7 +183,7 @@ class LocalStack:
 @contextmanager
 def running_stack(doc: dict, log_dir: Path) -> Iterator[LocalStack]:
     """The stack of `doc` with the real default model, up until its frontend is healthy."""
-    from shared.default_model import ensure_default_model
+    from shared.model_files.default_model import ensure_default_model
     ensure_default_model()  # the image converts it at build time
     stack = LocalStack(doc, log_dir)
     try:

@@ -109,7 +109,7 @@ def test_the_router_image_installs_the_pinned_sglang_router():
 def test_the_dp2_stack_routes_a_shared_prefix_to_one_replica_and_both_serve(tmp_path):
     from openai import OpenAI
 
-    from shared.default_model import ensure_default_model
+    from shared.model_files.default_model import ensure_default_model
     ensure_default_model()
     stack = LocalStack(load_compose(DP2_ENV_PATH), tmp_path)
     try:
@@ -151,7 +151,7 @@ def test_the_dp2_stack_routes_a_shared_prefix_to_one_replica_and_both_serve(tmp_
 def test_the_router_profile_serves_through_sglang_router_to_both_frontends(tmp_path):
     from openai import OpenAI
 
-    from shared.default_model import ensure_default_model
+    from shared.model_files.default_model import ensure_default_model
     ensure_default_model()
     stack = LocalStack(load_compose(ROUTER_ENV_PATH), tmp_path)
     try:

@@ -264,7 +264,7 @@ def test_dockerfile_builds_cpu_torch_by_default_with_a_build_argument_for_cuda()
     runs = " ".join(rest for word, rest in dockerfile_instructions() if word == "RUN")
     # torch's dependencies come from PIP_INDEX_URL: an index holding only torch works
     assert '--index-url "${TORCH_INDEX_URL}" --extra-index-url "${PIP_INDEX_URL}"' in runs
-    assert "python -m shared.default_model" in runs  # weights baked in, never fetched at start
+    assert "python -m shared.model_files.default_model" in runs  # weights baked in, never fetched at start
     assert "python -m worker_svc.build_kernels" in runs  # baseline ISA + the build CPU's
 
 

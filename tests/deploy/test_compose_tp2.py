@@ -31,7 +31,7 @@ def test_the_tp2_profile_adds_rank_1_of_the_same_group_and_the_scheduler_drives_
 def test_the_tp2_profile_starts_both_ranks_and_answers_a_chat_request(tmp_path):
     from openai import OpenAI
 
-    from shared.default_model import ensure_default_model
+    from shared.model_files.default_model import ensure_default_model
     ensure_default_model()
     stack = LocalStack(load_compose(TP2_ENV_PATH), tmp_path)
     try:

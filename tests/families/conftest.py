@@ -73,7 +73,7 @@ def write_variant(path, name: str, served: bool = False):
 
     import transformers
 
-    from shared.default_model import ensure_default_model
+    from shared.model_files.default_model import ensure_default_model
     from tests.integration.tiny_model import TOKENIZER_FILES
     config_cls, model_cls, overrides = VARIANTS[name]
     if served:

@@ -11,7 +11,7 @@ CHATS = [
 def test_chat_template_renders_exactly_like_transformers(tokenizer, add_generation_prompt):
     from transformers import AutoTokenizer  # the reference; the frontend never imports it
 
-    from shared.default_model import ensure_default_model
+    from shared.model_files.default_model import ensure_default_model
     hf = AutoTokenizer.from_pretrained(str(ensure_default_model()))
     for messages in CHATS:
         expected = hf.apply_chat_template(messages, tokenize=False,
@@ -29,7 +29,7 @@ def test_continue_final_message_renders_like_transformers_and_needs_the_message(
     from transformers import AutoTokenizer
 
     from frontend_svc.errors import FieldError
-    from shared.default_model import ensure_default_model
+    from shared.model_files.default_model import ensure_default_model
     hf = AutoTokenizer.from_pretrained(str(ensure_default_model()))
     for final in ("The capital is", "Trailing space kept ", "  padded  "):
         messages = [{"role": "user", "content": "Hi"},

@@ -22,7 +22,7 @@ MESSAGES = [{"role": "user", "content": "Where?"}]
 
 @pytest.fixture(scope="module")
 def limits():
-    from shared.default_model import ensure_default_model
+    from shared.model_files.default_model import ensure_default_model
     from shared.structured.compile_cache import grammar_vocab
     return ModelLimits(256, 49152, grammar_vocab=functools.partial(
         grammar_vocab, str(ensure_default_model())))

@@ -8,7 +8,7 @@ import zipfile
 
 import pytest
 
-from shared import gemma3_270m as g
+from shared.model_files import gemma3_270m as g
 
 
 def _wheels(tmp_path, chunks: list[bytes], digest: str) -> dict[str, object]:

@@ -11,7 +11,7 @@ import torch
 
 import gguf
 from gguf import GGMLQuantizationType as T
-from shared.gguf_model import GGUFError, check_gguf, find_gguf
+from shared.model_files.gguf_model import GGUFError, check_gguf, find_gguf
 from tests.gguf_input.gguf_files import CHAT_TEMPLATE, write_gguf
 from tests.worker.test_model_matches_transformers import (_chunk_logits, _prompt,
                                                           _relative_error, _state)
@@ -94,7 +94,7 @@ def test_tokenizer_and_chat_template_come_from_the_gguf(tmp_path):
     from transformers import AutoTokenizer
 
     from frontend_svc.request.tokenizer import TextTokenizer
-    from shared.default_model import resolve_model
+    from shared.model_files.default_model import resolve_model
     path = _gguf(tmp_path, "qwen2", T.F16)
     view = resolve_model(str(path))
     ours = TextTokenizer.from_dir(view)

@@ -156,7 +156,7 @@ def backend_stack(tiny_model_dir, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def default_stack(tmp_path_factory):
-    from shared.default_model import ensure_default_model
+    from shared.model_files.default_model import ensure_default_model
     stack = start_stack(ensure_default_model(), tmp_path_factory.mktemp("default-stack"),
                         flags=["--max-model-len", "2048", "--kv-cache-memory", str(256 << 20)])
     yield stack
@@ -166,7 +166,7 @@ def default_stack(tmp_path_factory):
 @pytest.fixture(scope="session")
 def agent_stack(tmp_path_factory):
     """The default model with auto tool choice (hermes), as agent frameworks need it."""
-    from shared.default_model import ensure_default_model
+    from shared.model_files.default_model import ensure_default_model
     stack = start_stack(ensure_default_model(), tmp_path_factory.mktemp("agent-stack"),
                         flags=["--max-model-len", "2048", "--kv-cache-memory", str(256 << 20),
                                "--enable-auto-tool-choice", "--tool-call-parser", "hermes"])

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import torch
 
-from shared.gguf_model import gguf_source
+from shared.model_files.gguf_model import gguf_source
 
 
 def load_reference(model_dir):

@@ -92,7 +92,7 @@ def workload():
     import torch
     from transformers import AutoTokenizer
 
-    from shared.default_model import ensure_default_model
+    from shared.model_files.default_model import ensure_default_model
 
     model_dir = ensure_default_model()
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))

@@ -26,7 +26,7 @@ GREEDY = {"temperature": 0.0, "max_output_tokens": 24}
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    from shared.default_model import ensure_default_model
+    from shared.model_files.default_model import ensure_default_model
     from tests.integration.conftest import start_stack
     stack = start_stack(ensure_default_model(), tmp_path_factory.mktemp("responses"),
                         flags=["--max-model-len", "2048", "--kv-cache-memory", str(256 << 20),

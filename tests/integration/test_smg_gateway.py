@@ -92,7 +92,7 @@ def _stop(proc: subprocess.Popen) -> None:
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
-    from shared.default_model import ensure_default_model
+    from shared.model_files.default_model import ensure_default_model
 
     model_dir = ensure_default_model()
     logs = tmp_path_factory.mktemp("smg-fleet")

@@ -100,7 +100,7 @@ ASK = [{"role": "user", "content": "What is the weather in Paris, and the time i
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
-    from shared.default_model import ensure_default_model
+    from shared.model_files.default_model import ensure_default_model
     from tests.integration.conftest import start_stack
     stack = start_stack(ensure_default_model(), tmp_path_factory.mktemp("structured-e2e"),
                         flags=["--max-model-len", "2048", "--kv-cache-memory", str(256 << 20),

@@ -52,7 +52,7 @@ def test_tp2_on_cpu_is_greedy_equal_to_tp1_on_the_default_model(tmp_path):
     gathered vocab halves pick the same token as the unsplit model at every step."""
     from transformers import AutoTokenizer
 
-    from shared.default_model import ensure_default_model
+    from shared.model_files.default_model import ensure_default_model
     from worker_svc.config import WorkerConfig
     from worker_svc.runner import ModelRunner
     model_dir = ensure_default_model()

@@ -16,7 +16,7 @@ def write_tiny_llama(out_dir: Path, *, seed: int = 0, num_layers: int = 2,
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from shared.default_model import ensure_default_model
+    from shared.model_files.default_model import ensure_default_model
 
     source = ensure_default_model()
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -42,7 +42,7 @@ def tiny_llama_dir() -> Path:
     import os
     import tempfile
 
-    from shared.default_model import cache_dir
+    from shared.model_files.default_model import cache_dir
 
     target = cache_dir() / "test-tiny-llama-v1"
     if (target / "model.safetensors").is_file():

@@ -34,7 +34,7 @@ SPECS = {
 def setup():
     from transformers import AutoTokenizer
 
-    from shared.default_model import resolve_model
+    from shared.model_files.default_model import resolve_model
     model_dir = resolve_model(None)
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     prompts = [tok.apply_chat_template([{"role": "user", "content": q}], tokenize=True,

@@ -36,7 +36,7 @@ def prompt(tokenizer, trusted: bool = True, **body) -> str:
 def hf():
     from transformers import AutoTokenizer
 
-    from shared.default_model import ensure_default_model
+    from shared.model_files.default_model import ensure_default_model
     return AutoTokenizer.from_pretrained(str(ensure_default_model()))
 
 

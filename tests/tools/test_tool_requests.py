@@ -28,7 +28,7 @@ ASK = [{"role": "user", "content": "Weather in Paris?"}]
 
 @pytest.fixture(scope="module")
 def limits():
-    from shared.default_model import ensure_default_model
+    from shared.model_files.default_model import ensure_default_model
     from shared.structured.compile_cache import grammar_vocab
     return ModelLimits(2048, 49152, grammar_vocab=functools.partial(
         grammar_vocab, str(ensure_default_model())))
@@ -276,7 +276,7 @@ def test_the_shipped_template_renders_as_transformers_renders_it(tokenizer):
     from transformers import AutoTokenizer
 
     from frontend_svc.structured.tools import SHIPPED_TEMPLATE
-    from shared.default_model import ensure_default_model
+    from shared.model_files.default_model import ensure_default_model
     hf = AutoTokenizer.from_pretrained(str(ensure_default_model()))
     source = SHIPPED_TEMPLATE.read_text()
     history = [{"role": "system", "content": "Be terse."}, *ASK,

@@ -6,7 +6,7 @@ import pytest
 from gapserve import serve
 from gapserve.serve import children, serve_parser
 from shared import config
-from shared.default_model import MODEL_DIR_NAME, looks_like_hub_id, resolve_model
+from shared.model_files.default_model import MODEL_DIR_NAME, looks_like_hub_id, resolve_model
 
 
 def serve_args(argv):

@@ -5,8 +5,8 @@ token-equal to transformers' own `gguf_file=` load of the same file."""
 import pytest
 import torch
 
-from shared.default_model import resolve_model
-from shared.gguf_model import VIEW_FILES, gguf_source
+from shared.model_files.default_model import resolve_model
+from shared.model_files.gguf_model import VIEW_FILES, gguf_source
 from tests.worker.step_driver import StepDriver
 from worker_svc.config import WorkerConfig
 from worker_svc.runner import ModelRunner

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from shared.default_model import resolve_model
+from shared.model_files.default_model import resolve_model
 from worker_svc.model.config import load_model_config
 from worker_svc.model.loading.weights import load_weights, weight_bytes
 from worker_svc.parallel.shard import even_split, shard_plan

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from shared.gguf_model import SUPPORTED_TYPES, GGUFError, check_gguf
+from shared.model_files.gguf_model import SUPPORTED_TYPES, GGUFError, check_gguf
 from shared.telemetry import get_logger
 from worker_svc.model.loading.safetensors_io import TensorEntry
 

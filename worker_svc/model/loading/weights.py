@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from shared.gguf_model import gguf_source
+from shared.model_files.gguf_model import gguf_source
 from worker_svc.model import quantization
 from worker_svc.model.loading.checkpoint_checks import (check_checkpoint, refuse_non_float,
                                                 refuse_unread_quantized)
@@ -64,7 +64,7 @@ def checkpoint_files(model_dir: Path) -> list[Path]:
 
 def checkpoint_entries(model_dir: Path) -> dict[str, TensorEntry]:
     """Where every tensor of the checkpoint lies, from the headers of all its files
-    (a GGUF view directory's: from the GGUF file it names, shared/gguf_model.py)."""
+    (a GGUF view directory's: from the GGUF file it names, shared/model_files/gguf_model.py)."""
     source = gguf_source(model_dir)
     if source is not None:
         from worker_svc.model.config import load_model_config

