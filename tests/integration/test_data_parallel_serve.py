@@ -5,39 +5,24 @@ lists both replicas in /v1/status, and stops every process on SIGTERM."""
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
 
 import httpx
 import openai
 
-from tests.integration.conftest import TINY_FLAGS
-from tests.ports import free_ports
+from tests.integration.serve_process import port_flags, start_serve
 from tests.integration.test_services import _children, _gone
-from tests.wire.session_client import wait_for
 
 
 def test_serve_with_two_replicas_routes_between_them(tiny_model_dir, tmp_path):
-    http, grpc_port, sched, worker = free_ports(4)
     stride = 7  # replica 1: every inner port + 7
-    log = tmp_path / "serve.log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GAPSERVE_")}
-    env["OMP_NUM_THREADS"] = "1"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "gapserve", "serve", "--model", str(tiny_model_dir),
-             "--http-port", str(http), "--grpc-port", str(grpc_port),
-             "--scheduler-port", str(sched), "--worker-port", str(worker),
-             "--scheduler-metrics-port", "0", "--worker-metrics-port", "0",
-             "--data-parallel-size", "2", "--data-parallel-port-stride", str(stride),
-             "--log-format", "json", *TINY_FLAGS],
-            stdout=out, stderr=subprocess.STDOUT, env=env)
+    ports = {**port_flags(), "--scheduler-metrics-port": 0, "--worker-metrics-port": 0}
+    http, sched = ports["--http-port"], ports["--scheduler-port"]
+    serve = start_serve(tiny_model_dir, tmp_path / "serve.log", "--data-parallel-size", "2",
+                        "--data-parallel-port-stride", str(stride), ports=ports)
+    proc, log = serve.process, serve.log
     try:
-        wait_for(lambda: b"gapserve: serving" in log.read_bytes() or proc.poll() is not None,
-                 timeout_s=300, what="gapserve serve to report ready")
-        assert proc.poll() is None, log.read_text()[-3000:]
+        serve.wait_ready()
         assert b"on 2 replicas (kv-aware routing)" in log.read_bytes()
         kids = _children(proc.pid)
         assert len(kids) == 5  # 2 workers, 2 schedulers, 1 frontend
@@ -55,13 +40,7 @@ def test_serve_with_two_replicas_routes_between_them(tiny_model_dir, tmp_path):
         assert proc.wait(60) == 0, log.read_text()[-3000:]
         assert all(_gone(k) for k in kids)
     finally:
-        if proc.poll() is None:  # a failed assertion: serve stops its children on SIGTERM
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        serve.stop()  # a failed assertion: serve stops its children on SIGTERM
 
 
 def test_each_replica_gets_its_own_ports_and_kv_event_sockets():

@@ -15,7 +15,6 @@ import pytest
 pytestmark = pytest.mark.e2e
 
 MODEL = "SmolLM2-135M-Instruct"
-TOOL_FLAGS = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
 WEATHER = {"type": "function", "name": "get_weather",
            "description": "Get the current weather in a city",
            "parameters": {"type": "object", "properties": {
@@ -25,14 +24,9 @@ GREEDY = {"temperature": 0.0, "max_output_tokens": 24}
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    from shared.model_files.default_model import ensure_default_model
-    from tests.integration.conftest import start_stack
-    stack = start_stack(ensure_default_model(), tmp_path_factory.mktemp("responses"),
-                        flags=["--max-model-len", "2048", "--kv-cache-memory", str(256 << 20),
-                               *TOOL_FLAGS])
-    yield stack
-    stack.stop()
+def stack(agent_stack):
+    """The session's default-model stack with auto tool choice (hermes)."""
+    return agent_stack
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,12 +32,12 @@ import pytest
 import smg  # noqa: F401
 
 from shared.proto import engine_pb2, engine_pb2_grpc
-from tests.integration.conftest import free_ports
+from tests.integration.serve_process import Serve, port_flags, start_serve
+from tests.ports import free_ports
 from tests.integration.test_services import _children
 from tests.wire.session_client import wait_for
 
 STRIDE = 7  # replica 1: every inner port + 7
-START_S = 300.0
 SYSTEM_PROMPT = ("You are the support assistant of a bicycle shop. Answer in one short "
                  "sentence, name the part involved, and never invent prices. " * 3)
 TURNS = ["My chain slips.", "The brakes squeal.", "A spoke broke."]
@@ -80,42 +79,26 @@ class Fleet:
                 f"--- smg\n{self.gateway_log.read_text(errors='replace')[-3000:]}")
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
     from shared.model_files.default_model import ensure_default_model
 
     model_dir = ensure_default_model()
     logs = tmp_path_factory.mktemp("smg-fleet")
-    http, grpc_port, sched, worker, gateway_port, gateway_metrics = free_ports(6)
+    gateway_port, gateway_metrics = free_ports(2)
+    ports = {**port_flags(), "--scheduler-metrics-port": 0, "--worker-metrics-port": 0}
+    http, sched, worker = (ports[f] for f in ("--http-port", "--scheduler-port",
+                                               "--worker-port"))
+    served = start_serve(model_dir, logs / "serve.log", "--data-parallel-size", "2",
+                         "--data-parallel-port-stride", str(STRIDE), "--max-model-len", "1024",
+                         "--kv-cache-memory", str(96 << 20), "--max-num-seqs", "8",
+                         ports=ports)
+    serve, serve_log = served.process, served.log
     env = {k: v for k, v in os.environ.items() if not k.startswith("GAPSERVE_")}
-    env["OMP_NUM_THREADS"] = "1"
-    serve_log = logs / "serve.log"
-    with open(serve_log, "wb") as out:
-        serve = subprocess.Popen(
-            [sys.executable, "-m", "gapserve", "serve", "--model", str(model_dir),
-             "--http-port", str(http), "--grpc-port", str(grpc_port),
-             "--scheduler-port", str(sched), "--worker-port", str(worker),
-             "--scheduler-metrics-port", "0", "--worker-metrics-port", "0",
-             "--data-parallel-size", "2", "--data-parallel-port-stride", str(STRIDE),
-             "--max-model-len", "1024", "--kv-cache-memory", str(96 << 20),
-             "--max-num-seqs", "8", "--log-format", "json"],
-            stdout=out, stderr=subprocess.STDOUT, env=env)
     gateway_log = logs / "smg.log"
     gateway = None
     try:
-        wait_for(lambda: b"gapserve: serving" in serve_log.read_bytes() or
-                 serve.poll() is not None, timeout_s=START_S, what="gapserve serve")
-        assert serve.poll() is None, serve_log.read_text()[-3000:]
+        served.wait_ready()
         schedulers = [sched, sched + STRIDE]
         with open(gateway_log, "wb") as out:
             gateway = subprocess.Popen(
@@ -142,8 +125,8 @@ def fleet(tmp_path_factory):
         yield fleet
     finally:
         if gateway is not None:
-            _stop(gateway)
-        _stop(serve)
+            Serve(gateway, gateway_log, {}).stop()
+        served.stop()
 
 
 def chat(client, model, turn: str, system: str = SYSTEM_PROMPT, **kw):

@@ -83,7 +83,6 @@ PROMPTS = [
 # (endpoint, stream, sampled): request (i, j) takes mode (i + j) % 8
 MODES = [(endpoint, stream, sampled) for endpoint in ("chat", "completions")
          for stream in (False, True) for sampled in (False, True)]
-TOOL_FLAGS = ["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Get the current weather in a city",
     "parameters": {"type": "object", "properties": {
@@ -99,14 +98,9 @@ ASK = [{"role": "user", "content": "What is the weather in Paris, and the time i
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory):
-    from shared.model_files.default_model import ensure_default_model
-    from tests.integration.conftest import start_stack
-    stack = start_stack(ensure_default_model(), tmp_path_factory.mktemp("structured-e2e"),
-                        flags=["--max-model-len", "2048", "--kv-cache-memory", str(256 << 20),
-                               *TOOL_FLAGS])
-    yield stack
-    stack.stop()
+def stack(agent_stack):
+    """The session's default-model stack with auto tool choice (hermes)."""
+    return agent_stack
 
 
 @pytest.fixture(scope="module")
