@@ -89,13 +89,16 @@ class CompileCache:
 
     def lookup(self, spec: StructuredOutputSpec, vocab: GrammarVocab) -> CompiledGrammar | None:
         """The compiled grammar when cached (counts a hit), else None (no count)."""
-        key = (vocab.model_dir, vocab.vocab_size, spec.key())
         with self._lock:
-            got = self._done.get(key)
-            if got is not None:
-                self._done.move_to_end(key)
-                self._count(True)
-            return got
+            return self._hit((vocab.model_dir, vocab.vocab_size, spec.key()))
+
+    def _hit(self, key) -> CompiledGrammar | None:
+        """Under the lock: the cached grammar, counted and made the most recent."""
+        got = self._done.get(key)
+        if got is not None:
+            self._done.move_to_end(key)
+            self._count(True)
+        return got
 
     def submit(self, spec: StructuredOutputSpec, vocab: GrammarVocab) -> Future:
         """A future of the compiled grammar: done at once on a hit; on a miss the
@@ -106,10 +109,8 @@ class CompileCache:
     def _submit(self, spec: StructuredOutputSpec, vocab: GrammarVocab) -> tuple[Future, bool]:
         key = (vocab.model_dir, vocab.vocab_size, spec.key())
         with self._lock:
-            got = self._done.get(key)
+            got = self._hit(key)
             if got is not None:
-                self._done.move_to_end(key)
-                self._count(True)
                 future: Future = Future()
                 future.set_result(got)
                 return future, True
