@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import json
 import re
+import uuid
 from collections.abc import AsyncIterator, Awaitable
 from typing import TypeVar
 
@@ -23,6 +24,7 @@ from frontend_svc.request.admission import RETRY_AFTER_S
 from frontend_svc.api.auth import Forbidden, Unauthenticated
 from frontend_svc.request.caps import REJECTED
 from frontend_svc.errors import EngineError, FieldError, error_body
+from frontend_svc.api.protocol import MAX_REQUEST_ID_CHARS
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
@@ -210,3 +212,20 @@ async def chain(first, rest: AsyncIterator) -> AsyncIterator:
             yield item
     finally:
         await rest.aclose()
+
+
+def response_ids(request: Request, body_id: str | None, prefix: str,
+                 fresh: str) -> tuple[str, str]:
+    """vLLM's rule: the response id is `prefix` and the X-Request-Id header, else the
+    body's request_id, else `fresh`. Also the base of its choices' ids at the scheduler,
+    which a client's id gets a random part in: two requests may reuse one (vLLM's
+    engine ids are unique the same way)."""
+    given = request.headers.get("x-request-id") or body_id
+    if given is None:
+        return fresh, fresh
+    if len(given) > MAX_REQUEST_ID_CHARS:
+        raise HttpError(400, f"the request id (X-Request-Id or request_id) has {len(given)} "
+                             f"characters; at most {MAX_REQUEST_ID_CHARS} are accepted",
+                        "request_id")
+    resp_id = f"{prefix}{given}"
+    return resp_id, f"{resp_id}-{uuid.uuid4().hex[:8]}"

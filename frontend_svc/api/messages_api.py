@@ -15,7 +15,7 @@ from fastapi.responses import JSONResponse
 
 from frontend_svc.api import messages_format as mf
 from frontend_svc.api.http_util import (
-    ClientGone, HttpError, SSEResponse, parse_body, unless_disconnected)
+    ClientGone, HttpError, SSEResponse, chain, parse_body, primed, unless_disconnected)
 from frontend_svc.errors import EngineError
 from frontend_svc.request.context import Frontend
 from frontend_svc.request.choice import Choice
@@ -65,8 +65,7 @@ def messages_router(fe: Frontend) -> APIRouter:
             [params] = fan_out(inp.params, 1)
             choices = [Choice(f"{resp_id}-0", inp, params, request.headers, "messages")]
             if req.stream:
-                stream = fe.stream(choices)
-                first = await unless_disconnected(request, anext(stream))
+                first, stream = await primed(request, fe.stream(choices))
                 return SSEResponse(_events(fe, resp_id, inp, first, stream))
             [state] = await unless_disconnected(request, fe.run(choices))
         except Exception as exc:  # noqa: BLE001  (_error re-raises what it does not know)
@@ -119,7 +118,7 @@ async def _events(fe: Frontend, resp_id: str, inp, first, rest) -> AsyncIterator
     blocks = Blocks()
     state = None
     try:
-        async for _, state, delta in _chain(first, rest):
+        async for _, state, delta in chain(first, rest):
             bodies = ([{"content": delta.text}] if parser is None else parser.feed(delta.text)) \
                 if delta.text else []
             if delta.finished and parser is not None:
@@ -194,14 +193,3 @@ class Blocks:
                 mf.event("content_block_delta", {"index": self.index, "delta": {
                     "type": "input_json_delta", "partial_json": call["arguments"]}}),
                 mf.event("content_block_stop", {"index": self.index})]
-
-
-async def _chain(first, rest: AsyncIterator) -> AsyncIterator:
-    try:
-        yield first
-        async for item in rest:
-            yield item
-    finally:
-        await rest.aclose()
-
-

@@ -11,7 +11,6 @@ admission first (HttpGuard, then Admission.admit)."""
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, FastAPI, Request, Response
@@ -24,14 +23,14 @@ from frontend_svc.errors import EngineError, FieldError, error_body
 from frontend_svc.request.choice import Choice
 from frontend_svc.api.http_guard import HttpGuard
 from frontend_svc.api.http_util import (
-    HttpError, SSEResponse, chain as _chain, check_model, install_error_handlers, parse_body,
-    primed as _primed, unless_disconnected)
+    SSEResponse, chain as _chain, check_model, install_error_handlers, parse_body,
+    primed as _primed, response_ids, unless_disconnected)
 from frontend_svc.telemetry.vllm_metrics import scrape
 from frontend_svc.api.messages_api import messages_router
 from frontend_svc.api.responses_api import responses_router
 from frontend_svc.api.router_compat import package_version, router_compat_router
 from frontend_svc.api.protocol import (
-    MAX_REQUEST_ID_CHARS, ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
+    ChatCompletionRequest, CompletionRequest, DetokenizeRequest,
     TokenizeRequest)
 from frontend_svc.request.output_stream import OutputStream
 from frontend_svc.request.translate import (
@@ -195,20 +194,8 @@ def generation_router(fe: Frontend) -> APIRouter:
     def check_priority(request: Request, priority: int) -> None:
         fe.keys.check_priority(getattr(request.state, "caller", ANONYMOUS), priority)
 
-    def response_ids(prefix: str, request: Request, req) -> tuple[str, str]:
-        """vLLM's rule: the response id is `prefix-` and the X-Request-Id header, else
-        the body's request_id, else a fresh uuid. Also the base of its choices' ids at
-        the scheduler, which a client's id gets a random part in: two requests may
-        reuse one (vLLM's engine ids are unique the same way)."""
-        given = request.headers.get("x-request-id") or req.request_id
-        if given is None:
-            resp_id = fe.new_id(prefix)
-            return resp_id, resp_id
-        if len(given) > MAX_REQUEST_ID_CHARS:
-            raise HttpError(400, f"the X-Request-Id header has {len(given)} characters; at "
-                                 f"most {MAX_REQUEST_ID_CHARS} are accepted", "request_id")
-        resp_id = f"{prefix}-{given}"
-        return resp_id, f"{resp_id}-{uuid.uuid4().hex[:8]}"
+    def ids_of(prefix: str, request: Request, req) -> tuple[str, str]:
+        return response_ids(request, req.request_id, f"{prefix}-", fe.new_id(prefix))
 
     def choices_for(inputs: list[GenerationInput], width: int, ids: tuple[str, str],
                     request: Request, operation: str) -> list[Choice]:
@@ -232,7 +219,7 @@ def generation_router(fe: Frontend) -> APIRouter:
     @router.post("/v1/completions")
     async def completions(request: Request):
         req: CompletionRequest = await admitted(request, CompletionRequest)
-        ids = response_ids("cmpl", request, req)
+        ids = ids_of("cmpl", request, req)
         resp_id = ids[0]
         inputs = await fe.offload(completion_inputs, req, fe.tokenizer, fe.limits)
         if inputs and inputs[0].constraint is not None:  # a free request never waits there
@@ -257,7 +244,7 @@ def generation_router(fe: Frontend) -> APIRouter:
     @router.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         req: ChatCompletionRequest = await admitted(request, ChatCompletionRequest)
-        ids = response_ids("chatcmpl", request, req)
+        ids = ids_of("chatcmpl", request, req)
         resp_id = ids[0]
         inp = await fe.offload(chat_input, req, fe.tokenizer, fe.limits, fe.tools)
         if inp.constraint is not None:  # a free request never queues behind a compile

@@ -16,8 +16,8 @@ from pydantic import ValidationError
 from frontend_svc.api import openai_format as fmt
 from frontend_svc.api.auth import ANONYMOUS
 from frontend_svc.api.http_util import (
-    HttpError, SSEResponse, chain, check_model, parse_body, primed, unless_disconnected)
-from frontend_svc.api.protocol import MAX_REQUEST_ID_CHARS
+    HttpError, SSEResponse, chain, check_model, parse_body, primed, response_ids,
+    unless_disconnected)
 from frontend_svc.api.responses_format import (
     ResponseOutput, Sequencer, response_body)
 from frontend_svc.api.responses_protocol import (
@@ -55,7 +55,8 @@ def responses_router(fe: Frontend, store: ResponseStore | None = None) -> APIRou
             chat = chat_request(req, history)
         except ValidationError as exc:
             raise RequestValidationError(exc.errors(include_url=False)) from None
-        resp_id, base = _ids(fe, request, req)
+        resp_id, base = response_ids(request, req.request_id, "resp_",
+                                     f"resp_{uuid.uuid4().hex}")
         inp = await fe.offload(chat_input, chat, fe.tokenizer, fe.limits, fe.tools)
         if inp.constraint is not None:  # a free request never queues behind a compile
             [inp] = await fe.offload_grammar(check_constraints, [inp], fe.limits)
@@ -92,20 +93,6 @@ def responses_router(fe: Frontend, store: ResponseStore | None = None) -> APIRou
         return {"id": response_id, "object": "response", "deleted": True}
 
     return router
-
-
-def _ids(fe: Frontend, request: Request, req: ResponsesRequest) -> tuple[str, str]:
-    """The response id (`resp_` and X-Request-Id, else request_id, else fresh, as
-    the chat route's rule) and the scheduler id its choice is based on."""
-    given = request.headers.get("x-request-id") or req.request_id
-    if given is None:
-        resp_id = f"resp_{uuid.uuid4().hex}"
-        return resp_id, resp_id
-    if len(given) > MAX_REQUEST_ID_CHARS:
-        raise HttpError(400, f"the request id has {len(given)} characters; at most "
-                             f"{MAX_REQUEST_ID_CHARS} are accepted", "request_id")
-    resp_id = f"resp_{given}"
-    return resp_id, f"{resp_id}-{uuid.uuid4().hex[:8]}"
 
 
 def _finished(fe: Frontend, req: ResponsesRequest, resp_id: str, out: ResponseOutput,
