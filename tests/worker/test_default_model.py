@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from shared.model_files.default_model import resolve_model
-from shared.model_files.gguf_model import VIEW_FILES, gguf_source
+from shared.model_files.gguf_model import VIEW_FILES
+from tests.integration.hf_reference import load_reference
 from tests.worker.step_driver import StepDriver
 from worker_svc.config import WorkerConfig
 from worker_svc.runner import ModelRunner
@@ -38,7 +39,7 @@ def test_default_model_is_a_complete_gguf_view_with_chat_template(default_dir):
 
 @pytest.mark.e2e
 def test_default_model_greedy_tokens_equal_transformers_generate(default_dir):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(str(default_dir))
     prompts = [tok.apply_chat_template([{"role": "user", "content": p}],
                                        add_generation_prompt=True, tokenize=True,
@@ -51,9 +52,7 @@ def test_default_model_greedy_tokens_equal_transformers_generate(default_dir):
         driver.add(str(i), p, max_new=32)
     driver.run_to_completion()
 
-    gguf_file = gguf_source(default_dir)
-    hf = AutoModelForCausalLM.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name,
-                                              dtype=torch.float32).eval()
+    hf = load_reference(default_dir)  # from the GGUF the view serves
     for i, p in enumerate(prompts):
         with torch.no_grad():
             want = hf.generate(torch.tensor([p]), max_new_tokens=32, do_sample=False,
