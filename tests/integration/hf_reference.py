@@ -29,3 +29,71 @@ def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
             out.append(int(step.logits[0, -1].argmax()))
             ids = torch.cat([ids, torch.tensor([[out[-1]]])], dim=1)
     return out
+
+
+# ---------------------------------------------------------------------------
+# recorded references: transformers' greedy ids, computed once per checkpoint and
+# library version and kept in tests/data, so the suite does not re-run the same
+# reference forward passes in five files (the default model's costs ~20 s to load
+# from its GGUF and ~1 s a prompt to decode). A case not recorded, or recorded under
+# another checkpoint, transformers or torch version, is computed live: the recording
+# can make a test faster, never decide its outcome. To record (after a library bump,
+# or for new cases), run the tests that read them once, on one process:
+#   GAPSERVE_RECORD_REFERENCES=1 .venv/bin/python -m pytest -p no:xdist \
+#       tests/integration/test_openai_api.py tests/spec/test_spec_default_model.py
+# tests/worker/test_default_model.py recomputes a sample of what is recorded.
+
+RECORDED = Path(__file__).resolve().parents[1] / "data" / "greedy_references.json"
+RECORD_ENV = "GAPSERVE_RECORD_REFERENCES"  # set: misses are computed and added
+
+
+def reference_key(model_dir) -> str:
+    """What a recorded reference depends on: the weights' bytes and the libraries."""
+    import hashlib
+
+    import transformers
+    source = gguf_source(Path(model_dir))
+    files = [source] if source is not None else sorted(
+        p for p in Path(model_dir).iterdir() if p.suffix in (".safetensors", ".json"))
+    digest = hashlib.sha256()
+    for path in files:
+        with open(path, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 22), b""):
+                digest.update(chunk)
+    return f"{digest.hexdigest()[:32]} transformers={transformers.__version__} " \
+           f"torch={torch.__version__}"
+
+
+_live: dict[str, object] = {}
+
+
+def greedy_references(model_dir, prompts: list[list[int]], n: int) -> list[list[int]]:
+    """transformers' greedy continuation of each prompt alone, n tokens, EOS included
+    and not stopping (hf_greedy); `until_eos` cuts one where generate() would stop."""
+    import json
+    import os
+    key = reference_key(model_dir)
+    book = json.loads(RECORDED.read_text()) if RECORDED.is_file() else {}
+    cases = book.get(key, {})
+    out = []
+    for prompt in prompts:
+        recorded = cases.get(",".join(map(str, prompt)))
+        if recorded is None or len(recorded) < n:
+            if key not in _live:
+                _live[key] = load_reference(model_dir)
+            recorded = hf_greedy(_live[key], prompt, n)
+            cases[",".join(map(str, prompt))] = recorded
+            if os.environ.get(RECORD_ENV):
+                book[key] = cases
+                RECORDED.write_text(json.dumps(book, indent=0, sort_keys=True) + "\n")
+        out.append(recorded[:n])
+    return out
+
+
+def until_eos(ids: list[int], eos) -> list[int]:
+    """ids up to and including the first EOS (generate()'s greedy output)."""
+    stops = set(eos if isinstance(eos, (list, tuple)) else [eos])
+    for i, t in enumerate(ids):
+        if t in stops:
+            return ids[:i + 1]
+    return ids

@@ -168,12 +168,12 @@ PROMPTS_32 = [f"Write one sentence about the number {i}." for i in range(24)] + 
 
 @pytest.mark.e2e
 def test_32_concurrent_greedy_requests_equal_transformers(default_stack):
-    import torch
-    from tests.integration.hf_reference import load_reference
+    from transformers import GenerationConfig
 
     from frontend_svc.request.tokenizer import TextTokenizer
+    from tests.integration.hf_reference import greedy_references, until_eos
 
-    max_tokens = 16  # the reference generates one prompt at a time: its cost is the test's
+    max_tokens = 16
     client, model = default_stack.openai(timeout=600), default_stack.served_model_name
 
     def one(prompt):
@@ -185,21 +185,10 @@ def test_32_concurrent_greedy_requests_equal_transformers(default_stack):
         choices = list(pool.map(one, PROMPTS_32))
 
     tokenizer = TextTokenizer.from_dir(default_stack.model_dir)
-    ref = load_reference(default_stack.model_dir)
-    eos = ref.generation_config.eos_token_id
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)  # the stack is idle now: the reference may use both cores
-    try:
-        expected_ids = []
-        for prompt in PROMPTS_32:
-            ids = tokenizer.encode(prompt)
-            with torch.no_grad():  # this prompt alone, greedy
-                out = ref.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids)),
-                                   max_new_tokens=max_tokens, do_sample=False,
-                                   eos_token_id=eos, pad_token_id=eos)
-            expected_ids.append(out[0, len(ids):].tolist())
-    finally:
-        torch.set_num_threads(threads)
+    eos = GenerationConfig.from_pretrained(default_stack.model_dir).eos_token_id
+    # each prompt alone, greedy, cut where generate() stops
+    expected_ids = [until_eos(ids, eos) for ids in greedy_references(
+        default_stack.model_dir, [tokenizer.encode(p) for p in PROMPTS_32], max_tokens)]
     for prompt, choice, expected in zip(PROMPTS_32, choices, expected_ids):
         # token by token (logprobs carry each token's own text), then the whole text
         assert choice.logprobs.tokens == [tokenizer.token_text(t) for t in expected], prompt

@@ -217,10 +217,10 @@ def test_the_default_model_through_the_router_equals_transformers(default_stack,
                                                                   start_stack_factory, tmp_path):
     """The real default model on two replicas behind the router: each prompt's greedy
     text equals transformers' for that prompt alone, whichever replica served it."""
-    import torch
-    from tests.integration.hf_reference import load_reference
+    from transformers import GenerationConfig
 
     from frontend_svc.request.tokenizer import TextTokenizer
+    from tests.integration.hf_reference import greedy_references, until_eos
 
     second = start_stack_factory(default_stack.model_dir, flags=[
         "--max-model-len", "2048", "--kv-cache-memory", str(256 << 20)])
@@ -241,16 +241,10 @@ def test_the_default_model_through_the_router_equals_transformers(default_stack,
     finally:
         r.stop()
     tokenizer = TextTokenizer.from_dir(default_stack.model_dir)
-    ref = load_reference(default_stack.model_dir)
-    eos = ref.generation_config.eos_token_id
-    for prompt, text in zip(prompts, texts):
-        ids = tokenizer.encode(prompt)
-        with torch.no_grad():
-            out = ref.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids)),
-                               max_new_tokens=n, do_sample=False, eos_token_id=eos,
-                               pad_token_id=eos)
-        assert text == tokenizer.decode(out[0, len(ids):].tolist()), prompt
-
+    eos = GenerationConfig.from_pretrained(default_stack.model_dir).eos_token_id
+    want = greedy_references(default_stack.model_dir, [tokenizer.encode(p) for p in prompts], n)
+    for prompt, text, ids in zip(prompts, texts, want):
+        assert text == tokenizer.decode(until_eos(ids, eos)), prompt
 
 def test_a_data_parallel_frontend_reports_a_load_row_per_replica(start_stack_factory,
                                                                   tiny_model_dir, replicas):

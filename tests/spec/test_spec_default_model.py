@@ -11,7 +11,7 @@ import torch
 
 from shared.speculative_config import parse_speculative_config
 from shared.types import SamplingParams
-from tests.integration.hf_reference import hf_greedy, load_reference
+from tests.integration.hf_reference import greedy_references
 from tests.spec.engine_loop import run
 
 QUESTIONS = [
@@ -40,8 +40,7 @@ def setup():
     prompts = [tok.apply_chat_template([{"role": "user", "content": q}], tokenize=True,
                                        add_generation_prompt=True, return_dict=True)
                ["input_ids"] for q in QUESTIONS]
-    hf = load_reference(model_dir)
-    return model_dir, prompts, [hf_greedy(hf, p, MAX_TOKENS) for p in prompts]
+    return model_dir, prompts, greedy_references(model_dir, prompts, MAX_TOKENS)
 
 
 @pytest.mark.e2e

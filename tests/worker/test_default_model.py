@@ -7,7 +7,7 @@ import torch
 
 from shared.model_files.default_model import resolve_model
 from shared.model_files.gguf_model import VIEW_FILES
-from tests.integration.hf_reference import load_reference
+from tests.integration.hf_reference import RECORDED, hf_greedy, reference_key
 from tests.worker.step_driver import StepDriver
 from worker_svc.config import WorkerConfig
 from worker_svc.runner import ModelRunner
@@ -38,7 +38,7 @@ def test_default_model_is_a_complete_gguf_view_with_chat_template(default_dir):
 
 
 @pytest.mark.e2e
-def test_default_model_greedy_tokens_equal_transformers_generate(default_dir):
+def test_default_model_greedy_tokens_equal_transformers_generate(default_dir, hf_model_cache):
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(str(default_dir))
     prompts = [tok.apply_chat_template([{"role": "user", "content": p}],
@@ -52,7 +52,7 @@ def test_default_model_greedy_tokens_equal_transformers_generate(default_dir):
         driver.add(str(i), p, max_new=32)
     driver.run_to_completion()
 
-    hf = load_reference(default_dir)  # from the GGUF the view serves
+    hf = hf_model_cache(default_dir)  # from the GGUF the view serves
     for i, p in enumerate(prompts):
         with torch.no_grad():
             want = hf.generate(torch.tensor([p]), max_new_tokens=32, do_sample=False,
@@ -61,3 +61,17 @@ def test_default_model_greedy_tokens_equal_transformers_generate(default_dir):
         assert driver.requests[str(i)].output[:len(want)] == want, PROMPTS[i]
     answer = tok.decode(driver.requests["0"].output, skip_special_tokens=True)
     assert "Paris" in answer, answer
+
+
+@pytest.mark.e2e
+def test_recorded_references_are_what_transformers_computes_now(default_dir, hf_model_cache):
+    """tests/data/greedy_references.json (the references other files read instead of
+    decoding again) holds transformers' own greedy ids: a sample of it, recomputed."""
+    import json
+    recorded = json.loads(RECORDED.read_text()).get(reference_key(default_dir))
+    assert recorded, ("no references recorded for this checkpoint and these library versions: "
+                      "record them (tests/integration/hf_reference.py says how)")
+    hf = hf_model_cache(default_dir)
+    for prompt, want in sorted(recorded.items(), key=lambda kv: len(kv[0]))[:3]:
+        ids = [int(t) for t in prompt.split(",")]
+        assert hf_greedy(hf, ids, len(want)) == want, prompt
