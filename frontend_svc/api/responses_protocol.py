@@ -140,7 +140,7 @@ def chat_request(req: ResponsesRequest, history: list[dict]) -> ChatCompletionRe
     if req.tool_choice is not None:
         body["tool_choice"] = _chat_tool_choice(req.tool_choice)
     fmt = _response_format(req.text)
-    if fmt is not None:
+    if fmt is not None and not _forces_a_call(req.tool_choice):
         body["response_format"] = fmt
     return ChatCompletionRequest.model_validate(body)
 
@@ -185,6 +185,13 @@ def _chat_tool_choice(choice) -> Union[str, dict]:
         return {"type": "function", "function": {"name": choice["name"]}}
     raise FieldError(f"tool_choice: {choice.get('type')!r} is not supported (none, auto, "
                      "required, or a function by name)", "tool_choice")
+
+
+def _forces_a_call(choice) -> bool:
+    """tool_choice "required" or a function by name: the output is function calls only,
+    each under its tool's schema, so text.format (which shapes output text, OpenAI's
+    rule) has no text to apply to. instructor's RESPONSES_TOOLS sends both."""
+    return choice == "required" or (isinstance(choice, dict) and choice.get("type") == "function")
 
 
 def _response_format(text: dict | None) -> dict | None:

@@ -59,6 +59,16 @@ def test_text_format_becomes_the_chat_response_format(fmt, expected):
     assert translated(input="x", text={"format": fmt}).response_format == expected
 
 
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "name": "get_weather"}])
+def test_a_forced_call_leaves_text_format_nothing_to_shape(choice):
+    # instructor's RESPONSES_TOOLS sends both: the call follows its tool's schema
+    fmt = {"type": "json_schema", "name": "w", "schema": TOOL["parameters"]}
+    chat = translated(input="x", tools=[TOOL], tool_choice=choice, text={"format": fmt})
+    assert chat.response_format is None and chat.tool_choice is not None
+    auto = translated(input="x", tools=[TOOL], tool_choice="auto", text={"format": fmt})
+    assert auto.response_format is not None
+
+
 @pytest.mark.parametrize("body, param", [
     ({"background": True}, "background"),
     ({"include": ["reasoning.encrypted_content"]}, "include"),
