@@ -12,11 +12,13 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from frontend_svc.api import messages_format as mf
 from frontend_svc.api.http_util import (
     ClientGone, HttpError, SSEResponse, chain, parse_body, primed, unless_disconnected)
 from frontend_svc.errors import EngineError
+from frontend_svc.request.admission import RETRY_AFTER_S
 from frontend_svc.request.context import Frontend
 from frontend_svc.request.choice import Choice
 from frontend_svc.request.translate import chat_input, chat_prompt, check_constraints, fan_out
@@ -26,6 +28,8 @@ from shared.types import InvalidRequestError
 
 
 def _error(exc: Exception) -> JSONResponse:
+    """Any failure of a Messages route in Anthropic's shape and status (its SDK raises
+    the matching error class), with Retry-After on a 429 as chat's."""
     if isinstance(exc, HttpError):
         status, message = exc.status, exc.message
     elif isinstance(exc, RequestValidationError):
@@ -38,9 +42,12 @@ def _error(exc: Exception) -> JSONResponse:
         status, message = exc.http_status, exc.message
     elif isinstance(exc, ClientGone):
         status, message = 499, "the client closed the request"
+    elif isinstance(exc, StarletteHTTPException):  # a chunked body over --payload-limit
+        status, message = exc.status_code, str(exc.detail)
     else:
         raise exc
-    return JSONResponse(mf.error_body(status, message), status_code=status)
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 429 else None
+    return JSONResponse(mf.error_body(status, message), status_code=status, headers=headers)
 
 
 def messages_router(fe: Frontend) -> APIRouter:
