@@ -25,18 +25,26 @@ class ResponseOutput:
         self.items: list[dict] = []
         self._open: dict | None = None  # the item receiving deltas
         self._calls: dict[int, dict] = {}  # parser call index -> its item
+        self._logprobs: list[dict] = []  # tokens' logprobs not yet given to a text delta
 
-    def feed(self, bodies: list[dict]) -> list[dict]:
+    def feed(self, bodies: list[dict], logprobs: list[dict] = ()) -> list[dict]:
+        """logprobs: the output_text logprobs of the tokens these bodies came from
+        (only without a tool parser: every token is then text). A token whose text
+        is held back (a partial UTF-8 character) gives its logprob to the next delta."""
+        self._logprobs += logprobs
         events: list[dict] = []
         for body in bodies:
             if body.get("content"):
                 if self._open is None or self._open["type"] != "message":
                     events += self._close("completed") + self._open_message()
                 item = self._open
-                item["content"][0]["text"] += body["content"]
+                part = item["content"][0]
+                part["text"] += body["content"]
+                given, self._logprobs = self._logprobs, []
+                part["logprobs"] += given
                 events.append({"type": "response.output_text.delta", "item_id": item["id"],
                                "output_index": self._index(), "content_index": 0,
-                               "delta": body["content"], "logprobs": []})
+                               "delta": body["content"], "logprobs": given})
             for call in body.get("tool_calls", ()):
                 events += self._call_delta(call)
         return events
@@ -101,9 +109,11 @@ class ResponseOutput:
         index = self.items.index(item)
         if item["type"] == "message":
             part = item["content"][0]
+            part["logprobs"] += self._logprobs  # the last tokens' (an end-of-text token)
+            self._logprobs = []
             return [{"type": "response.output_text.done", "item_id": item["id"],
                      "output_index": index, "content_index": 0, "text": part["text"],
-                     "logprobs": []},
+                     "logprobs": list(part["logprobs"])},
                     {"type": "response.content_part.done", "item_id": item["id"],
                      "output_index": index, "content_index": 0, "part": dict(part)},
                     {"type": "response.output_item.done", "output_index": index,
@@ -157,6 +167,7 @@ def response_body(resp_id: str, created: int, model: str, req: ResponsesRequest,
             "previous_response_id": req.previous_response_id,
             "reasoning": None, "store": bool(req.store),
             "temperature": req.temperature, "top_p": req.top_p,
+            "top_logprobs": req.top_logprobs,
             "text": req.text or {"format": {"type": "text"}},
             "tool_choice": req.tool_choice or "auto", "tools": req.tools or [],
             "truncation": "disabled", "user": req.user, "usage": usage(state)}

@@ -71,7 +71,9 @@ def test_a_forced_call_leaves_text_format_nothing_to_shape(choice):
 
 @pytest.mark.parametrize("body, param", [
     ({"background": True}, "background"),
-    ({"include": ["reasoning.encrypted_content"]}, "include"),
+    ({"include": ["message.output_text.logprobs", "reasoning.encrypted_content"]},
+     "include.1"),
+    ({"top_logprobs": 2}, "top_logprobs"),  # without the include it would do nothing
     ({"truncation": "auto"}, "truncation"),
     ({"n": 2}, "n"),
     ({"suffix": "x"}, "suffix"),  # the chat route's table applies too
@@ -86,6 +88,34 @@ def test_unsupported_fields_are_refused_by_name(body, param):
     with pytest.raises(FieldError) as err:
         translated(**body)
     assert err.value.param == param
+
+
+def test_the_logprobs_include_is_chat_s_logprobs_with_top_logprobs():
+    chat = translated(input="x", include=["message.output_text.logprobs"], top_logprobs=3)
+    assert chat.logprobs is True and chat.top_logprobs == 3
+    chat = translated(input="x", include=["message.output_text.logprobs"])
+    assert chat.logprobs is True and chat.top_logprobs == 0
+    assert not translated(input="x", top_logprobs=0).logprobs
+
+
+def test_logprobs_go_to_the_text_deltas_and_a_held_back_token_s_to_the_next():
+    lp = [{"token": t, "logprob": -1.0, "bytes": list(t.encode()), "top_logprobs": []}
+          for t in ("He", "llo", "\ufffd", "!", "</s>")]
+    streamed = ResponseOutput()
+    events = streamed.feed([{"content": "He"}], lp[:1]) + \
+        streamed.feed([{"content": "llo"}], lp[1:2]) + \
+        streamed.feed([], lp[2:3]) + streamed.feed([{"content": "é!"}], lp[3:4]) + \
+        streamed.feed([], lp[4:]) + streamed.close()
+    deltas = [e["logprobs"] for e in events if e["type"] == "response.output_text.delta"]
+    assert deltas == [lp[:1], lp[1:2], lp[2:4]]
+    [done] = [e for e in events if e["type"] == "response.output_text.done"]
+    assert done["logprobs"] == lp
+    whole = ResponseOutput()
+    whole.feed([{"content": "Hello" + "é!"}], lp)
+    whole.close()
+    strip = [{k: v for k, v in item.items() if k != "id"} for item in whole.items]
+    assert strip == [{k: v for k, v in item.items() if k != "id"} for item in streamed.items]
+    assert whole.items[0]["content"][0]["logprobs"] == lp
 
 
 def test_reasoning_and_labels_are_accepted_with_no_effect():
