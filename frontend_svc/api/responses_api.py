@@ -81,7 +81,7 @@ def responses_router(fe: Frontend, store: ResponseStore | None = None) -> APIRou
             return SSEResponse(_events(fe, req, resp_id, parser, logprobs, conversation,
                                        store, first, rest))
         [state] = await unless_disconnected(request, fe.run([choice]))
-        out = ResponseOutput()
+        out = ResponseOutput(parser.cut if parser else ())
         out.feed(parser.feed(state.text) + parser.finish() if parser
                  else [{"content": state.text}],
                  logprobs(state.choice.output_logprobs) if logprobs else ())
@@ -128,7 +128,7 @@ def _logprobs_of(fe: Frontend):
 async def _events(fe: Frontend, req: ResponsesRequest, resp_id: str, parser, logprobs,
                   conversation: list[dict], store: ResponseStore, first,
                   rest) -> AsyncIterator[str]:
-    seq, out = Sequencer(), ResponseOutput()
+    seq, out = Sequencer(), ResponseOutput(parser.cut if parser else ())
     started = response_body(resp_id, fmt.now(), fe.served_model_name, req, [],
                             "in_progress", None, None)
     yield fmt.sse(seq.number({"type": "response.created", "response": started}))

@@ -135,13 +135,33 @@ def test_text_then_calls_open_one_item_each_and_close_each_once():
     assert types == ["response.output_item.added", "response.content_part.added",
                      "response.output_text.delta", "response.output_text.done",
                      "response.content_part.done", "response.output_item.done",
+                     # a call goes out whole, once complete: one delta
                      "response.output_item.added", "response.function_call_arguments.delta",
-                     "response.function_call_arguments.delta",
                      "response.function_call_arguments.done", "response.output_item.done"]
     assert [i["type"] for i in out.items] == ["message", "function_call"]
     assert out.items[1]["arguments"] == '{"a": 1}' and out.items[1]["call_id"] == "call_a"
     assert out.tool_calls == [{"id": "call_a", "type": "function",
                                "function": {"name": "f", "arguments": '{"a": 1}'}}]
+
+
+def test_a_cut_call_is_never_sent_streamed_or_not():
+    from frontend_svc.structured.tool_parsers import HermesParser
+    cut_reply = ('<tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>'
+                 '<tool_call>{"name": "f", "arguments": {"a": 2')  # max_tokens cut it
+    parser = HermesParser()
+    whole = ResponseOutput(parser.cut)
+    whole.feed(parser.feed(cut_reply) + parser.finish())
+    whole.close("incomplete")
+    parser = HermesParser()
+    streamed = ResponseOutput(parser.cut)
+    events = []
+    for ch in cut_reply:
+        events += streamed.feed(parser.feed(ch))
+    events += streamed.feed(parser.finish()) + streamed.close("incomplete")
+    for out in (whole, streamed):
+        assert [(i["name"], i["arguments"]) for i in out.items] == [("f", '{"a": 1}')]
+    sent = [e for e in events if e["type"] == "response.output_item.added"]
+    assert len(sent) == 1 and len(parser.cut) == 1
 
 
 def test_the_store_evicts_the_oldest_beyond_its_size_and_expires_by_age():

@@ -101,6 +101,40 @@ def test_a_required_tool_call_streams_its_arguments_and_the_output_is_sent_back(
     assert answer.output_text and answer.usage.input_tokens > resp.usage.input_tokens
 
 
+def test_a_call_cut_by_max_output_tokens_is_never_sent_streamed_or_not(client):
+    ask = "What is the weather in Oslo, Paris and Rome?"
+    tool = {**WEATHER, "parameters": {**WEATHER["parameters"], "properties": {
+        "city": {"type": "string"}}}}  # no maxLength: a call long enough to cut
+    chat = dict(model=MODEL, messages=[{"role": "user", "content": ask}], temperature=0.0,
+                tools=[{"type": "function", "function": {
+                    k: tool[k] for k in ("name", "description", "parameters")}}],
+                tool_choice="required")
+    n = client.chat.completions.create(max_tokens=300, **chat).usage.completion_tokens
+    # greedy, and the same chat request underneath: the chat stream names the cut
+    for max_tokens in range(n - 2, max(n - 12, 3), -1):
+        chunks = [c for c in client.chat.completions.create(
+            stream=True, max_tokens=max_tokens, **chat) if c.choices]
+        if (chunks[-1].choices[0].model_extra or {}).get("cut_tool_calls"):
+            break
+    else:
+        pytest.fail("no max_tokens cut a call")
+    kept = client.chat.completions.create(max_tokens=max_tokens, **chat)
+    kept = [c.function.arguments for c in kept.choices[0].message.tool_calls or []]
+    common = dict(model=MODEL, input=ask, tools=[tool], tool_choice="required",
+                  temperature=0.0, max_output_tokens=max_tokens)
+    whole = client.responses.create(**common)
+    with client.responses.stream(**common) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    assert whole.status == final.status == "incomplete"
+    for resp in (whole, final):
+        calls = [o.arguments for o in resp.output if o.type == "function_call"]
+        assert calls == kept  # the cut one dropped; each kept one parses
+        assert all(isinstance(json.loads(a), dict) for a in calls)
+    sent = [e.item.call_id for e in events if e.type == "response.output_item.added"]
+    assert len(sent) == len(kept)
+
+
 def test_text_format_json_schema_constrains_the_reply(client):
     schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
               "required": ["city"], "additionalProperties": False}
