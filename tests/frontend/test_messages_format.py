@@ -76,3 +76,26 @@ def test_errors_have_anthropic_s_types():
         "type": "invalid_request_error", "message": "x"}}
     assert mf.error_body(429, "x")["error"]["type"] == "rate_limit_error"
     assert mf.error_body(500, "x")["error"]["type"] == "api_error"
+
+
+def test_a_streamed_call_broken_after_its_name_is_never_sent_even_before_the_last():
+    import json
+
+    from frontend_svc.api.messages_api import Blocks
+    from frontend_svc.structured.tool_parsers import HermesParser, parse_all
+    reply = ('<tool_call>{"name": "f", "arguments": {"a": 1]}</tool_call>'
+             '<tool_call>{"name": "f", "arguments": {"a": 2}}</tool_call>')
+    parser = HermesParser()
+    blocks = Blocks(parser.cut)
+    events = []
+    for ch in reply:
+        for body in parser.feed(ch):
+            events += blocks.add(body)
+    for body in parser.finish():
+        events += blocks.add(body)
+    events += blocks.close()
+    sent = [json.loads(e.split("data: ", 1)[1])["delta"]["partial_json"] for e in events
+            if "input_json_delta" in e]
+    assert sent == ['{"a": 2}'] and len(parser.cut) == 1
+    _, calls = parse_all(HermesParser(), reply)  # the non-streamed reply agrees
+    assert [c["function"]["arguments"] for c in calls] == sent
