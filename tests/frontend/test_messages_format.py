@@ -99,3 +99,30 @@ def test_a_streamed_call_broken_after_its_name_is_never_sent_even_before_the_las
     assert sent == ['{"a": 2}'] and len(parser.cut) == 1
     _, calls = parse_all(HermesParser(), reply)  # the non-streamed reply agrees
     assert [c["function"]["arguments"] for c in calls] == sent
+
+
+SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}}
+
+
+@pytest.mark.parametrize("body", [
+    {"output_config": {"format": {"type": "json_schema", "schema": SCHEMA}}},
+    {"output_format": {"type": "json_schema", "schema": SCHEMA}},  # the beta's name
+    {"output_config": {"format": {"type": "json_schema", "schema": SCHEMA},
+                       "effort": None}}])
+def test_structured_outputs_become_chat_s_strict_json_schema(body):
+    fmt = chat(**body).response_format
+    fmt = fmt if isinstance(fmt, dict) else fmt.model_dump(exclude_none=True)
+    assert fmt["type"] == "json_schema" and fmt["json_schema"]["schema"] == SCHEMA
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"output_config": {"effort": "high"}}, "output_config.effort"),
+    ({"output_config": {"format": {"type": "json_object"}}}, "output_config.format"),
+    ({"output_format": {"type": "json_schema"}}, "output_format"),
+    ({"output_format": {"type": "json_schema", "schema": SCHEMA},
+      "output_config": {"format": {"type": "json_schema", "schema": SCHEMA}}},
+     "output_format")])
+def test_structured_outputs_it_cannot_honour_are_refused_by_name(body, param):
+    with pytest.raises(FieldError) as err:
+        chat(**body)
+    assert err.value.param == param

@@ -2,8 +2,13 @@
 against the real default model behind the real services (auto tool choice on), in
 the modes its users pick: TOOLS (a forced function call),
 JSON (json_object plus the schema in the prompt), JSON_SCHEMA (response_format
-json_schema) and RESPONSES_TOOLS (/v1/responses with a forced call); and
-create_partial, its streaming of a partly filled model. instructor retries are
+json_schema), RESPONSES_TOOLS (/v1/responses with a forced call) and, through
+`from_anthropic`, TOOLS (/v1/messages with a forced tool); and
+create_partial, its streaming of a partly filled model. (Its Anthropic
+JSON_SCHEMA mode needs an SDK whose messages.create takes `output_format`; with
+the pinned anthropic 2.16 it falls back to a schema in the prompt, which a 135M
+model does not follow: /v1/messages' output_config is tested with the SDK's own
+messages.parse in test_messages_api.py.) instructor retries are
 off: a reply that does not validate fails the test instead of being re-asked.
 
 instructor 1.17.0 is installed with --no-deps (pyproject.toml [tool.gapserve.setup]
@@ -85,3 +90,16 @@ def test_create_partial_streams_up_to_the_model_create_returns(stack):
     whole = client.chat.completions.create(**kwargs)
     assert isinstance(whole, City)
     assert partials[-1].model_dump() == whole.model_dump()
+
+
+def test_from_anthropic_tools_validates_through_v1_messages(stack):
+    import anthropic
+    sdk = anthropic.Anthropic(base_url=stack.http_url, api_key="unused", max_retries=0)
+    client = instructor.from_anthropic(sdk, mode=instructor.Mode.TOOLS)
+    city, message = client.messages.create_with_completion(
+        model=stack.served_model_name, response_model=City, messages=ASK, max_retries=0,
+        max_tokens=200, extra_body={"temperature": 0})  # the SDK takes no temperature
+    assert isinstance(city, City)
+    assert message.stop_reason == "tool_use"
+    [block] = [b for b in message.content if b.type == "tool_use"]
+    assert block.name == "City" and set(block.input) == {"name", "country"}
