@@ -69,6 +69,14 @@ if [ "$MODE" = serve ]; then
 else
   say "installing gapserve (editable) with its test extras (pytest, triton, Helm/Kubernetes validators, routers: ~1.3 GB, several minutes on a first run)"
   pip_step -e '.[test]'
+  # pyproject.toml's [tool.gapserve.setup] test-no-deps (one line): test packages whose
+  # metadata caps a library below the test extra's pins (the reasons are noted there)
+  no_deps=$(sed -n 's/^test-no-deps = \[\(.*\)\]$/\1/p' pyproject.toml | tr -d '",')
+  if [ -n "$no_deps" ]; then
+    say "installing $no_deps without its dependencies (pyproject.toml [tool.gapserve.setup])"
+    # shellcheck disable=SC2086  # one argument per package
+    pip_step --no-deps $no_deps
+  fi
   # helm-sdkpy (the test extra's Helm library) says Python >= 3.12 but runs on 3.11
   if "$VENV/bin/python" -c 'import sys; sys.exit(sys.version_info >= (3, 12))'; then
     pip_step --ignore-requires-python helm-sdkpy==0.1.32

@@ -340,8 +340,9 @@ class LinkSecurityFlags:
 class AdmissionFlags:
     """Client authentication and bounds on what one client may ask of the frontend."""
     api_key: list = admission(
-        [], "comma list of accepted keys (Authorization: Bearer, gRPC metadata); none = "
-        "no authentication. Prefer GAPSERVE_API_KEY", type=key_list, secret=True)
+        [], "comma list of accepted keys (Authorization: Bearer or x-api-key, gRPC "
+        "metadata); none = no authentication. Prefer GAPSERVE_API_KEY", type=key_list,
+        secret=True)
     priority_keys: list = admission(
         [], "comma list of keys that may set a priority other than 0 (also accepted as "
         "API keys)", type=key_list, secret=True)

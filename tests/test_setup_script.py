@@ -66,6 +66,20 @@ def test_a_test_install_adds_the_test_extras(checkout):
     assert any(c.endswith("-e .[test]") for c in pip_calls(checkout))
 
 
+def test_a_test_install_adds_the_no_deps_packages_without_dependencies(checkout):
+    pins = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["gapserve"][
+        "setup"]["test-no-deps"]
+    assert pins  # what the sed in setup.sh reads is what TOML reads
+    setup(checkout, "test")
+    calls = pip_calls(checkout)
+    assert any(c.endswith("--no-deps " + " ".join(pins)) for c in calls), calls
+
+
+def test_a_serve_install_adds_no_no_deps_package(checkout):
+    setup(checkout, "serve")
+    assert not any("--no-deps" in c for c in pip_calls(checkout))
+
+
 def test_a_second_start_with_nothing_changed_runs_no_pip(checkout):
     setup(checkout, "serve")
     before = len(pip_calls(checkout))

@@ -1,6 +1,8 @@
 """Who the caller is: API keys (--api-key, several allowed) checked on every HTTP
-route but /health and /metrics and on every gRPC Generation call; priority claims
-other than the default need a key listed in --priority-keys.
+route but /health, /ping and /metrics (sent as `Authorization: Bearer <key>` or, as
+Anthropic's SDK does, `x-api-key: <key>`) and on every gRPC Generation call (the
+`authorization` metadata); priority claims other than the default need a key
+listed in --priority-keys.
 
 With no key configured there is no authentication and any caller may set a
 priority (a development set-up on loopback; docs/security.md).
@@ -59,6 +61,19 @@ def bearer(value: str | bytes | None) -> str | None:
     return token.strip() if scheme.lower() == "bearer" and token.strip() else None
 
 
+def presented_key(authorization: bytes | str | None,
+                  x_api_key: bytes | str | None) -> str | None:
+    """The key a caller sends: `Authorization: Bearer <key>` (OpenAI's clients), else
+    `x-api-key: <key>` (Anthropic's SDK, whose `api_key=` sends only that header). A
+    bearer token, when there is one, is the key: a second header never overrides it."""
+    token = bearer(authorization)
+    if token is not None:
+        return token
+    if isinstance(x_api_key, bytes):
+        x_api_key = x_api_key.decode("latin-1")
+    return x_api_key.strip() or None if x_api_key else None
+
+
 @dataclass(frozen=True, slots=True)
 class ApiKeys:
     keys: tuple[str, ...] = ()
@@ -81,7 +96,8 @@ class ApiKeys:
             return ANONYMOUS
         if token is None:
             REJECTED.labels("unauthenticated").inc()
-            raise Unauthenticated("missing API key: send `Authorization: Bearer <key>`")
+            raise Unauthenticated("missing API key: send `Authorization: Bearer <key>` "
+                                  "or `x-api-key: <key>`")
         if not _one_of(token, self.keys + self.priority_keys):
             REJECTED.labels("unauthenticated").inc()
             raise Unauthenticated("incorrect API key provided")

@@ -12,11 +12,13 @@ from collections.abc import AsyncIterator
 from fastapi import APIRouter, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from frontend_svc.api import messages_format as mf
 from frontend_svc.api.http_util import (
     ClientGone, HttpError, SSEResponse, chain, parse_body, primed, unless_disconnected)
 from frontend_svc.errors import EngineError
+from frontend_svc.request.admission import RETRY_AFTER_S
 from frontend_svc.request.context import Frontend
 from frontend_svc.request.choice import Choice
 from frontend_svc.request.translate import chat_input, chat_prompt, check_constraints, fan_out
@@ -26,6 +28,8 @@ from shared.types import InvalidRequestError
 
 
 def _error(exc: Exception) -> JSONResponse:
+    """Any failure of a Messages route in Anthropic's shape and status (its SDK raises
+    the matching error class), with Retry-After on a 429 as chat's."""
     if isinstance(exc, HttpError):
         status, message = exc.status, exc.message
     elif isinstance(exc, RequestValidationError):
@@ -38,9 +42,12 @@ def _error(exc: Exception) -> JSONResponse:
         status, message = exc.http_status, exc.message
     elif isinstance(exc, ClientGone):
         status, message = 499, "the client closed the request"
+    elif isinstance(exc, StarletteHTTPException):  # a chunked body over --payload-limit
+        status, message = exc.status_code, str(exc.detail)
     else:
         raise exc
-    return JSONResponse(mf.error_body(status, message), status_code=status)
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if status == 429 else None
+    return JSONResponse(mf.error_body(status, message), status_code=status, headers=headers)
 
 
 def messages_router(fe: Frontend) -> APIRouter:
@@ -115,7 +122,7 @@ async def _events(fe: Frontend, resp_id: str, inp, first, rest) -> AsyncIterator
     yield mf.event("message_start", {"message": mf.message(
         resp_id, fe.served_model_name, [], None, None, len(inp.prompt_token_ids), 0)})
     yield mf.event("ping", {})
-    blocks = Blocks()
+    blocks = Blocks(parser.cut if parser is not None else [])
     state = None
     try:
         async for _, state, delta in chain(first, rest):
@@ -127,8 +134,7 @@ async def _events(fe: Frontend, resp_id: str, inp, first, rest) -> AsyncIterator
                 for out in blocks.add(body):
                     yield out
             if delta.finished:
-                cut = {c["id"] for c in parser.cut} if parser is not None else set()
-                for out in blocks.close(cut):
+                for out in blocks.close():
                     yield out
                 reason, sequence = mf.stop_reason(delta.finish_name, delta.stop_reason,
                                                   blocks.num_calls)
@@ -143,9 +149,12 @@ async def _events(fe: Frontend, resp_id: str, inp, first, rest) -> AsyncIterator
 
 class Blocks:
     """The content blocks of a streamed reply: text deltas as they come, each tool
-    call held until complete."""
+    call held until complete and then sent, unless the tool parser lists it in `cut`
+    (a list it fills as it finds them: the last call cut by max_tokens, or any call
+    broken after its name)."""
 
-    def __init__(self) -> None:
+    def __init__(self, cut: list[dict]) -> None:
+        self.cut = cut
         self.index = -1
         self.text_open = False
         self.call: dict | None = None  # the call being generated: id, name, arguments
@@ -171,9 +180,7 @@ class Blocks:
                 self.call["arguments"] += delta["function"]["arguments"]
         return out
 
-    def close(self, cut: set[str]) -> list[str]:
-        if self.call is not None and self.call["id"] in cut:
-            self.call = None  # its arguments do not parse: never sent
+    def close(self) -> list[str]:
         return self._close_text() + self._flush_call()
 
     def _close_text(self) -> list[str]:
@@ -184,8 +191,8 @@ class Blocks:
 
     def _flush_call(self) -> list[str]:
         call, self.call = self.call, None
-        if call is None:
-            return []
+        if call is None or any(c["id"] == call["id"] for c in self.cut):
+            return []  # its arguments do not parse: never sent
         self.index += 1
         self.num_calls += 1
         return [mf.event("content_block_start", {"index": self.index, "content_block": {

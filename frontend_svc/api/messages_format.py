@@ -43,6 +43,10 @@ class MessagesRequest(BaseModel):
     metadata: dict[str, Any] | None = None  # inert: Anthropic's user_id for abuse tracking
     service_tier: str | None = None  # inert: one tier here
     cache_control: dict[str, Any] | None = None  # inert: the prefix cache is automatic
+    # Anthropic's structured outputs: output_config.format (GA) or output_format (the
+    # structured-outputs-2025-11-13 beta, what instructor's JSON_SCHEMA mode sends)
+    output_config: dict[str, Any] | None = None
+    output_format: dict[str, Any] | None = None
     thinking: Any = None
     container: Any = None
     mcp_servers: Any = None
@@ -154,12 +158,38 @@ def _tools(req: MessagesRequest | CountTokensRequest) -> dict[str, Any]:
     return out
 
 
+def _response_format(req: MessagesRequest) -> dict[str, Any] | None:
+    """Anthropic's structured outputs as chat's response_format json_schema (strict:
+    docs/structured_outputs.md): the reply's text is the schema's JSON."""
+    config = req.output_config or {}
+    for key, value in config.items():
+        if key != "format" and value is not None:
+            raise FieldError(f"output_config.{key} is not supported (only format: "
+                             f"effort needs a reasoning model)", f"output_config.{key}")
+    if req.output_format is not None and config.get("format") is not None:
+        raise FieldError("send output_config.format or output_format, not both",
+                         "output_format")
+    fmt = req.output_format if req.output_format is not None else config.get("format")
+    if fmt is None:
+        return None
+    param = "output_format" if req.output_format is not None else "output_config.format"
+    if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or \
+            not isinstance(fmt.get("schema"), dict):
+        raise FieldError(f"{param}: only {{\"type\": \"json_schema\", \"schema\": "
+                         "{...}} is supported", param)
+    return {"type": "json_schema",
+            "json_schema": {"name": "output", "schema": fmt["schema"], "strict": True}}
+
+
 def chat_request(req: MessagesRequest) -> ChatCompletionRequest:
     for name, why in REFUSED.items():
         if getattr(req, name) is not None:
             raise FieldError(f"{name} is not supported: {why}", name)
     fields: dict[str, Any] = {"messages": _messages(req), "max_tokens": req.max_tokens,
                               "stream": req.stream, **_tools(req)}
+    response_format = _response_format(req)
+    if response_format is not None:
+        fields["response_format"] = response_format
     for name, value in (("stop", req.stop_sequences), ("temperature", req.temperature),
                         ("top_p", req.top_p), ("top_k", req.top_k)):
         if value is not None:

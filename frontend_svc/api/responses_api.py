@@ -21,9 +21,10 @@ from frontend_svc.api.http_util import (
 from frontend_svc.api.responses_format import (
     ResponseOutput, Sequencer, response_body)
 from frontend_svc.api.responses_protocol import (
-    ResponsesRequest, chat_request, check_responses_refused, input_messages)
+    OUTPUT_LOGPROBS, ResponsesRequest, chat_request, check_responses_refused, input_messages,
+    wants_logprobs)
 from frontend_svc.api.responses_store import ResponseStore
-from frontend_svc.errors import EngineError
+from frontend_svc.errors import EngineError, FieldError
 from frontend_svc.request.context import Frontend
 from frontend_svc.request.choice import Choice
 from frontend_svc.request.output_stream import OutputStream
@@ -58,6 +59,14 @@ def responses_router(fe: Frontend, store: ResponseStore | None = None) -> APIRou
         resp_id, base = response_ids(request, req.request_id, "resp_",
                                      f"resp_{uuid.uuid4().hex}")
         inp = await fe.offload(chat_input, chat, fe.tokenizer, fe.limits, fe.tools)
+        plan = inp.tool_plan
+        parser = plan.new_parser() if plan is not None and plan.parses else None
+        logprobs = _logprobs_of(fe) if wants_logprobs(req) else None
+        if logprobs is not None and parser is not None:
+            raise FieldError(f"include {OUTPUT_LOGPROBS!r} cannot be combined with tool "
+                             "calling: a call's tokens have no output_text to carry their "
+                             "logprobs (send tool_choice \"none\", or use "
+                             "/v1/chat/completions)", "include")
         if inp.constraint is not None:  # a free request never queues behind a compile
             [inp] = await fe.offload_grammar(check_constraints, [inp], fe.limits)
         fe.observer.constrained(resp_id, inp)
@@ -66,17 +75,16 @@ def responses_router(fe: Frontend, store: ResponseStore | None = None) -> APIRou
         conversation = history + input_messages(req)
         log.info("responses request", request_id=resp_id, stream=req.stream,
                  store=bool(req.store), previous_response_id=req.previous_response_id,
-                 history_messages=len(history))
-        plan = inp.tool_plan
-        parser = plan.new_parser() if plan is not None and plan.parses else None
+                 history_messages=len(history), logprobs=logprobs is not None)
         if req.stream:
             first, rest = await primed(request, fe.stream([choice]))
-            return SSEResponse(_events(fe, req, resp_id, parser, conversation, store,
-                                       first, rest))
+            return SSEResponse(_events(fe, req, resp_id, parser, logprobs, conversation,
+                                       store, first, rest))
         [state] = await unless_disconnected(request, fe.run([choice]))
-        out = ResponseOutput()
+        out = ResponseOutput(parser.cut if parser else ())
         out.feed(parser.feed(state.text) + parser.finish() if parser
-                 else [{"content": state.text}])
+                 else [{"content": state.text}],
+                 logprobs(state.choice.output_logprobs) if logprobs else ())
         return _finished(fe, req, resp_id, out, state, conversation, store)
 
     @router.get("/v1/responses/{response_id}")
@@ -111,10 +119,16 @@ def _finished(fe: Frontend, req: ResponsesRequest, resp_id: str, out: ResponseOu
     return body
 
 
-async def _events(fe: Frontend, req: ResponsesRequest, resp_id: str, parser,
+def _logprobs_of(fe: Frontend):
+    """Tokens' logprobs as output_text logprobs: chat's entries (token, logprob, bytes,
+    top_logprobs), which are OpenAI's Responses entries too."""
+    return lambda lps: fmt.chat_logprobs(fe.tokenizer, lps)["content"]
+
+
+async def _events(fe: Frontend, req: ResponsesRequest, resp_id: str, parser, logprobs,
                   conversation: list[dict], store: ResponseStore, first,
                   rest) -> AsyncIterator[str]:
-    seq, out = Sequencer(), ResponseOutput()
+    seq, out = Sequencer(), ResponseOutput(parser.cut if parser else ())
     started = response_body(resp_id, fmt.now(), fe.served_model_name, req, [],
                             "in_progress", None, None)
     yield fmt.sse(seq.number({"type": "response.created", "response": started}))
@@ -126,7 +140,7 @@ async def _events(fe: Frontend, req: ResponsesRequest, resp_id: str, parser,
                 else ([{"content": delta.text}] if delta.text else [])
             if delta.finished and parser:
                 bodies += parser.finish()
-            for event in out.feed(bodies):
+            for event in out.feed(bodies, logprobs(delta.logprobs) if logprobs else ()):
                 yield fmt.sse(seq.number(event))
         finish = fmt._finish(state.choice.finish_reason)
         for event in out.close("incomplete" if finish == "length" else "completed"):

@@ -19,30 +19,53 @@ def new_item_id(prefix: str) -> str:
 class ResponseOutput:
     """Output items, opened and closed as delta bodies arrive: text goes to a
     message item, each tool call to its own function_call item. feed and close
-    return the stream events (without sequence_number: Sequencer adds it)."""
+    return the stream events (without sequence_number: Sequencer adds it).
 
-    def __init__(self) -> None:
+    A call is held until it is complete (the next text or call, or the end) and then
+    sent whole: added, its arguments in one delta, done. A call the tool parser lists
+    in `cut` (arguments that never became JSON: cut by max_output_tokens) is never
+    sent nor kept, streamed or not, so a client never runs it (the response's
+    status says `incomplete`)."""
+
+    def __init__(self, cut: list[dict] = ()) -> None:
         self.items: list[dict] = []
-        self._open: dict | None = None  # the item receiving deltas
-        self._calls: dict[int, dict] = {}  # parser call index -> its item
+        self._cut = cut  # the tool parser's `cut` list, which it fills as it finds them
+        self._message: dict | None = None  # the message item receiving text deltas
+        self._call: dict | None = None  # the call being generated, held until complete
+        self._logprobs: list[dict] = []  # tokens' logprobs not yet given to a text delta
 
-    def feed(self, bodies: list[dict]) -> list[dict]:
+    def feed(self, bodies: list[dict], logprobs: list[dict] = ()) -> list[dict]:
+        """logprobs: the output_text logprobs of the tokens these bodies came from
+        (only without a tool parser: every token is then text). A token whose text
+        is held back (a partial UTF-8 character) gives its logprob to the next delta."""
+        self._logprobs += logprobs
         events: list[dict] = []
         for body in bodies:
             if body.get("content"):
-                if self._open is None or self._open["type"] != "message":
-                    events += self._close("completed") + self._open_message()
-                item = self._open
-                item["content"][0]["text"] += body["content"]
+                events += self._flush_call()
+                if self._message is None:
+                    events += self._open_message()
+                item = self._message
+                part = item["content"][0]
+                part["text"] += body["content"]
+                given, self._logprobs = self._logprobs, []
+                part["logprobs"] += given
                 events.append({"type": "response.output_text.delta", "item_id": item["id"],
-                               "output_index": self._index(), "content_index": 0,
-                               "delta": body["content"], "logprobs": []})
+                               "output_index": self.items.index(item), "content_index": 0,
+                               "delta": body["content"], "logprobs": given})
             for call in body.get("tool_calls", ()):
-                events += self._call_delta(call)
+                fn = call.get("function", {})
+                if "id" in call:  # a new call: what came before it is complete
+                    events += self._close_message("completed") + self._flush_call()
+                    self._call = {"id": call["id"], "name": fn.get("name", ""),
+                                  "arguments": ""}
+                self._call["arguments"] += fn.get("arguments") or ""
         return events
 
     def close(self, status: str = "completed") -> list[dict]:
-        return self._close(status)
+        """The end of the reply: the text (its status is the response's) and the
+        last call, unless it was cut."""
+        return self._close_message(status) + self._flush_call()
 
     @property
     def text(self) -> str | None:
@@ -56,63 +79,57 @@ class ResponseOutput:
                  "function": {"name": it["name"], "arguments": it["arguments"]}}
                 for it in self.items if it["type"] == "function_call"]
 
-    def _index(self) -> int:
-        return len(self.items) - 1
-
     def _open_message(self) -> list[dict]:
         item = {"id": new_item_id("msg"), "type": "message", "role": "assistant",
                 "status": "in_progress",
                 "content": [{"type": "output_text", "text": "", "annotations": [],
                              "logprobs": []}]}
         self.items.append(item)
-        self._open = item
+        self._message = item
+        index = len(self.items) - 1
         empty_part = {"type": "output_text", "text": "", "annotations": [], "logprobs": []}
-        return [{"type": "response.output_item.added", "output_index": self._index(),
+        return [{"type": "response.output_item.added", "output_index": index,
                  "item": {**item, "content": []}},
                 {"type": "response.content_part.added", "item_id": item["id"],
-                 "output_index": self._index(), "content_index": 0, "part": empty_part}]
+                 "output_index": index, "content_index": 0, "part": empty_part}]
 
-    def _call_delta(self, call: dict) -> list[dict]:
-        events: list[dict] = []
-        item = self._calls.get(call["index"])
-        fn = call.get("function", {})
-        if item is None:
-            events += self._close("completed")
-            item = {"id": new_item_id("fc"), "type": "function_call",
-                    "call_id": call.get("id") or new_item_id("call"),
-                    "name": fn.get("name", ""), "arguments": "", "status": "in_progress"}
-            self.items.append(item)
-            self._calls[call["index"]] = item
-            self._open = item
-            events.append({"type": "response.output_item.added",
-                           "output_index": self._index(), "item": dict(item)})
-        if fn.get("arguments"):
-            item["arguments"] += fn["arguments"]
-            events.append({"type": "response.function_call_arguments.delta",
-                           "item_id": item["id"], "output_index": self.items.index(item),
-                           "delta": fn["arguments"]})
-        return events
-
-    def _close(self, status: str) -> list[dict]:
-        item, self._open = self._open, None
+    def _close_message(self, status: str) -> list[dict]:
+        item, self._message = self._message, None
         if item is None:
             return []
         item["status"] = status
         index = self.items.index(item)
-        if item["type"] == "message":
-            part = item["content"][0]
-            return [{"type": "response.output_text.done", "item_id": item["id"],
-                     "output_index": index, "content_index": 0, "text": part["text"],
-                     "logprobs": []},
-                    {"type": "response.content_part.done", "item_id": item["id"],
-                     "output_index": index, "content_index": 0, "part": dict(part)},
-                    {"type": "response.output_item.done", "output_index": index,
-                     "item": json.loads(json.dumps(item))}]
-        return [{"type": "response.function_call_arguments.done", "item_id": item["id"],
-                 "output_index": index, "name": item["name"],
-                 "arguments": item["arguments"]},
+        part = item["content"][0]
+        part["logprobs"] += self._logprobs  # the last tokens' (an end-of-text token)
+        self._logprobs = []
+        return [{"type": "response.output_text.done", "item_id": item["id"],
+                 "output_index": index, "content_index": 0, "text": part["text"],
+                 "logprobs": list(part["logprobs"])},
+                {"type": "response.content_part.done", "item_id": item["id"],
+                 "output_index": index, "content_index": 0, "part": dict(part)},
                 {"type": "response.output_item.done", "output_index": index,
-                 "item": dict(item)}]
+                 "item": json.loads(json.dumps(item))}]
+
+    def _flush_call(self) -> list[dict]:
+        call, self._call = self._call, None
+        if call is None or any(c["id"] == call["id"] for c in self._cut):
+            return []  # a cut call's arguments do not parse: never sent
+        item = {"id": new_item_id("fc"), "type": "function_call", "call_id": call["id"],
+                "name": call["name"], "arguments": "", "status": "in_progress"}
+        self.items.append(item)
+        index = len(self.items) - 1
+        events = [{"type": "response.output_item.added", "output_index": index,
+                   "item": dict(item)}]
+        item.update(arguments=call["arguments"], status="completed")
+        if item["arguments"]:
+            events.append({"type": "response.function_call_arguments.delta",
+                           "item_id": item["id"], "output_index": index,
+                           "delta": item["arguments"]})
+        return events + [{"type": "response.function_call_arguments.done",
+                          "item_id": item["id"], "output_index": index,
+                          "name": item["name"], "arguments": item["arguments"]},
+                         {"type": "response.output_item.done", "output_index": index,
+                          "item": dict(item)}]
 
 
 class Sequencer:
@@ -157,6 +174,7 @@ def response_body(resp_id: str, created: int, model: str, req: ResponsesRequest,
             "previous_response_id": req.previous_response_id,
             "reasoning": None, "store": bool(req.store),
             "temperature": req.temperature, "top_p": req.top_p,
+            "top_logprobs": req.top_logprobs,
             "text": req.text or {"format": {"type": "text"}},
             "tool_choice": req.tool_choice or "auto", "tools": req.tools or [],
             "truncation": "disabled", "user": req.user, "usage": usage(state)}

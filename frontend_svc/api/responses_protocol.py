@@ -21,14 +21,10 @@ RESPONSES_REFUSED: dict[str, Refusal] = {
     "background": Refusal("background responses are not supported", bool),
     "conversation": Refusal("conversations are not supported: use previous_response_id"),
     "prompt": Refusal("prompt templates are not supported: send input and instructions"),
-    "include": Refusal("include is not supported (no reasoning, tool or logprob extras)",
-                       bool),
     "truncation": Refusal("only truncation \"disabled\" is supported: a prompt longer than "
                           "the model's context is a 400", lambda v: v not in (None, "disabled")),
     "max_tool_calls": Refusal("max_tool_calls is not supported: parallel_tool_calls false "
                               "allows one call"),
-    "top_logprobs": Refusal("top_logprobs is not supported on /v1/responses yet: use "
-                            "/v1/chat/completions", bool),
     "n": Refusal("a response has one output: n must be 1", lambda v: v not in (None, 1)),
     "context_management": Refusal("context_management is not supported", bool),
     "moderation": Refusal("moderation is not supported"),
@@ -41,6 +37,9 @@ RESPONSES_REFUSED: dict[str, Refusal] = {
 # and `reasoning`: vLLM ignores it for a model without a reasoning parser, as every
 # model served here is (docs/api.md)
 RESPONSES_NO_EFFECT = frozenset({"reasoning", "stream_options"}) | NO_EFFECT
+# the one `include` served: each output_text part's per-token logprobs (vLLM's too);
+# the others name extras of reasoning models and hosted tools, none served here
+OUTPUT_LOGPROBS = "message.output_text.logprobs"
 # vLLM's extra sampling fields on /v1/responses, passed to the chat request unchanged
 PASSED_FIELDS = ("top_k", "min_p", "seed", "stop", "stop_token_ids", "ignore_eos",
                  "min_tokens", "presence_penalty", "frequency_penalty", "repetition_penalty",
@@ -61,6 +60,8 @@ class ResponsesRequest(BaseModel):
     tool_choice: Union[str, dict[str, Any], None] = None
     parallel_tool_calls: bool | None = None
     text: dict[str, Any] | None = None
+    include: list[str] | None = None
+    top_logprobs: int | None = None
     store: bool | None = True  # OpenAI's default: stored (bounded: responses_store.py)
     previous_response_id: str | None = None
     stream: bool = False
@@ -78,10 +79,23 @@ def check_responses_refused(req: ResponsesRequest) -> None:
         if name in extra and rule.refuses(extra[name]):
             REJECTED.labels("unsupported_field").inc()
             raise FieldError(f"{name}: {rule.message}", name)
+    for i, name in enumerate(req.include or ()):
+        if name != OUTPUT_LOGPROBS:
+            REJECTED.labels("unsupported_field").inc()
+            raise FieldError(f"include.{i}: {name!r} is not supported (only "
+                             f"{OUTPUT_LOGPROBS!r}: no reasoning or hosted-tool extras)",
+                             f"include.{i}")
+    if req.top_logprobs and not wants_logprobs(req):
+        raise FieldError(f"top_logprobs requires include [{OUTPUT_LOGPROBS!r}]",
+                         "top_logprobs")
     ignored = sorted(set(extra) - RESPONSES_NO_EFFECT - set(PASSED_FIELDS)
                      - set(RESPONSES_REFUSED) - set(REFUSED))
     if ignored:
         log.info("ignored unknown request fields", fields=ignored, route="/v1/responses")
+
+
+def wants_logprobs(req: ResponsesRequest) -> bool:
+    return OUTPUT_LOGPROBS in (req.include or ())
 
 
 def input_messages(req: ResponsesRequest) -> list[dict]:
@@ -135,12 +149,14 @@ def chat_request(req: ResponsesRequest, history: list[dict]) -> ChatCompletionRe
     body.update(model=req.model, messages=messages, max_tokens=req.max_output_tokens,
                 temperature=req.temperature, top_p=req.top_p, priority=req.priority,
                 request_id=req.request_id, parallel_tool_calls=req.parallel_tool_calls)
+    if wants_logprobs(req):  # chat's logprobs: top_logprobs checked there, by that name
+        body.update(logprobs=True, top_logprobs=req.top_logprobs or 0)
     if req.tools is not None:
         body["tools"] = [_chat_tool(t, i) for i, t in enumerate(req.tools)]
     if req.tool_choice is not None:
         body["tool_choice"] = _chat_tool_choice(req.tool_choice)
     fmt = _response_format(req.text)
-    if fmt is not None:
+    if fmt is not None and not _forces_a_call(req.tool_choice):
         body["response_format"] = fmt
     return ChatCompletionRequest.model_validate(body)
 
@@ -185,6 +201,13 @@ def _chat_tool_choice(choice) -> Union[str, dict]:
         return {"type": "function", "function": {"name": choice["name"]}}
     raise FieldError(f"tool_choice: {choice.get('type')!r} is not supported (none, auto, "
                      "required, or a function by name)", "tool_choice")
+
+
+def _forces_a_call(choice) -> bool:
+    """tool_choice "required" or a function by name: the output is function calls only,
+    each under its tool's schema, so text.format (which shapes output text, OpenAI's
+    rule) has no text to apply to. instructor's RESPONSES_TOOLS sends both."""
+    return choice == "required" or (isinstance(choice, dict) and choice.get("type") == "function")
 
 
 def _response_format(text: dict | None) -> dict | None:

@@ -20,8 +20,8 @@ import grpc
 
 from frontend_svc.request.admission import RETRY_AFTER_S, Admission
 from frontend_svc.engine.engine_client import EngineClient
-from frontend_svc.errors import EngineError, error_body
-from frontend_svc.api.http_guard import GENERATE_PATHS
+from frontend_svc.errors import EngineError
+from frontend_svc.api.http_guard import GENERATE_PATHS, guard_error
 from shared.telemetry import get_logger
 
 log = get_logger(component="drain")
@@ -66,15 +66,15 @@ class DrainGuard:
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http" and self.drain.draining:
             if scope["path"] == "/ready":
-                return await _send_503(send, "not ready: this frontend is shutting down")
+                return await _send_503(send, "/ready", "not ready: this frontend is shutting down")
             if scope["path"] in GENERATE_PATHS:
-                return await _send_503(send, "this frontend is shutting down; retry the "
-                                             "request (another replica may take it)")
+                return await _send_503(send, scope["path"], "this frontend is shutting down; "
+                                       "retry the request (another replica may take it)")
         await self.app(scope, receive, send)
 
 
-async def _send_503(send, message: str) -> None:
-    data = json.dumps(error_body(message, 503)).encode()
+async def _send_503(send, path: str, message: str) -> None:
+    data = json.dumps(guard_error(path, 503, message)).encode()
     await send({"type": "http.response.start", "status": 503,
                 "headers": [(b"content-type", b"application/json"),
                             (b"content-length", str(len(data)).encode()),

@@ -148,6 +148,7 @@ class CallObject:
         self._args_buf = ""
         self._args_sent = False
         self._args_closed = False
+        self._args_bad: str | None = None  # why the ended arguments are no JSON value
         self._canon = Canonicalizer()
         self.scanner = ObjectScanner(self._value, self._end)
 
@@ -215,6 +216,12 @@ class CallObject:
         elif key == self._args_key:
             self._args_closed = True
             self._pass(self._canon.finish())
+            try:  # the scanner matches brackets by depth only: `{"a": 1]` ends too
+                json.loads(raw)
+            except ValueError as exc:
+                self._args_bad = f"the arguments are not valid JSON: {exc}"
+        if self.committed and self._args_bad:
+            self.parser._cut_call(self.index, self._args_bad)
 
 
 class TagBuffer:

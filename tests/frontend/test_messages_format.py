@@ -76,3 +76,53 @@ def test_errors_have_anthropic_s_types():
         "type": "invalid_request_error", "message": "x"}}
     assert mf.error_body(429, "x")["error"]["type"] == "rate_limit_error"
     assert mf.error_body(500, "x")["error"]["type"] == "api_error"
+
+
+def test_a_streamed_call_broken_after_its_name_is_never_sent_even_before_the_last():
+    import json
+
+    from frontend_svc.api.messages_api import Blocks
+    from frontend_svc.structured.tool_parsers import HermesParser, parse_all
+    reply = ('<tool_call>{"name": "f", "arguments": {"a": 1]}</tool_call>'
+             '<tool_call>{"name": "f", "arguments": {"a": 2}}</tool_call>')
+    parser = HermesParser()
+    blocks = Blocks(parser.cut)
+    events = []
+    for ch in reply:
+        for body in parser.feed(ch):
+            events += blocks.add(body)
+    for body in parser.finish():
+        events += blocks.add(body)
+    events += blocks.close()
+    sent = [json.loads(e.split("data: ", 1)[1])["delta"]["partial_json"] for e in events
+            if "input_json_delta" in e]
+    assert sent == ['{"a": 2}'] and len(parser.cut) == 1
+    _, calls = parse_all(HermesParser(), reply)  # the non-streamed reply agrees
+    assert [c["function"]["arguments"] for c in calls] == sent
+
+
+SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}}
+
+
+@pytest.mark.parametrize("body", [
+    {"output_config": {"format": {"type": "json_schema", "schema": SCHEMA}}},
+    {"output_format": {"type": "json_schema", "schema": SCHEMA}},  # the beta's name
+    {"output_config": {"format": {"type": "json_schema", "schema": SCHEMA},
+                       "effort": None}}])
+def test_structured_outputs_become_chat_s_strict_json_schema(body):
+    fmt = chat(**body).response_format
+    fmt = fmt if isinstance(fmt, dict) else fmt.model_dump(exclude_none=True)
+    assert fmt["type"] == "json_schema" and fmt["json_schema"]["schema"] == SCHEMA
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"output_config": {"effort": "high"}}, "output_config.effort"),
+    ({"output_config": {"format": {"type": "json_object"}}}, "output_config.format"),
+    ({"output_format": {"type": "json_schema"}}, "output_format"),
+    ({"output_format": {"type": "json_schema", "schema": SCHEMA},
+      "output_config": {"format": {"type": "json_schema", "schema": SCHEMA}}},
+     "output_format")])
+def test_structured_outputs_it_cannot_honour_are_refused_by_name(body, param):
+    with pytest.raises(FieldError) as err:
+        chat(**body)
+    assert err.value.param == param

@@ -59,9 +59,21 @@ def test_text_format_becomes_the_chat_response_format(fmt, expected):
     assert translated(input="x", text={"format": fmt}).response_format == expected
 
 
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "name": "get_weather"}])
+def test_a_forced_call_leaves_text_format_nothing_to_shape(choice):
+    # instructor's RESPONSES_TOOLS sends both: the call follows its tool's schema
+    fmt = {"type": "json_schema", "name": "w", "schema": TOOL["parameters"]}
+    chat = translated(input="x", tools=[TOOL], tool_choice=choice, text={"format": fmt})
+    assert chat.response_format is None and chat.tool_choice is not None
+    auto = translated(input="x", tools=[TOOL], tool_choice="auto", text={"format": fmt})
+    assert auto.response_format is not None
+
+
 @pytest.mark.parametrize("body, param", [
     ({"background": True}, "background"),
-    ({"include": ["reasoning.encrypted_content"]}, "include"),
+    ({"include": ["message.output_text.logprobs", "reasoning.encrypted_content"]},
+     "include.1"),
+    ({"top_logprobs": 2}, "top_logprobs"),  # without the include it would do nothing
     ({"truncation": "auto"}, "truncation"),
     ({"n": 2}, "n"),
     ({"suffix": "x"}, "suffix"),  # the chat route's table applies too
@@ -76,6 +88,34 @@ def test_unsupported_fields_are_refused_by_name(body, param):
     with pytest.raises(FieldError) as err:
         translated(**body)
     assert err.value.param == param
+
+
+def test_the_logprobs_include_is_chat_s_logprobs_with_top_logprobs():
+    chat = translated(input="x", include=["message.output_text.logprobs"], top_logprobs=3)
+    assert chat.logprobs is True and chat.top_logprobs == 3
+    chat = translated(input="x", include=["message.output_text.logprobs"])
+    assert chat.logprobs is True and chat.top_logprobs == 0
+    assert not translated(input="x", top_logprobs=0).logprobs
+
+
+def test_logprobs_go_to_the_text_deltas_and_a_held_back_token_s_to_the_next():
+    lp = [{"token": t, "logprob": -1.0, "bytes": list(t.encode()), "top_logprobs": []}
+          for t in ("He", "llo", "\ufffd", "!", "</s>")]
+    streamed = ResponseOutput()
+    events = streamed.feed([{"content": "He"}], lp[:1]) + \
+        streamed.feed([{"content": "llo"}], lp[1:2]) + \
+        streamed.feed([], lp[2:3]) + streamed.feed([{"content": "é!"}], lp[3:4]) + \
+        streamed.feed([], lp[4:]) + streamed.close()
+    deltas = [e["logprobs"] for e in events if e["type"] == "response.output_text.delta"]
+    assert deltas == [lp[:1], lp[1:2], lp[2:4]]
+    [done] = [e for e in events if e["type"] == "response.output_text.done"]
+    assert done["logprobs"] == lp
+    whole = ResponseOutput()
+    whole.feed([{"content": "Hello" + "é!"}], lp)
+    whole.close()
+    strip = [{k: v for k, v in item.items() if k != "id"} for item in whole.items]
+    assert strip == [{k: v for k, v in item.items() if k != "id"} for item in streamed.items]
+    assert whole.items[0]["content"][0]["logprobs"] == lp
 
 
 def test_reasoning_and_labels_are_accepted_with_no_effect():
@@ -95,13 +135,33 @@ def test_text_then_calls_open_one_item_each_and_close_each_once():
     assert types == ["response.output_item.added", "response.content_part.added",
                      "response.output_text.delta", "response.output_text.done",
                      "response.content_part.done", "response.output_item.done",
+                     # a call goes out whole, once complete: one delta
                      "response.output_item.added", "response.function_call_arguments.delta",
-                     "response.function_call_arguments.delta",
                      "response.function_call_arguments.done", "response.output_item.done"]
     assert [i["type"] for i in out.items] == ["message", "function_call"]
     assert out.items[1]["arguments"] == '{"a": 1}' and out.items[1]["call_id"] == "call_a"
     assert out.tool_calls == [{"id": "call_a", "type": "function",
                                "function": {"name": "f", "arguments": '{"a": 1}'}}]
+
+
+def test_a_cut_call_is_never_sent_streamed_or_not():
+    from frontend_svc.structured.tool_parsers import HermesParser
+    cut_reply = ('<tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>'
+                 '<tool_call>{"name": "f", "arguments": {"a": 2')  # max_tokens cut it
+    parser = HermesParser()
+    whole = ResponseOutput(parser.cut)
+    whole.feed(parser.feed(cut_reply) + parser.finish())
+    whole.close("incomplete")
+    parser = HermesParser()
+    streamed = ResponseOutput(parser.cut)
+    events = []
+    for ch in cut_reply:
+        events += streamed.feed(parser.feed(ch))
+    events += streamed.feed(parser.finish()) + streamed.close("incomplete")
+    for out in (whole, streamed):
+        assert [(i["name"], i["arguments"]) for i in out.items] == [("f", '{"a": 1}')]
+    sent = [e for e in events if e["type"] == "response.output_item.added"]
+    assert len(sent) == 1 and len(parser.cut) == 1
 
 
 def test_the_store_evicts_the_oldest_beyond_its_size_and_expires_by_age():

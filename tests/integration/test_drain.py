@@ -81,6 +81,12 @@ def test_sigterm_keeps_serving_open_streams_and_ends_the_last_one_with_an_error_
             refused = probe.post("/v1/completions", json={"prompt": [1], "max_tokens": 2})
             assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
             assert set(refused.json()["error"]) == {"message", "type", "param", "code"}
+            # Anthropic's Messages route is refused in Anthropic's shape
+            refused = probe.post("/v1/messages", json={"max_tokens": 2, "messages": [
+                {"role": "user", "content": "hi"}]})
+            assert refused.status_code == 503 and refused.headers["retry-after"] == "1"
+            assert refused.json()["type"] == "error"
+            assert refused.json()["error"]["type"] == "overloaded_error"
         with pytest.raises(grpc.RpcError) as grpc_refused:
             next(stub.Generate(GRPC_LONG, timeout=10))
         assert grpc_refused.value.code() == grpc.StatusCode.UNAVAILABLE

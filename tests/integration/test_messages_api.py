@@ -6,7 +6,10 @@ in Anthropic's shape, count_tokens counts the prompt the reply used."""
 
 from __future__ import annotations
 
+import json
+
 import anthropic
+import pydantic
 import pytest
 
 pytestmark = pytest.mark.e2e
@@ -118,3 +121,24 @@ def test_errors_come_in_anthropic_s_shape(client, model):
         client.messages.create(model=model, max_tokens=8, thinking={
             "type": "enabled", "budget_tokens": 1024},
             messages=[{"role": "user", "content": "hi"}])
+
+
+class City(pydantic.BaseModel):  # sends no additionalProperties: strict all the same
+    name: str
+    country: str
+
+
+def test_structured_outputs_parse_into_the_model_streamed_or_not(client, model):
+    ask = [{"role": "user", "content": "Describe Paris."}]
+    parsed = client.messages.parse(model=model, max_tokens=200, **GREEDY, messages=ask,
+                                   output_format=City)  # sends output_config.format
+    assert parsed.stop_reason == "end_turn" and isinstance(parsed.parsed_output, City)
+    kwargs = dict(model=model, max_tokens=200, **GREEDY, messages=ask, output_config={
+        "format": {"type": "json_schema", "schema": City.model_json_schema()}})
+    reply = client.messages.create(**kwargs)
+    assert set(json.loads(reply.content[0].text)) == {"name", "country"}
+    with client.messages.stream(**kwargs) as stream:
+        same(stream.get_final_message(), reply)
+    with pytest.raises(anthropic.BadRequestError, match="effort"):
+        client.messages.create(model=model, max_tokens=8, messages=ask,
+                               output_config={"effort": "high"})

@@ -101,6 +101,40 @@ def test_a_required_tool_call_streams_its_arguments_and_the_output_is_sent_back(
     assert answer.output_text and answer.usage.input_tokens > resp.usage.input_tokens
 
 
+def test_a_call_cut_by_max_output_tokens_is_never_sent_streamed_or_not(client):
+    ask = "What is the weather in Oslo, Paris and Rome?"
+    tool = {**WEATHER, "parameters": {**WEATHER["parameters"], "properties": {
+        "city": {"type": "string"}}}}  # no maxLength: a call long enough to cut
+    chat = dict(model=MODEL, messages=[{"role": "user", "content": ask}], temperature=0.0,
+                tools=[{"type": "function", "function": {
+                    k: tool[k] for k in ("name", "description", "parameters")}}],
+                tool_choice="required")
+    n = client.chat.completions.create(max_tokens=300, **chat).usage.completion_tokens
+    # greedy, and the same chat request underneath: the chat stream names the cut
+    for max_tokens in range(n - 2, max(n - 12, 3), -1):
+        chunks = [c for c in client.chat.completions.create(
+            stream=True, max_tokens=max_tokens, **chat) if c.choices]
+        if (chunks[-1].choices[0].model_extra or {}).get("cut_tool_calls"):
+            break
+    else:
+        pytest.fail("no max_tokens cut a call")
+    kept = client.chat.completions.create(max_tokens=max_tokens, **chat)
+    kept = [c.function.arguments for c in kept.choices[0].message.tool_calls or []]
+    common = dict(model=MODEL, input=ask, tools=[tool], tool_choice="required",
+                  temperature=0.0, max_output_tokens=max_tokens)
+    whole = client.responses.create(**common)
+    with client.responses.stream(**common) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    assert whole.status == final.status == "incomplete"
+    for resp in (whole, final):
+        calls = [o.arguments for o in resp.output if o.type == "function_call"]
+        assert calls == kept  # the cut one dropped; each kept one parses
+        assert all(isinstance(json.loads(a), dict) for a in calls)
+    sent = [e.item.call_id for e in events if e.type == "response.output_item.added"]
+    assert len(sent) == len(kept)
+
+
 def test_text_format_json_schema_constrains_the_reply(client):
     schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
               "required": ["city"], "additionalProperties": False}
@@ -129,8 +163,51 @@ def test_previous_response_id_continues_a_stored_conversation_and_delete_forgets
     assert reply.status_code == 404 and "previous_response_id" in reply.text
 
 
-@pytest.mark.parametrize("body, param", [({"background": True}, "background"),
-                                         ({"tools": [{"type": "web_search"}]}, "tools.0.type")])
+def same_logprobs(got: list, expected: list) -> None:
+    """The same tokens and top tokens; the values equal up to float noise (a request
+    that finds its prompt in the prefix cache computes it in another order)."""
+    def tokens(lps):
+        return [(lp["token"], lp["bytes"], [t["token"] for t in lp["top_logprobs"]])
+                for lp in lps]
+    got = [lp.model_dump() for lp in got]
+    assert tokens(got) == tokens(expected)
+    for g, e in zip(got, expected):
+        assert g["logprob"] == pytest.approx(e["logprob"], abs=1e-3)
+        assert [t["logprob"] for t in g["top_logprobs"]] == pytest.approx(
+            [t["logprob"] for t in e["top_logprobs"]], abs=1e-3)
+
+
+def test_output_text_logprobs_are_chat_s_and_the_stream_carries_them(client):
+    kwargs = dict(model=MODEL, input="Say hello.", include=["message.output_text.logprobs"],
+                  top_logprobs=2, **GREEDY)
+    whole = client.responses.create(**kwargs)
+    part = whole.output[0].content[0]
+    chat = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Say hello."}], logprobs=True,
+        top_logprobs=2, temperature=0.0, max_tokens=24)
+    expected = [lp.model_dump() for lp in chat.choices[0].logprobs.content]
+    assert part.text == chat.choices[0].message.content
+    same_logprobs(part.logprobs, expected)
+    assert all(len(lp.top_logprobs) == 2 for lp in part.logprobs)
+    with client.responses.stream(**kwargs) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    deltas = [lp for e in events if e.type == "response.output_text.delta"
+              for lp in e.logprobs]
+    [done] = [e for e in events if e.type == "response.output_text.done"]
+    same_logprobs(done.logprobs, expected)
+    same_logprobs(deltas, expected[:len(deltas)])  # an end-of-text token may follow in done
+    same_logprobs(final.output[0].content[0].logprobs, expected)
+    plain = client.responses.create(model=MODEL, input="Say hello.", **GREEDY)
+    assert plain.output[0].content[0].logprobs == []  # only when asked for
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"background": True}, "background"),
+    ({"tools": [{"type": "web_search"}]}, "tools.0.type"),
+    ({"include": ["reasoning.encrypted_content"]}, "include.0"),
+    # a tool call's tokens have no output_text to carry logprobs
+    ({"include": ["message.output_text.logprobs"], "tools": [WEATHER]}, "include")])
 def test_unsupported_fields_are_a_400_naming_them(stack, body, param):
     reply = httpx.post(stack.http_url + "/v1/responses",
                        json={"model": MODEL, "input": "x", **body})

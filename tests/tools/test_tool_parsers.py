@@ -282,3 +282,24 @@ def test_a_cut_call_is_never_returned_and_is_named_in_parser_cut(kind, text, kep
     assert [c["index"] for c in parser.cut] == [len(kept)]
     assert parser.num_complete == len(kept)
     assert collect(streamed(kind, list(text)))[1] == calls  # the stream, honouring the cut
+
+
+@pytest.mark.parametrize("kind, text", [
+    ("hermes", '<tool_call>{"name": "f", "arguments": {"a": 1]}</tool_call>'
+               '<tool_call>{"name": "f", "arguments": {"a": 2}}</tool_call>'),
+    ("hermes", '<tool_call>{"arguments": {"a" 1}, "name": "f"}</tool_call>'
+               '<tool_call>{"name": "f", "arguments": {"a": 2}}</tool_call>'),
+    ("llama3_json", '{"name": "f", "parameters": {"a": 1]}; '
+                    '{"name": "f", "parameters": {"a": 2}}'),
+])
+def test_balanced_but_invalid_arguments_are_cut_not_returned(kind, text):
+    # brackets balance by depth but the JSON is broken: never a call whose
+    # arguments do not parse, and the stream names it (every split point)
+    content, calls = whole(kind, text)
+    assert [c["function"]["arguments"] for c in calls] == ['{"a": 2}']
+    for at in range(1, len(text)):
+        parser = make(kind)
+        parser.feed(text[:at])
+        parser.feed(text[at:])
+        parser.finish()
+        assert [c["index"] for c in parser.cut] == [0], at
