@@ -30,6 +30,7 @@ from scheduler_svc.vllm_engine import SERVICE_NAME as VLLM_ENGINE, VllmEngineSer
 from scheduler_svc.vllm_engine_kv import Fanout, KvEventStreams
 from scheduler_svc.worker_group import WorkerGroup
 from shared import config as flags
+from shared.flag_spec import from_flags
 from shared.wire.common import model_info_to_proto, sampling_from_proto
 from shared.wire.engine import request_output_to_proto
 from shared.arg_types import worker_groups
@@ -228,29 +229,21 @@ def flush_prefix_cache(engine: Engine, scheduler: Scheduler) -> None:
 
 
 def scheduler_config(args, info: ModelInfo) -> SchedulerConfig:
-    """Flags plus the worker's facts; block size and pool size come from the handshake."""
+    """SchedulerConfig from the scheduler's flags (shared/flag_spec.from_flags: a flag
+    and a field of the same name are one setting) and the workers' facts: the block
+    size, and what an unset flag falls back to (their max_model_len and the step
+    budget they profiled their memory with, the handshake having checked the flag)."""
     if args.max_model_len is not None and args.max_model_len > info.max_model_len:
         raise ConfigError(f"--max-model-len {args.max_model_len} exceeds the worker's "
                           f"max_model_len {info.max_model_len}")
-    cfg = SchedulerConfig(
-        block_size=info.block_size,
-        max_model_len=args.max_model_len or info.max_model_len,
-        long_prefill_token_threshold=args.long_prefill_token_threshold,
-        long_prefill_exempt_lone_request=args.long_prefill_exempt_lone_request,
-        policy=args.scheduling_policy,
-        enable_chunked_prefill=args.enable_chunked_prefill,
-        enable_prefix_caching=args.enable_prefix_caching,
-        async_scheduling=args.async_scheduling,
-        num_scheduler_steps=args.num_scheduler_steps,
-        # the workers' --speculative-config: they propose and verify, the scheduler
-        # gives the slots (one flag, one owner; docs/spec_decode.md)
-        speculative_config=parse_speculative_config(info.speculative_config))
-    if args.max_num_seqs is not None:
-        cfg.max_num_seqs = args.max_num_seqs
-    # The worker's budget: it profiled its memory with it (the handshake checked a flag).
-    budget = args.max_num_batched_tokens or info.max_num_batched_tokens
-    if budget:
-        cfg.max_num_batched_tokens = budget
+    facts = {"block_size": info.block_size, "max_model_len": info.max_model_len,
+             # the workers' --speculative-config: they propose and verify, the scheduler
+             # gives the slots (one flag, one owner; docs/spec_decode.md)
+             "speculative_config": parse_speculative_config(info.speculative_config)}
+    if info.max_num_batched_tokens:
+        facts["max_num_batched_tokens"] = info.max_num_batched_tokens
+    cfg = from_flags(SchedulerConfig, args, flags.SchedulerFlags,
+                     renames={"policy": "scheduling_policy"}, unset=facts)
     cfg.validate()
     return cfg
 
