@@ -33,6 +33,7 @@ from shared import config as flags
 from shared.flag_spec import from_flags
 from shared.wire.common import model_info_to_proto, sampling_from_proto
 from shared.wire.engine import request_output_to_proto
+from shared.wire.readout import message_from
 from shared.arg_types import worker_groups
 from shared.grpc_server import COALESCE_BYTES, ServiceServer
 from shared.link_security import LinkSecurity, inner_bind_problem
@@ -191,27 +192,21 @@ def engine_status(engine: Engine, scheduler: Scheduler,
     """Stats and diagnosis, read on the loop thread between steps."""
     stats, diag = engine.run_on_loop(
         lambda: (lambda st: (st, telemetry.status(st)))(scheduler.stats()))
-    return engine_pb2.EngineStatus(
-        num_running=stats.num_running, num_waiting=diag["waiting"],
-        num_waiting_not_ready=stats.num_waiting_not_ready, max_num_seqs=diag["max_num_seqs"],
+    # By name from the stats (num_running, prefix_cache_hits, the spec_* counters, ...)
+    # and the diagnosis (max_num_seqs, window_s, diagnosis, summary, lever, ...); by
+    # keyword what they name otherwise or the engine holds.
+    return message_from(
+        engine_pb2.EngineStatus, stats, diag,
+        num_waiting=diag["waiting"],  # waiting for capacity: stats.num_waiting also
+        # counts the requests not ready (a grammar compiling), sent apart
         kv_cache_usage=stats.kv_usage, num_kv_blocks=stats.num_total_blocks,
-        num_free_blocks=stats.num_free_blocks,
-        num_preemptions_total=stats.num_preemptions_total,
-        num_preemptions_in_window=diag["preemptions_in_window"], window_s=diag["window_s"],
-        prefix_cache_queries=stats.prefix_cache_queries,
-        prefix_cache_hits=stats.prefix_cache_hits, num_steps_total=engine.counters.num_steps,
+        num_preemptions_in_window=diag["preemptions_in_window"],
+        num_steps_total=engine.counters.num_steps,
         num_forward_passes_total=engine.counters.num_forward_passes,
-        num_sessions=engine.num_sessions(), diagnosis=diag["diagnosis"],
-        summary=diag["summary"], lever=diag["lever"],
-        admission_blocked_by=diag["admission_blocked_by"] or "",
-        worker_addresses=",".join(engine.worker_addresses),
+        num_sessions=engine.num_sessions(), worker_addresses=",".join(engine.worker_addresses),
         num_worker_reconnects_total=engine.num_worker_reconnects,
         num_worker_failovers_total=engine.num_worker_failovers,
-        speculative_config=engine.model_info.speculative_config,
-        spec_num_drafts=stats.spec_num_drafts,
-        spec_num_draft_tokens=stats.spec_num_draft_tokens,
-        spec_num_accepted_tokens=stats.spec_num_accepted_tokens,
-        spec_num_accepted_tokens_per_pos=stats.spec_num_accepted_tokens_per_pos)
+        speculative_config=engine.model_info.speculative_config)
 
 
 def flush_prefix_cache(engine: Engine, scheduler: Scheduler) -> None:

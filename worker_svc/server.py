@@ -21,6 +21,7 @@ import grpc
 from shared import config as flags
 from shared.flag_spec import from_flags
 from shared.wire.common import model_info_to_proto
+from shared.wire.readout import message_from
 from shared.wire.worker import runner_output_to_proto, scheduler_output_from_proto
 from shared.grpc_server import ServiceServer
 from shared.link_security import LinkSecurity, inner_bind_problem
@@ -197,9 +198,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                           f"worker sized its memory for steps of "
                           f"{runner.max_num_batched_tokens} tokens; give both services the "
                           f"same --max-num-batched-tokens")
-        return worker_pb2.HandshakeResponse(
-            model_info=model_info_to_proto(runner.model_info()), rank=self.rank,
-            tensor_parallel_size=self.tensor_parallel_size)
+        # rank and tensor_parallel_size by name from this servicer
+        return message_from(worker_pb2.HandshakeResponse, self,
+                            model_info=model_info_to_proto(runner.model_info()))
 
     def Step(self, request_iterator, context):
         """Three threads per stream: a reader takes steps off the wire as they come

@@ -68,7 +68,8 @@ runner_output_from_proto = RUNNER_OUTPUT.from_proto
 
 UNPAIRED = {
     "HandshakeRequest": "two numbers read in place by worker_svc/server.py",
-    "HandshakeResponse": "its ModelInfo is paired; rank and size are read in place by "
-                         "scheduler_svc/worker_group.py",
+    "HandshakeResponse": "its ModelInfo is paired; rank and size are filled by name from "
+                         "the worker's servicer (shared/wire/readout.py) and read in "
+                         "place by scheduler_svc/worker_group.py",
     "SampledTokens": "the row-wise form of ModelRunnerOutput's columns: hand code above",
 }
