@@ -226,3 +226,29 @@ def test_a_continuation_fills_every_add_request_field_and_the_scheduler_reads_th
     assert req.sampling_params == t.SamplingParams(max_tokens=9, min_tokens=3, temperature=0.0,
                                                    num_output_prefix_tokens=1)
     assert req.arrival_time == msg.arrival_unix_s
+
+
+# ---------------------------------------------------------------------------
+# benchmarks/wire_hand_reference.py: the hand-written mapping the derived one is timed
+# against does the same work
+
+
+@pytest.mark.parametrize("name", ["scheduler_output", "runner_output", "request_output"])
+def test_the_hand_reference_of_the_benchmark_converts_as_the_derived_mapping(name):
+    import importlib.util
+
+    import shared.wire.engine as engine_wire
+    import shared.wire.worker as worker_wire
+
+    path = Path(__file__).parents[2] / "benchmarks" / "wire_hand_reference.py"
+    spec = importlib.util.spec_from_file_location("wire_hand_reference", path)
+    hand = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hand)
+    py = {"scheduler_output": t.SchedulerOutput, "runner_output": t.ModelRunnerOutput,
+          "request_output": t.RequestOutput}[name]
+    ours = worker_wire if name != "request_output" else engine_wire
+    obj = full(py)
+    to_hand, to_ours = getattr(hand, f"{name}_to_proto"), getattr(ours, f"{name}_to_proto")
+    assert to_hand(obj).SerializeToString(deterministic=True) == \
+        to_ours(obj).SerializeToString(deterministic=True)
+    assert getattr(hand, f"{name}_from_proto")(to_ours(obj)) == obj
