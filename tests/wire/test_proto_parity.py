@@ -252,3 +252,22 @@ def test_the_hand_reference_of_the_benchmark_converts_as_the_derived_mapping(nam
     assert to_hand(obj).SerializeToString(deterministic=True) == \
         to_ours(obj).SerializeToString(deterministic=True)
     assert getattr(hand, f"{name}_from_proto")(to_ours(obj)) == obj
+
+
+def test_columns_read_together_take_one_pass_and_the_dataclass_gets_each_in_its_place():
+    from shared.proto import worker_pb2
+    from shared.wire import worker as worker_wire
+
+    calls = []
+
+    def counted(m):
+        calls.append(m)
+        return worker_wire._columns(m)
+
+    p = mapper.pair(t.ModelRunnerOutput, worker_pb2.ModelRunnerOutput,
+                    hand_to={"sampled": worker_wire._sampled},
+                    hand_from=mapper.columns(counted, "sampled_token_ids", "logprobs",
+                                             "num_draft_tokens"), register=False)
+    obj = full(t.ModelRunnerOutput)
+    assert p.from_proto(p.to_proto(obj)) == obj
+    assert len(calls) == 1
