@@ -16,12 +16,16 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import time
+from types import SimpleNamespace
 
-from shared.wire.engine import request_output_from_proto, request_output_to_proto
-from shared.wire.worker import (
-    runner_output_from_proto, runner_output_to_proto, scheduler_output_from_proto,
-    scheduler_output_to_proto)
+from shared.wire import engine, worker
 from shared import types as t
+
+# the functions timed, by the names a --baseline module has too
+OURS = SimpleNamespace(**{name: getattr(module, name) for module, names in (
+    (worker, ("scheduler_output_to_proto", "scheduler_output_from_proto",
+              "runner_output_to_proto", "runner_output_from_proto")),
+    (engine, ("request_output_to_proto", "request_output_from_proto"))) for name in names})
 
 
 def decode_step(n: int, new: int) -> t.SchedulerOutput:
@@ -70,20 +74,20 @@ def cases(pc, n: int, k: int, outputs: int) -> list:
     ro_end = t.RequestOutput("req-1", [2], finish_reason=t.FinishReason.STOP, stop_token_id=2)
     mro = runner_output(n)
     return [
-        (f"SchedulerOutput {n} decodes + 4 new  to_proto", scheduler_output_to_proto, step, k),
-        (f"SchedulerOutput {n} decodes + 4 new  from_proto", scheduler_output_from_proto,
-         scheduler_output_to_proto(step), k),
-        (f"SchedulerOutput {n} new requests     to_proto", scheduler_output_to_proto,
+        (f"SchedulerOutput {n} decodes + 4 new  to_proto", pc.scheduler_output_to_proto, step, k),
+        (f"SchedulerOutput {n} decodes + 4 new  from_proto", pc.scheduler_output_from_proto,
+         pc.scheduler_output_to_proto(step), k),
+        (f"SchedulerOutput {n} new requests     to_proto", pc.scheduler_output_to_proto,
          prefill, k),
-        (f"SchedulerOutput {n} new requests     from_proto", scheduler_output_from_proto,
-         scheduler_output_to_proto(prefill), k),
-        (f"ModelRunnerOutput {n} tokens         to_proto", runner_output_to_proto, mro, k),
-        (f"ModelRunnerOutput {n} tokens         from_proto", runner_output_from_proto,
-         runner_output_to_proto(mro), k),
-        ("RequestOutput (running)            to_proto", request_output_to_proto, ro,
+        (f"SchedulerOutput {n} new requests     from_proto", pc.scheduler_output_from_proto,
+         pc.scheduler_output_to_proto(prefill), k),
+        (f"ModelRunnerOutput {n} tokens         to_proto", pc.runner_output_to_proto, mro, k),
+        (f"ModelRunnerOutput {n} tokens         from_proto", pc.runner_output_from_proto,
+         pc.runner_output_to_proto(mro), k),
+        ("RequestOutput (running)            to_proto", pc.request_output_to_proto, ro,
          outputs),
-        ("RequestOutput (finished)           from_proto", request_output_from_proto,
-         request_output_to_proto(ro_end), outputs),
+        ("RequestOutput (finished)           from_proto", pc.request_output_from_proto,
+         pc.request_output_to_proto(ro_end), outputs),
     ]
 
 
@@ -95,7 +99,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--baseline", help="a module file with the same functions")
     args = parser.parse_args()
-    ours = cases(pc, args.reqs, args.steps, args.outputs)
+    ours = cases(OURS, args.reqs, args.steps, args.outputs)
     base = cases(load(args.baseline), args.reqs, args.steps, args.outputs) \
         if args.baseline else [None] * len(ours)
     print(f"{'':52s} {'shared/wire':>14s}" + (f" {'baseline':>14s}" if args.baseline else ""))

@@ -30,8 +30,10 @@ from scheduler_svc.vllm_engine import SERVICE_NAME as VLLM_ENGINE, VllmEngineSer
 from scheduler_svc.vllm_engine_kv import Fanout, KvEventStreams
 from scheduler_svc.worker_group import WorkerGroup
 from shared import config as flags
+from shared.flag_spec import from_flags
 from shared.wire.common import model_info_to_proto, sampling_from_proto
 from shared.wire.engine import request_output_to_proto
+from shared.wire.readout import message_from
 from shared.arg_types import worker_groups
 from shared.grpc_server import COALESCE_BYTES, ServiceServer
 from shared.link_security import LinkSecurity, inner_bind_problem
@@ -190,27 +192,21 @@ def engine_status(engine: Engine, scheduler: Scheduler,
     """Stats and diagnosis, read on the loop thread between steps."""
     stats, diag = engine.run_on_loop(
         lambda: (lambda st: (st, telemetry.status(st)))(scheduler.stats()))
-    return engine_pb2.EngineStatus(
-        num_running=stats.num_running, num_waiting=diag["waiting"],
-        num_waiting_not_ready=stats.num_waiting_not_ready, max_num_seqs=diag["max_num_seqs"],
+    # By name from the stats (num_running, prefix_cache_hits, the spec_* counters, ...)
+    # and the diagnosis (max_num_seqs, window_s, diagnosis, summary, lever, ...); by
+    # keyword what they name otherwise or the engine holds.
+    return message_from(
+        engine_pb2.EngineStatus, stats, diag,
+        num_waiting=diag["waiting"],  # waiting for capacity: stats.num_waiting also
+        # counts the requests not ready (a grammar compiling), sent apart
         kv_cache_usage=stats.kv_usage, num_kv_blocks=stats.num_total_blocks,
-        num_free_blocks=stats.num_free_blocks,
-        num_preemptions_total=stats.num_preemptions_total,
-        num_preemptions_in_window=diag["preemptions_in_window"], window_s=diag["window_s"],
-        prefix_cache_queries=stats.prefix_cache_queries,
-        prefix_cache_hits=stats.prefix_cache_hits, num_steps_total=engine.counters.num_steps,
+        num_preemptions_in_window=diag["preemptions_in_window"],
+        num_steps_total=engine.counters.num_steps,
         num_forward_passes_total=engine.counters.num_forward_passes,
-        num_sessions=engine.num_sessions(), diagnosis=diag["diagnosis"],
-        summary=diag["summary"], lever=diag["lever"],
-        admission_blocked_by=diag["admission_blocked_by"] or "",
-        worker_addresses=",".join(engine.worker_addresses),
+        num_sessions=engine.num_sessions(), worker_addresses=",".join(engine.worker_addresses),
         num_worker_reconnects_total=engine.num_worker_reconnects,
         num_worker_failovers_total=engine.num_worker_failovers,
-        speculative_config=engine.model_info.speculative_config,
-        spec_num_drafts=stats.spec_num_drafts,
-        spec_num_draft_tokens=stats.spec_num_draft_tokens,
-        spec_num_accepted_tokens=stats.spec_num_accepted_tokens,
-        spec_num_accepted_tokens_per_pos=stats.spec_num_accepted_tokens_per_pos)
+        speculative_config=engine.model_info.speculative_config)
 
 
 def flush_prefix_cache(engine: Engine, scheduler: Scheduler) -> None:
@@ -228,29 +224,21 @@ def flush_prefix_cache(engine: Engine, scheduler: Scheduler) -> None:
 
 
 def scheduler_config(args, info: ModelInfo) -> SchedulerConfig:
-    """Flags plus the worker's facts; block size and pool size come from the handshake."""
+    """SchedulerConfig from the scheduler's flags (shared/flag_spec.from_flags: a flag
+    and a field of the same name are one setting) and the workers' facts: the block
+    size, and what an unset flag falls back to (their max_model_len and the step
+    budget they profiled their memory with, the handshake having checked the flag)."""
     if args.max_model_len is not None and args.max_model_len > info.max_model_len:
         raise ConfigError(f"--max-model-len {args.max_model_len} exceeds the worker's "
                           f"max_model_len {info.max_model_len}")
-    cfg = SchedulerConfig(
-        block_size=info.block_size,
-        max_model_len=args.max_model_len or info.max_model_len,
-        long_prefill_token_threshold=args.long_prefill_token_threshold,
-        long_prefill_exempt_lone_request=args.long_prefill_exempt_lone_request,
-        policy=args.scheduling_policy,
-        enable_chunked_prefill=args.enable_chunked_prefill,
-        enable_prefix_caching=args.enable_prefix_caching,
-        async_scheduling=args.async_scheduling,
-        num_scheduler_steps=args.num_scheduler_steps,
-        # the workers' --speculative-config: they propose and verify, the scheduler
-        # gives the slots (one flag, one owner; docs/spec_decode.md)
-        speculative_config=parse_speculative_config(info.speculative_config))
-    if args.max_num_seqs is not None:
-        cfg.max_num_seqs = args.max_num_seqs
-    # The worker's budget: it profiled its memory with it (the handshake checked a flag).
-    budget = args.max_num_batched_tokens or info.max_num_batched_tokens
-    if budget:
-        cfg.max_num_batched_tokens = budget
+    facts = {"block_size": info.block_size, "max_model_len": info.max_model_len,
+             # the workers' --speculative-config: they propose and verify, the scheduler
+             # gives the slots (one flag, one owner; docs/spec_decode.md)
+             "speculative_config": parse_speculative_config(info.speculative_config)}
+    if info.max_num_batched_tokens:
+        facts["max_num_batched_tokens"] = info.max_num_batched_tokens
+    cfg = from_flags(SchedulerConfig, args, flags.SchedulerFlags,
+                     renames={"policy": "scheduling_policy"}, unset=facts)
     cfg.validate()
     return cfg
 

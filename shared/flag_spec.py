@@ -1,13 +1,13 @@
 """How a flag is declared, and what is built from a declaration: the argparse flags
-(with one-line errors), what `gapserve serve` forwards to a child, and a flag's
-environment variable's name. The flags themselves are declared in shared/config.py,
-which also reads the environment."""
+(with one-line errors), a service's config dataclass (from_flags), what `gapserve
+serve` forwards to a child, and a flag's environment variable's name. The flags
+themselves are declared in shared/config.py, which also reads the environment."""
 
 from __future__ import annotations
 
 import argparse
 import difflib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import MISSING, Field, field, fields, make_dataclass
 
 ENV_PREFIX = "GAPSERVE_"
@@ -73,6 +73,45 @@ def service_flags(name: str, *groups: type) -> type:
                                                default_factory=f.default_factory,
                                                metadata=f.metadata)))
     return make_dataclass(name, spec, frozen=True)
+
+
+def flag_fields(config: type, flags: type,
+                renames: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Which field of dataclass `config` each of `flags`' flags sets: {field: flag}.
+    A field and a flag of the same name are one setting; `renames` (field -> flag)
+    pairs the few whose names differ. A rename naming no field or no flag raises
+    TypeError, so renaming a flag breaks its config at start, not silently."""
+    renames = dict(renames or {})
+    names = {f.name for f in fields(config)}
+    declared = {f.name for f in fields(flags)}
+    wrong = [f"{k} -> --{v.replace('_', '-')}" for k, v in renames.items()
+             if k not in names or v not in declared]
+    if wrong:
+        raise TypeError(f"{config.__qualname__} from {flags.__qualname__}: no such field or "
+                        f"flag in {', '.join(wrong)}")
+    out = {name: name for name in names & declared if name not in renames}
+    return out | renames
+
+
+def from_flags(config: type, args: argparse.Namespace, flags: type, *,
+               renames: Mapping[str, str] | None = None,
+               unset: Mapping[str, object] | None = None):
+    """An instance of dataclass `config` from a service's parsed flags (`flags`: its
+    declaration in shared/config.py), by flag_fields. A flag left unset (None) keeps
+    the field's default, or takes `unset[field]` where the setting has another source
+    when no flag is given (the workers' handshake, an environment variable); `unset`
+    also fills fields that no flag sets. An attribute missing from `args` counts as
+    unset (a namespace built from some groups only)."""
+    unset = dict(unset or {})
+    names = {f.name for f in fields(config)}
+    if not unset.keys() <= names:
+        raise TypeError(f"{config.__qualname__} has no field {sorted(unset.keys() - names)}")
+    values = dict(unset)
+    for name, flag in flag_fields(config, flags, renames).items():
+        value = getattr(args, flag, None)
+        if value is not None:
+            values[name] = value
+    return config(**values)
 
 
 def forwarded(args: argparse.Namespace, child: type) -> list[str]:

@@ -27,7 +27,10 @@ something is slow or full: [tuning.md](tuning.md).
 A new flag is one field in its group's dataclass in `shared/config.py` (e.g.
 `thread_policy: str = worker("auto", "help", choices=(...))`; `secret=True` for a
 value that must not appear on a command line); the parsers, `serve`'s forwarding and
-the environment variable follow. Then `python -m shared.flags_doc` rewrites this page
+the environment variable follow, and so does the service's config: a field of the same
+name in `WorkerConfig`, `SchedulerConfig` or one of the frontend's (`RequestCaps`,
+`RoutingRule`, `ToolConfig`) takes the flag's value (`shared/flag_spec.from_flags`;
+an unset flag keeps the field's default). Then `python -m shared.flags_doc` rewrites this page
 (`tests/test_flags_doc.py` fails until it is). A variable without a flag goes in
 `VARIABLES` there, with its reader.
 """

@@ -15,12 +15,13 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import fields
 
 import grpc
 
 from shared import config as flags
+from shared.flag_spec import from_flags
 from shared.wire.common import model_info_to_proto
+from shared.wire.readout import message_from
 from shared.wire.worker import runner_output_to_proto, scheduler_output_from_proto
 from shared.grpc_server import ServiceServer
 from shared.link_security import LinkSecurity, inner_bind_problem
@@ -197,9 +198,9 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                           f"worker sized its memory for steps of "
                           f"{runner.max_num_batched_tokens} tokens; give both services the "
                           f"same --max-num-batched-tokens")
-        return worker_pb2.HandshakeResponse(
-            model_info=model_info_to_proto(runner.model_info()), rank=self.rank,
-            tensor_parallel_size=self.tensor_parallel_size)
+        # rank and tensor_parallel_size by name from this servicer
+        return message_from(worker_pb2.HandshakeResponse, self,
+                            model_info=model_info_to_proto(runner.model_info()))
 
     def Step(self, request_iterator, context):
         """Three threads per stream: a reader takes steps off the wire as they come
@@ -269,20 +270,15 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
 
 
 def worker_config(args) -> WorkerConfig:
-    """WorkerConfig from the worker's flags: a flag (shared/config.py WorkerFlags) and a
-    WorkerConfig field of the same name are one setting; an unset flag (None) keeps
-    the field's default."""
-    same = {f.name for f in fields(WorkerConfig)} & {f.name for f in fields(flags.WorkerFlags)}
-    cfg = WorkerConfig(
-        **{name: getattr(args, name) for name in same - {"master_addr", "master_port"}
-           if getattr(args, name) is not None},
-        tensor_parallel_rank=args.rank,
-        # torchrun's variables are accepted after the flag and GAPSERVE_MASTER_*
-        master_addr=args.master_addr or os.environ.get("MASTER_ADDR") or "127.0.0.1",
-        master_port=args.master_port if args.master_port is not None
-        else int(os.environ.get("MASTER_PORT") or 29500),
-        fault_stop_after_steps=flags.fault_stop_after_steps(),
-        fault_fail_on_token=flags.fault_fail_on_token())
+    """WorkerConfig from the worker's flags (shared/flag_spec.from_flags): a flag and a
+    field of the same name are one setting; an unset flag keeps the field's default."""
+    cfg = from_flags(
+        WorkerConfig, args, flags.WorkerFlags, renames={"tensor_parallel_rank": "rank"},
+        unset={  # torchrun's variables are accepted after the flag and GAPSERVE_MASTER_*
+            "master_addr": os.environ.get("MASTER_ADDR") or "127.0.0.1",
+            "master_port": int(os.environ.get("MASTER_PORT") or 29500),
+            "fault_stop_after_steps": flags.fault_stop_after_steps(),
+            "fault_fail_on_token": flags.fault_fail_on_token()})
     cfg.validate()
     return cfg
 

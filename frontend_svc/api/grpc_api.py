@@ -9,6 +9,7 @@ from contextlib import aclosing
 import grpc
 
 from shared.wire.common import logprobs_to_proto, model_info_to_proto, sampling_from_proto
+from shared.wire.readout import message_from
 from shared.proto import generate_pb2, generate_pb2_grpc
 from shared.structured.compile_cache import validate
 from shared.structured.spec import CompileCapacityError, StructuredOutputError
@@ -92,16 +93,15 @@ def tokenize_reply(req: generate_pb2.TokenizeRequest, fe: Frontend
 
 def final_message(state: OutputStream) -> generate_pb2.GenerateFinal:
     c = state.choice
-    timings = c.timings_ms()
     final = generate_pb2.GenerateFinal(
         finish_reason=int(c.finish_reason or FinishReason.ABORT),
-        usage=generate_pb2.Usage(
+        usage=generate_pb2.Usage(  # the client API's names (OpenAI's usage)
             prompt_tokens=c.num_prompt_tokens,
             completion_tokens=c.num_completion_tokens,
             total_tokens=c.num_prompt_tokens + c.num_completion_tokens,
             cached_tokens=c.num_cached_tokens),
-        timings=generate_pb2.RequestTimings(arrival_unix_s=c.arrival_unix_s,
-                                            num_preemptions=c.num_preemptions, **timings))
+        # by name: the timings the choice computes, then its own (arrival, preemptions)
+        timings=message_from(generate_pb2.RequestTimings, c.timings_ms(), c))
     if isinstance(c.stop_reason, str):
         final.stop_str = c.stop_reason
     elif c.stop_reason is not None:

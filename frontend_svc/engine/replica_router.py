@@ -45,6 +45,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from shared.config import FrontendFlags
+from shared.flag_spec import from_flags
+
 POLICIES = ("kv-aware", "round-robin")
 # why a replica was chosen: the `reason` of gapserve:requests_routed and the log line
 REASONS = ("prefix", "balance", "room", "least-loaded", "smallest-cache", "tie",
@@ -76,8 +79,12 @@ class RoutingRule:
 
     @classmethod
     def from_args(cls, args) -> RoutingRule:
-        return cls(args.data_parallel_routing, args.routing_cache_threshold,
-                   args.routing_balance_abs_threshold, args.routing_balance_rel_threshold)
+        """From the frontend's routing flags (shared/config.py RoutingFlags), whose
+        names carry the routing_ prefix a field of this class does not need."""
+        return from_flags(cls, args, FrontendFlags, renames={
+            "policy": "data_parallel_routing", "cache_threshold": "routing_cache_threshold",
+            "balance_abs_threshold": "routing_balance_abs_threshold",
+            "balance_rel_threshold": "routing_balance_rel_threshold"})
 
 
 @dataclass(frozen=True, slots=True)

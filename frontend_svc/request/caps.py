@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 from prometheus_client import Counter
 
+from shared.config import FrontendFlags
+from shared.flag_spec import from_flags
 from shared.types import InvalidRequestError
 
 REJECTED = Counter("gapserve:frontend_rejected_requests",
@@ -41,9 +43,8 @@ class RequestCaps:
 
     @classmethod
     def from_args(cls, args) -> "RequestCaps":
-        return cls(args.max_client_batch_size, args.max_choices_per_request,
-                   args.max_stop_sequences, args.max_stop_sequence_length,
-                   args.max_stop_token_ids, args.max_prompt_bytes)
+        """Each field is the flag of its name (shared/config.py AdmissionFlags)."""
+        return from_flags(cls, args, FrontendFlags)
 
     def for_model(self, max_model_len: int, max_token_bytes: int) -> "RequestCaps":
         """These caps with the default prompt-byte bound filled in: no text longer

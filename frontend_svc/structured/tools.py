@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from shared.config import FrontendFlags
+from shared.flag_spec import from_flags
 from shared.structured.spec import StructuredOutputSpec
 
 from frontend_svc.request.caps import REJECTED
@@ -48,9 +50,10 @@ class ToolConfig:
 
     @classmethod
     def from_args(cls, args, model_template: ChatTemplate | None) -> "ToolConfig":
-        return cls(getattr(args, "enable_auto_tool_choice", False),
-                   getattr(args, "tool_call_parser", None), tools_template(model_template),
-                   getattr(args, "trust_request_chat_template", False))
+        """From the frontend's flags (shared/config.py FrontendServingFlags); the
+        template is the model's (or --chat-template's), read at start."""
+        return from_flags(cls, args, FrontendFlags, renames={"parser": "tool_call_parser"},
+                          unset={"template": tools_template(model_template)})
 
 
 def load_template(path: str | Path, special_tokens: dict[str, str],

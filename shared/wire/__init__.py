@@ -7,5 +7,7 @@
 
 Paired messages are mapped by shared/wire/mapper.py from their descriptors; each
 module lists the messages it leaves unpaired, with the reason, in UNPAIRED (a test
-fails for a message that is neither). docs/architecture.md has the request's path.
+fails for a message that is neither). Read-outs built at one edge from state held
+under the same names (EngineStatus, RequestTimings, HandshakeResponse) are filled
+by field name by shared/wire/readout.py. docs/architecture.md has the request's path.
 """

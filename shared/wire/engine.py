@@ -26,6 +26,7 @@ UNPAIRED = {
                  "an EngineError in frontend_svc/engine/engine_client.py",
     "EngineResponse": "an envelope (outputs and rejections of one or more steps)",
     "GetStatusRequest": "an empty request",
-    "EngineStatus": "a read-out of scheduler stats and diagnosis built in place by "
-                    "scheduler_svc/server.py; no core type mirrors it",
+    "EngineStatus": "a read-out of the scheduler's stats, diagnosis and engine counters, "
+                    "filled by name from them (shared/wire/readout.py) in "
+                    "scheduler_svc/server.py; no one core type mirrors it",
 }

@@ -12,7 +12,8 @@ UNPAIRED = {
     "GenerateResponse": "a delta of text and token ids, " + _BUILT,
     "GenerateFinal": "the end of a stream: finish reason, matched stop, usage; " + _BUILT,
     "Usage": "token counts, " + _BUILT,
-    "RequestTimings": "per-request timings, " + _BUILT,
+    "RequestTimings": "per-request timings, filled by name from the choice "
+                      "(shared/wire/readout.py) by frontend_svc/api/grpc_api.py",
     "AbortRequest": "a list of client ids, read in place",
     "AbortResponse": "how many ids were still running, built in place",
     "TokenizeRequest": "text, read in place",

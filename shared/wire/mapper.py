@@ -13,13 +13,17 @@ and the dataclass's type hints:
                               a dataclass default of None: unset <-> None
 
 A pair lists the fields whose shape really differs with hand functions (`hand_to`:
-proto field -> fn(obj); `hand_from`: attribute -> fn(msg)). Building a pair raises
+proto field -> fn(obj); `hand_from`: attribute -> fn(msg), or columns(fn, *attrs)
+for attributes one pass over the message fills together). Building a pair raises
 WireMismatch when a field on either side has no counterpart, so a proto field nobody
 maps fails every import, not a request at run time.
 
 The per-pair functions are generated once, at import, as Python source (like
 dataclasses' __init__): the Step stream converts hundreds of requests a step, and
-generated code runs as fast as the hand-written copies it replaces.
+generated code runs as fast as the same mapping written by hand
+(benchmarks/wire_convert.py --baseline benchmarks/wire_hand_reference.py): the
+dataclass is called with positional arguments in its field order, HasField is
+looked up once per message, and columns read from rows take one pass.
 """
 
 from __future__ import annotations
@@ -113,9 +117,26 @@ def unwrap_shape(msg: type) -> Pair:
                                    from_expr=f"list({{0}}.{name})", namespace={key: msg})))
 
 
+@dataclass(frozen=True, eq=False)
+class Columns:
+    """Several attributes read from a message in one pass (hand_from): fn(msg) returns
+    their values, in the order of attrs. Build it with columns()."""
+
+    fn: Callable
+    attrs: tuple[str, ...]
+
+
+def columns(fn: Callable, *attrs: str) -> dict[str, Columns]:
+    """hand_from entries for attributes that one pass over the message fills together
+    (ModelRunnerOutput's rows -> its columns): `hand_from=columns(fn, "a", "b")`."""
+    both = Columns(fn, attrs)
+    return {a: both for a in attrs}
+
+
 def pair(py: type, msg: type, *, renames: dict[str, str] | None = None,
          hand_to: dict[str, Callable] | None = None,
-         hand_from: dict[str, Callable] | None = None, register: bool = True) -> Pair:
+         hand_from: dict[str, Callable | Columns] | None = None,
+         register: bool = True) -> Pair:
     """Pair dataclass `py` with message `msg`. renames: proto field -> attribute;
     register=False leaves it out of the registry (nested uses, pairs())."""
     renames, hand_to, hand_from = renames or {}, hand_to or {}, hand_from or {}
@@ -125,7 +146,7 @@ def pair(py: type, msg: type, *, renames: dict[str, str] | None = None,
     hints = typing.get_type_hints(py)
     attrs = {f.name: f for f in dataclasses.fields(py)}
     ns: dict = {"_M": msg, "_P": py}
-    to_args, from_args = [], []
+    to_args, from_exprs = [], {}
     for f in msg.DESCRIPTOR.fields:
         if f.name in hand_to:
             ns[f"_h_{f.name}"] = hand_to[f.name]
@@ -134,15 +155,31 @@ def pair(py: type, msg: type, *, renames: dict[str, str] | None = None,
         attr = renames.get(f.name, f.name)
         to_args.append(f"{f.name}={_to_expr(f, attrs[attr], hints[attr], ns, f'o.{attr}')}")
         if attr not in hand_from:
-            from_args.append(f"{attr}={_from_expr(f, attrs[attr], hints[attr], ns)}")
+            from_exprs[attr] = _from_expr(f, attrs[attr], hints[attr], ns)
+    body, passes = [], {}  # one call per Columns, however many attributes it fills
     for attr, fn in hand_from.items():
-        ns[f"_hf_{attr}"] = fn
-        from_args.append(f"{attr}=_hf_{attr}(m)")
+        if isinstance(fn, Columns):
+            if id(fn) not in passes:
+                passes[id(fn)] = k = len(passes)
+                ns[f"_hc{k}"] = fn.fn
+                body.append(f"_c{k} = _hc{k}(m)")
+            from_exprs[attr] = f"_c{passes[id(fn)]}[{fn.attrs.index(attr)}]"
+        else:
+            ns[f"_hf_{attr}"] = fn
+            from_exprs[attr] = f"_hf_{attr}(m)"
+    if any("m.HasField(" in e for e in from_exprs.values()):  # looked up once
+        body.append("_has = m.HasField")
+        from_exprs = {a: e.replace("m.HasField(", "_has(") for a, e in from_exprs.items()}
+    # positional, in the dataclass's field order: a step builds hundreds of these
+    from_call = ", ".join(from_exprs[a] for a in attrs) if all(
+        f.init and not f.kw_only for f in attrs.values()) else \
+        ", ".join(f"{a}={from_exprs[a]}" for a in attrs)
     name = msg.DESCRIPTOR.name
     p = Pair(msg, py, to_expr=f"_to_{name}({{0}})", from_expr=f"_from_{name}({{0}})",
              namespace=ns, renames=renames, hand_to=hand_to, hand_from=hand_from)
     p.source = (f"def _to_{name}(o):\n    return _M({', '.join(to_args)})\n\n"
-                f"def _from_{name}(m):\n    return _P({', '.join(from_args)})\n")
+                f"def _from_{name}(m):\n" + "".join(f"    {line}\n" for line in body)
+                + f"    return _P({from_call})\n")
     exec(compile(p.source, f"<wire pair {name}>", "exec"), ns)  # noqa: S102 (our own text)
     p.to_proto, p.from_proto = ns[f"_to_{name}"], ns[f"_from_{name}"]
     return _register(p) if register else p

@@ -6,7 +6,7 @@ from __future__ import annotations
 from shared import types as t
 from shared.proto import worker_pb2
 from shared.wire.common import LOGPROBS
-from shared.wire.mapper import pair, tuple_shape, unwrap_shape
+from shared.wire.mapper import columns, pair, tuple_shape, unwrap_shape
 
 unwrap_shape(worker_pb2.BlockIds)  # proto has no list of lists: new_block_ids[i]
 tuple_shape(worker_pb2.TokenCheck)  # (num_tokens, checksum)
@@ -41,23 +41,22 @@ def _sampled(o: t.ModelRunnerOutput) -> list[worker_pb2.SampledTokens]:
             for ids, lps, nd in zip(o.sampled_token_ids, logprobs, drafts)]
 
 
-def _num_draft_tokens(m: worker_pb2.ModelRunnerOutput) -> list[int]:
-    drafts = [s.num_draft_tokens for s in m.sampled]
-    return drafts if any(drafts) else []
-
-
-def _logprobs(m: worker_pb2.ModelRunnerOutput) -> list[list[t.TokenLogprobs] | None]:
-    fr = LOGPROBS.from_proto
-    return [[fr(x) for x in s.logprobs] if s.has_logprobs else None for s in m.sampled]
+def _columns(m: worker_pb2.ModelRunnerOutput) -> tuple[list, list, list]:
+    """sampled_token_ids, logprobs, num_draft_tokens: one pass over the rows (each
+    access to m.sampled wraps its elements anew)."""
+    fr, ids, lps, drafts = LOGPROBS.from_proto, [], [], []
+    for s in m.sampled:
+        ids.append(list(s.token_ids))
+        lps.append([fr(x) for x in s.logprobs] if s.has_logprobs else None)
+        drafts.append(s.num_draft_tokens)
+    return ids, lps, drafts if any(drafts) else []
 
 
 # Column-wise in the core (req_ids[i], sampled_token_ids[i], logprobs[i]), row-wise on
 # the wire (SampledTokens), where has_logprobs keeps "not asked" apart from "none".
 RUNNER_OUTPUT = pair(
-    t.ModelRunnerOutput, worker_pb2.ModelRunnerOutput,
-    hand_to={"sampled": _sampled},
-    hand_from={"sampled_token_ids": lambda m: [list(s.token_ids) for s in m.sampled],
-               "logprobs": _logprobs, "num_draft_tokens": _num_draft_tokens})
+    t.ModelRunnerOutput, worker_pb2.ModelRunnerOutput, hand_to={"sampled": _sampled},
+    hand_from=columns(_columns, "sampled_token_ids", "logprobs", "num_draft_tokens"))
 
 scheduler_output_to_proto = SCHEDULER_OUTPUT.to_proto
 scheduler_output_from_proto = SCHEDULER_OUTPUT.from_proto
@@ -68,7 +67,8 @@ runner_output_from_proto = RUNNER_OUTPUT.from_proto
 
 UNPAIRED = {
     "HandshakeRequest": "two numbers read in place by worker_svc/server.py",
-    "HandshakeResponse": "its ModelInfo is paired; rank and size are read in place by "
-                         "scheduler_svc/worker_group.py",
+    "HandshakeResponse": "its ModelInfo is paired; rank and size are filled by name from "
+                         "the worker's servicer (shared/wire/readout.py) and read in "
+                         "place by scheduler_svc/worker_group.py",
     "SampledTokens": "the row-wise form of ModelRunnerOutput's columns: hand code above",
 }

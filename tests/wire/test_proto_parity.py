@@ -226,3 +226,48 @@ def test_a_continuation_fills_every_add_request_field_and_the_scheduler_reads_th
     assert req.sampling_params == t.SamplingParams(max_tokens=9, min_tokens=3, temperature=0.0,
                                                    num_output_prefix_tokens=1)
     assert req.arrival_time == msg.arrival_unix_s
+
+
+# ---------------------------------------------------------------------------
+# benchmarks/wire_hand_reference.py: the hand-written mapping the derived one is timed
+# against does the same work
+
+
+@pytest.mark.parametrize("name", ["scheduler_output", "runner_output", "request_output"])
+def test_the_hand_reference_of_the_benchmark_converts_as_the_derived_mapping(name):
+    import importlib.util
+
+    import shared.wire.engine as engine_wire
+    import shared.wire.worker as worker_wire
+
+    path = Path(__file__).parents[2] / "benchmarks" / "wire_hand_reference.py"
+    spec = importlib.util.spec_from_file_location("wire_hand_reference", path)
+    hand = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hand)
+    py = {"scheduler_output": t.SchedulerOutput, "runner_output": t.ModelRunnerOutput,
+          "request_output": t.RequestOutput}[name]
+    ours = worker_wire if name != "request_output" else engine_wire
+    obj = full(py)
+    to_hand, to_ours = getattr(hand, f"{name}_to_proto"), getattr(ours, f"{name}_to_proto")
+    assert to_hand(obj).SerializeToString(deterministic=True) == \
+        to_ours(obj).SerializeToString(deterministic=True)
+    assert getattr(hand, f"{name}_from_proto")(to_ours(obj)) == obj
+
+
+def test_columns_read_together_take_one_pass_and_the_dataclass_gets_each_in_its_place():
+    from shared.proto import worker_pb2
+    from shared.wire import worker as worker_wire
+
+    calls = []
+
+    def counted(m):
+        calls.append(m)
+        return worker_wire._columns(m)
+
+    p = mapper.pair(t.ModelRunnerOutput, worker_pb2.ModelRunnerOutput,
+                    hand_to={"sampled": worker_wire._sampled},
+                    hand_from=mapper.columns(counted, "sampled_token_ids", "logprobs",
+                                             "num_draft_tokens"), register=False)
+    obj = full(t.ModelRunnerOutput)
+    assert p.from_proto(p.to_proto(obj)) == obj
+    assert len(calls) == 1
