@@ -92,11 +92,161 @@ int64_t quant_row_bytes(int type, int64_t in)
     }
 }
 
+#if defined(__AVX512F__)
+/* AVX-512 widening of the common block types, 16 values a vector, the same products
+ * in the same order as the portable code below (so the same bits). GCC leaves the
+ * portable nibble loops scalar: this took a Q4_1 layer of the default model from
+ * 5.7 to ~1 ms at one row (one thread). */
+static inline void nibbles(const uint8_t *q, __m512i *lo, __m512i *hi)
+{
+    const __m128i v = _mm_loadu_si128((const __m128i *)q), m = _mm_set1_epi8(0x0F);
+    *lo = _mm512_cvtepu8_epi32(_mm_and_si128(v, m));
+    *hi = _mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(v, 4), m));
+}
+
+static int dequant_row_simd(int type, const uint8_t *src, int64_t in, float *dst)
+{
+    switch (type) {
+    case T_Q8_0:
+        for (int64_t b = 0; b < in / QK; b++, src += 34, dst += QK) {
+            const __m512 d = _mm512_set1_ps(f16(u16(src)));
+            for (int h = 0; h < 2; h++) {
+                const __m512i q = _mm512_cvtepi8_epi32(
+                    _mm_loadu_si128((const __m128i *)(src + 2 + 16 * h)));
+                _mm512_storeu_ps(dst + 16 * h, _mm512_mul_ps(_mm512_cvtepi32_ps(q), d));
+            }
+        }
+        return 0;
+    case T_Q4_0:
+    case T_Q4_1: {
+        const int with_min = type == T_Q4_1;
+        const int64_t size = with_min ? 20 : 18;
+        const __m512i eight = _mm512_set1_epi32(8);
+        for (int64_t b = 0; b < in / QK; b++, src += size, dst += QK) {
+            const __m512 d = _mm512_set1_ps(f16(u16(src)));
+            __m512i lo, hi;
+            nibbles(src + (with_min ? 4 : 2), &lo, &hi);
+            if (with_min) {
+                const __m512 m = _mm512_set1_ps(f16(u16(src + 2)));
+                _mm512_storeu_ps(dst, _mm512_add_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(lo)), m));
+                _mm512_storeu_ps(dst + 16,
+                                 _mm512_add_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(hi)), m));
+            } else {
+                _mm512_storeu_ps(dst, _mm512_mul_ps(d, _mm512_cvtepi32_ps(
+                                                           _mm512_sub_epi32(lo, eight))));
+                _mm512_storeu_ps(dst + 16, _mm512_mul_ps(d, _mm512_cvtepi32_ps(
+                                                                _mm512_sub_epi32(hi, eight))));
+            }
+        }
+        return 0;
+    }
+    case T_Q5_0:
+    case T_Q5_1: {
+        const int with_min = type == T_Q5_1;
+        const int64_t size = with_min ? 24 : 22;
+        const __m512i sixteen = _mm512_set1_epi32(16);
+        for (int64_t b = 0; b < in / QK; b++, src += size, dst += QK) {
+            const __m512 d = _mm512_set1_ps(f16(u16(src)));
+            uint32_t qh;
+            memcpy(&qh, src + (with_min ? 4 : 2), 4);
+            __m512i lo, hi;
+            nibbles(src + (with_min ? 8 : 6), &lo, &hi);
+            lo = _mm512_mask_add_epi32(lo, (__mmask16)(qh & 0xFFFFu), lo, sixteen);
+            hi = _mm512_mask_add_epi32(hi, (__mmask16)(qh >> 16), hi, sixteen);
+            if (with_min) {
+                const __m512 m = _mm512_set1_ps(f16(u16(src + 2)));
+                _mm512_storeu_ps(dst, _mm512_add_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(lo)), m));
+                _mm512_storeu_ps(dst + 16,
+                                 _mm512_add_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(hi)), m));
+            } else {
+                _mm512_storeu_ps(dst, _mm512_mul_ps(d, _mm512_cvtepi32_ps(
+                                                           _mm512_sub_epi32(lo, sixteen))));
+                _mm512_storeu_ps(dst + 16, _mm512_mul_ps(d, _mm512_cvtepi32_ps(
+                                                                _mm512_sub_epi32(hi, sixteen))));
+            }
+        }
+        return 0;
+    }
+    case T_Q4_K:
+    case T_Q5_K: {
+        const int five = type == T_Q5_K;
+        const int64_t size = five ? 176 : 144;
+        const __m512i sixteen = _mm512_set1_epi32(16);
+        for (int64_t b = 0; b < in / QK_K; b++, src += size) {
+            const float d = f16(u16(src)), dmin = f16(u16(src + 2));
+            const uint8_t *scales = src + 4, *qh = src + 16;
+            const uint8_t *q = src + (five ? 48 : 16);
+            for (int j = 0; j < 4; j++, q += 32, dst += 64) {
+                uint8_t sc, mn;
+                scale_min_k4(2 * j, scales, &sc, &mn);
+                const __m512 d1 = _mm512_set1_ps(d * (float)sc), m1 = _mm512_set1_ps(dmin * (float)mn);
+                scale_min_k4(2 * j + 1, scales, &sc, &mn);
+                const __m512 d2 = _mm512_set1_ps(d * (float)sc), m2 = _mm512_set1_ps(dmin * (float)mn);
+                for (int h = 0; h < 2; h++) {  /* values 16h..16h+15 of each sub-block */
+                    __m512i lo, hi;
+                    nibbles(q + 16 * h, &lo, &hi);
+                    if (five) {
+                        const __m512i hb = _mm512_cvtepu8_epi32(
+                            _mm_loadu_si128((const __m128i *)(qh + 16 * h)));
+                        const __mmask16 mlo = _mm512_test_epi32_mask(hb, _mm512_set1_epi32(1 << (2 * j)));
+                        const __mmask16 mhi = _mm512_test_epi32_mask(hb, _mm512_set1_epi32(2 << (2 * j)));
+                        lo = _mm512_mask_add_epi32(lo, mlo, lo, sixteen);
+                        hi = _mm512_mask_add_epi32(hi, mhi, hi, sixteen);
+                    }
+                    _mm512_storeu_ps(dst + 16 * h,
+                                     _mm512_sub_ps(_mm512_mul_ps(d1, _mm512_cvtepi32_ps(lo)), m1));
+                    _mm512_storeu_ps(dst + 32 + 16 * h,
+                                     _mm512_sub_ps(_mm512_mul_ps(d2, _mm512_cvtepi32_ps(hi)), m2));
+                }
+            }
+        }
+        return 0;
+    }
+    case T_Q6_K: {
+        const __m512i low4 = _mm512_set1_epi32(0xF), three = _mm512_set1_epi32(3),
+                      bias = _mm512_set1_epi32(32);
+        for (int64_t b = 0; b < in / QK_K; b++, src += 210) {
+            const uint8_t *ql = src, *qh = src + 128;
+            const int8_t *sc = (const int8_t *)(src + 192);
+            const float d = f16(u16(src + 208));
+            for (int n = 0; n < 2; n++, ql += 64, qh += 32, sc += 8, dst += 128) {
+                for (int h = 0; h < 2; h++) {  /* l = 16h .. 16h + 15: scale index h */
+                    const int l = 16 * h;
+                    const __m512i a = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(ql + l)));
+                    const __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(ql + l + 32)));
+                    const __m512i e = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(qh + l)));
+                    const __m512i q1 = _mm512_sub_epi32(_mm512_or_si512(_mm512_and_si512(a, low4),
+                        _mm512_slli_epi32(_mm512_and_si512(e, three), 4)), bias);
+                    const __m512i q2 = _mm512_sub_epi32(_mm512_or_si512(_mm512_and_si512(c, low4),
+                        _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(e, 2), three), 4)), bias);
+                    const __m512i q3 = _mm512_sub_epi32(_mm512_or_si512(_mm512_srli_epi32(a, 4),
+                        _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(e, 4), three), 4)), bias);
+                    const __m512i q4 = _mm512_sub_epi32(_mm512_or_si512(_mm512_srli_epi32(c, 4),
+                        _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(e, 6), three), 4)), bias);
+                    _mm512_storeu_ps(dst + l, _mm512_mul_ps(_mm512_set1_ps(d * (float)sc[h]), _mm512_cvtepi32_ps(q1)));
+                    _mm512_storeu_ps(dst + l + 32, _mm512_mul_ps(_mm512_set1_ps(d * (float)sc[h + 2]), _mm512_cvtepi32_ps(q2)));
+                    _mm512_storeu_ps(dst + l + 64, _mm512_mul_ps(_mm512_set1_ps(d * (float)sc[h + 4]), _mm512_cvtepi32_ps(q3)));
+                    _mm512_storeu_ps(dst + l + 96, _mm512_mul_ps(_mm512_set1_ps(d * (float)sc[h + 6]), _mm512_cvtepi32_ps(q4)));
+                }
+            }
+        }
+        return 0;
+    }
+    default:
+        return 1;  /* the portable code below */
+    }
+}
+#endif
+
 /* One row of `in` values (a whole number of blocks) widened to fp32, as gguf.quants.
  * dequantize computes them (same products in the same order). 0, or -1 for an
  * unknown type. */
 int quant_dequant_row(int type, const uint8_t *src, int64_t in, float *dst)
 {
+#if defined(__AVX512F__)
+    if (dequant_row_simd(type, src, in, dst) == 0)
+        return 0;
+#endif
     switch (type) {
     case T_F32:
         memcpy(dst, src, (size_t)in * 4);
