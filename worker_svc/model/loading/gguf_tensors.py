@@ -105,8 +105,7 @@ def gguf_entries(path: Path, head_dim: int) -> dict[str, TensorEntry]:
                                     nbytes=int(t.n_bytes), rope_head_dim=rope,
                                     norm_offset=offset, **base)
     log.info("gguf_tensors_listed", gguf=str(path), architecture=arch,
-             tensors=len(entries), types=sorted({e.dtype for e in entries.values()}),
-             path="exact: dequantized to float32 on load")
+             tensors=len(entries), types=sorted({e.dtype for e in entries.values()}))
     return entries
 
 
