@@ -45,17 +45,20 @@ class Kernels:
     decode_layers: bool
     prepack_fp32: bool
     prepack_bf16: bool
+    quant: bool = False  # csrc/quant_linear.c: GGUF blocks dequantized in the matmul
 
 
 def probe_kernels() -> Kernels:
     from worker_svc.attention import cpu_kernel
-    from worker_svc.model.cpu import cpu_dtype, decode_layers, fused_ops, small_linear
+    from worker_svc.model.cpu import (cpu_dtype, decode_layers, fused_ops, quant_weights,
+                                      small_linear)
     return Kernels(attention=cpu_kernel.load() is not None,
                    fused_ops=fused_ops.load() is not None,
                    small_batch=small_linear.load() is not None,
                    decode_layers=decode_layers.load() is not None,
                    prepack_fp32=cpu_dtype.prepack_available(torch.float32),
-                   prepack_bf16=cpu_dtype.prepack_available(torch.bfloat16))
+                   prepack_bf16=cpu_dtype.prepack_available(torch.bfloat16),
+                   quant=quant_weights.load() is not None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +70,7 @@ class ComputePlan:
     prepack: bool  # matmul weights in oneDNN's packed layout (model/cpu/cpu_dtype.py)
     fused_ops: bool  # a layer's element-wise ops in C (model/cpu/fused_ops.py)
     decode_layers: bool  # small decode steps: every layer in one C call
-    small_batch: str  # "off", "plain" or "int8": the small-batch kernel's weight copies
+    small_batch: str  # "off", "plain", "int8" or "quant" (a GGUF's blocks: weights below)
     small_max_rows: int  # steps of at most this many tokens run that kernel (0: none)
     logits_max_rows: int  # vocabulary projections of at most this many rows too
     argmax_screen: bool  # greedy rows of small steps screened in int8 (small_linear)
@@ -83,6 +86,11 @@ class ComputePlan:
     # some layers attend within a sliding window shorter than max_model_len: those take
     # the backends' windowed path, never the C decode kernel or the C layer loop
     windowed: bool = False
+    # "float": matmul weights as floats (a GGUF dequantized at load: the exact path);
+    # "gguf_quantized": a GGUF's blocks held as they are and dequantized inside the
+    # matmul (model/cpu/quant_weights.py), every step; weight_types names their types
+    weights: str = "float"
+    weight_types: str = ""
 
     @property
     def layer_loop(self) -> str:
@@ -107,6 +115,8 @@ class ComputePlan:
             parts.append(f"cpu_quota={self.cpu_quota:g}")
         if self.windowed:
             parts.append("sliding_window=on")
+        if self.weights != "float":
+            parts.append(f"weights={self.weights}:{self.weight_types}")
         if self.zero_cost_steps:
             parts.append("zero_cost_steps=on")
         if self.fault_stop_after_steps is not None:
@@ -125,7 +135,8 @@ class ComputePlan:
                 "logits_max_rows": self.logits_max_rows, "argmax_screen": self.argmax_screen,
                 "threads": self.threads, "ranks_on_host": self.ranks_on_host,
                 "cpu_quota": self.cpu_quota, "wait_policy": self.wait_policy,
-                "sliding_window": self.windowed,
+                "sliding_window": self.windowed, "weights": self.weights,
+                "weight_types": self.weight_types,
                 "zero_cost_steps": self.zero_cost_steps,
                 "fault_stop_after_steps": self.fault_stop_after_steps,
                 "fault_fail_on_token": self.fault_fail_on_token}
@@ -154,13 +165,17 @@ def build_plan(config: WorkerConfig, device: torch.device, model_cfg, *, biases:
                usable_cores: int | None = None, quota_cpus: float | None = None,
                environ=None, fault_stop_after_steps: int | None = None,
                fault_fail_on_token: int | None = None, draft_of: ComputePlan | None = None,
-               self_draft: bool = False) -> ComputePlan:
+               self_draft: bool = False, gguf_types: dict[str, int] | None = None
+               ) -> ComputePlan:
     """The plan for this worker. model_cfg: the model as this rank holds it (head_dim,
     hidden_size); biases: whether any matmul has a bias (Qwen2's q/k/v); windowed:
     whether a sliding window applies (model.config.layer_windows). kernels,
     usable_cores (with quota_cpus, its cgroup's CPU quota) and environ default to this
     machine's; tests pass their own. draft_of: the served model's plan, when this is
-    its draft model's (self_draft: the int8 self-draft's; else a separate checkpoint's)."""
+    its draft model's (self_draft: the int8 self-draft's; else a separate checkpoint's).
+    gguf_types: a GGUF's matmul tensor types and their bytes (gguf_tensors.matmul_types),
+    None for a safetensors checkpoint: quantized ones take the quantized path
+    (_quantized_path) unless --dtype names a float type."""
     from worker_svc.model.cpu import fused_ops, small_linear
     from worker_svc.model.registry import FAMILIES
     if draft_of is not None:
@@ -208,6 +223,15 @@ def build_plan(config: WorkerConfig, device: torch.device, model_cfg, *, biases:
     # int8 projects in int8 already; the screen's copy needs whole int8 groups
     screen = (small == "plain" and not tp and config.cpu_argmax_screen
               and model_cfg.hidden_size % small_linear.GROUP == 0)
+    weights, weight_types = "float", ""
+    if _quantized_path(config, cpu, c_layers, kernels, gguf_types, family):
+        # every step on the blocks: no float copy to prepack, screen or hand to oneDNN
+        weights = "gguf_quantized"
+        weight_types = "+".join(sorted(gguf_types, key=lambda k: -gguf_types[k]))
+        small, small_rows, prepack, screen = "quant", QUANT_MAX_ROWS, False, False
+        decode_layers = (fused and attention == "c_decode_kernel" and config.cpu_decode_layers
+                         and kernels.decode_layers and not tp and not biases
+                         and not windowed)
     return ComputePlan(
         device=device, dtype=dtype, act_dtype=act_dtype, attention=attention,
         prepack=bool(prepack), fused_ops=bool(fused), decode_layers=bool(decode_layers),
@@ -219,7 +243,46 @@ def build_plan(config: WorkerConfig, device: torch.device, model_cfg, *, biases:
         cpu_quota=quota_cpus, wait_policy=cpu_threads.applied_wait_policy,
         ranks_on_host=ranks_on_host, zero_cost_steps=config.zero_cost_steps,
         fault_stop_after_steps=fault_stop_after_steps, fault_fail_on_token=fault_fail_on_token,
-        family=family, c_layers=c_layers, windowed=windowed)
+        family=family, c_layers=c_layers, windowed=windowed, weights=weights,
+        weight_types=weight_types)
+
+
+# Steps of any width run the quantized kernel: each weight row is read and widened
+# once a call and dotted with every token row from cache (csrc/quant_linear.c), so a
+# wide step costs the multiply-adds, not a dequantized copy; no float copy is held
+# for oneDNN (benchmarks/quant_matmul.py measures where that stands; docs/kernels.md).
+QUANT_MAX_ROWS = 1 << 30
+
+
+def _quantized_path(config: WorkerConfig, cpu: bool, c_layers: bool,
+                    kernels: Kernels | None, gguf_types: dict[str, int] | None,
+                    family: str) -> bool:
+    """Whether a GGUF's quantized blocks are served as they are. The default for a
+    file with quantized matmul tensors; --dtype float32 (or any float --dtype) keeps
+    the exact dequantized path. Where the kernel cannot serve it (a GPU, another family's
+    torch layers, tensor parallelism, no compiler), the exact path serves, and a
+    warning says why."""
+    from worker_svc.model.cpu.quant_weights import FLOAT_TYPES
+    if not gguf_types or not set(gguf_types) - FLOAT_TYPES or config.dtype != "auto":
+        return False
+    why = None
+    if not cpu:
+        why = "the quantized kernel is a CPU kernel"
+    elif not c_layers:
+        why = f"model family {family!r} runs torch layers; the kernel serves the llama family"
+    elif config.tensor_parallel_size > 1:
+        why = "tensor parallelism splits float weights"
+    elif config.quantization is not None:
+        why = f"--quantization {config.quantization} asks for its own copies"
+    elif config.speculative_config:
+        why = "speculative decoding's draft reads float weights"
+    elif not kernels.quant:
+        why = "the quantized kernel is not built (no C compiler)"
+    if why is not None:
+        log.warning("gguf_quantized_path_off", reason=why,
+                    path="exact: dequantized to float32 on load")
+        return False
+    return True
 
 
 def _draft_plan(config: WorkerConfig, device: torch.device, model_cfg, biases: bool,
@@ -248,8 +311,8 @@ def prepare_weights(weights, plan: ComputePlan):
     in its dtype (prepacked if it says so) with the small-batch kernel's copies, and
     the argmax screen's int8 copy when it screens; on a GPU as loaded."""
     from worker_svc.model.cpu.cpu_dtype import prepare_matmul_weights
-    if plan.device.type != "cpu":
-        return weights
+    if plan.device.type != "cpu" or plan.weights == "gguf_quantized":
+        return weights  # (the quantized path's blocks are used as loaded)
     small = None if plan.small_batch == "off" else plan.small_batch
     weights = prepare_matmul_weights(weights, plan.dtype, plan.prepack, small=small)
     if plan.argmax_screen:

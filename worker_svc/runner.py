@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from shared.model_files.default_model import resolve_model
+from shared.model_files.gguf_model import gguf_source
 from shared.telemetry import get_logger
 from shared.types import (InvalidRequestError, ModelInfo, ModelRunnerOutput,
                           SchedulerOutput, StepTimings)
@@ -32,6 +33,8 @@ from worker_svc.kv_capacity import (KvAccounting, bytes_per_block, cpu_num_block
 from worker_svc.model.config import layer_windows, load_model_config
 from worker_svc.model.cpu.cpu_dtype import native_bf16
 from worker_svc.model.loading.dummy_weights import dummy_weights
+from worker_svc.model.loading.gguf_quantized import held_types, load_quantized_weights
+from worker_svc.model.loading.gguf_tensors import matmul_types
 from worker_svc.model.registry import FAMILIES
 from worker_svc.model.loading.weights import weight_bytes
 from worker_svc.parallel.shard import shard_plan
@@ -69,7 +72,8 @@ class ModelRunner:
             windowed=any(layer_windows(cfg, self.max_model_len)),
             ranks_on_host=1 if self.tp is None else self.tp.ranks_on_this_host(),
             fault_stop_after_steps=config.fault_stop_after_steps,
-            fault_fail_on_token=config.fault_fail_on_token)
+            fault_fail_on_token=config.fault_fail_on_token,
+            gguf_types=_gguf_types(self.model_dir, config))
         self.dtype, act_dtype = plan.dtype, plan.act_dtype
         if torch.get_num_threads() != plan.threads:  # this is the compute thread (compute.py)
             torch.set_num_threads(plan.threads)
@@ -84,14 +88,22 @@ class ModelRunner:
             raise ValueError(f"--load-format dummy makes the llama family's weights only; "
                              f"model family {cfg.family!r} needs its checkpoint")
         with torch.inference_mode():
+            load_started = time.perf_counter()
             if config.load_format == "dummy":  # never split: refused with tensor parallelism
                 weights = dummy_weights(cfg, act_dtype, self.device, seed=config.seed)
+            elif plan.weights == "gguf_quantized":  # a GGUF's blocks as they are
+                weights = load_quantized_weights(self.model_dir, cfg)
             else:
                 weights = module.load_weights(self.model_dir, cfg, act_dtype, self.device,
                                               self.plan, matmul_dtype=self.dtype)
             if family.c_kernels:  # CPU: prepacked, bf16 for the matmuls only, the kernels' copies
                 weights = prepare_weights(weights, plan)
             self.weight_bytes = weight_bytes(weights)
+            if plan.weights == "gguf_quantized":
+                log.info("gguf_quantized_weights", types=held_types(weights),
+                         weight_mib=round(self.weight_bytes / 2**20, 1),
+                         load_s=round(time.perf_counter() - load_started, 2),
+                         path="quantized: blocks held as in the file, dequantized in the matmul")
             self.model = module.Model(self.local_config, weights, select_backend(plan),
                                       max_positions=self.max_model_len, plan=plan, tp=self.tp)
             # speculative decoding: the proposer, and the draft model it may run
@@ -449,6 +461,12 @@ def default_max_num_batched_tokens(device: torch.device) -> int:
             torch.cuda.get_device_properties(device).total_memory >= BIG_GPU_BYTES:
         return 8192
     return 2048
+
+
+def _gguf_types(model_dir: Path, config: WorkerConfig) -> dict[str, int] | None:
+    """A GGUF's matmul tensor types (bytes of each), None for other checkpoints."""
+    source = gguf_source(model_dir) if config.load_format != "dummy" else None
+    return None if source is None else matmul_types(source)
 
 
 def _resolve_device(name: str, rank: int = 0, tp_size: int = 1) -> torch.device:

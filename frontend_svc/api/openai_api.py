@@ -99,7 +99,8 @@ def operator_router(fe: Frontend) -> APIRouter:
         return {"object": "list", "data": [{
             "id": fe.served_model_name, "object": "model", "created": fmt.now(),
             "owned_by": "gapserve", "root": fe.model_path,
-            "max_model_len": info.max_model_len if info else None}]}
+            "max_model_len": info.max_model_len if info else None,
+            **weights_metadata(info)}]}
 
     @router.get("/metrics")
     async def metrics() -> Response:
@@ -124,6 +125,21 @@ def operator_router(fe: Frontend) -> APIRouter:
         return out
 
     return router
+
+
+def weights_metadata(info) -> dict:
+    """How the worker holds the weights, as extra fields of a /v1/models entry (OpenAI
+    and vLLM clients ignore fields they do not know): "quantization" is "gguf" when a
+    GGUF's blocks are served as they are (else None, as vLLM reports an unquantized
+    model), "weights" the compute plan's path and types ("gguf_quantized:Q4_1+Q8_0",
+    or "float32" for float weights; worker_svc/compute_plan.py)."""
+    plan = dict(p.split("=", 1) for p in (info.compute_plan if info else "").split()
+                if "=" in p)
+    weights = plan.get("weights")
+    if weights is None:
+        return {"quantization": None, "weights": plan.get("dtype")}
+    return {"quantization": "gguf" if weights.startswith("gguf_quantized") else None,
+            "weights": weights}
 
 
 def token_router(fe: Frontend) -> APIRouter:

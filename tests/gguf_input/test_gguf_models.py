@@ -70,8 +70,11 @@ def _hf(path):
 
 
 def _logits_match(path) -> None:
+    # --dtype float32: the exact path (a quantized file's default is the quantized
+    # one, tests/gguf_input/test_gguf_quantized.py)
     runner = ModelRunner(WorkerConfig(model=str(path), device="cpu", max_model_len=256,
-                                      num_gpu_blocks_override=64, max_num_seqs=8))
+                                      num_gpu_blocks_override=64, max_num_seqs=8,
+                                      dtype="float32"))
     prompt = [t % 261 for t in _prompt(0, 40)]
     got = _chunk_logits(runner, _state(prompt), len(prompt))
     with torch.no_grad():

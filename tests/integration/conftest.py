@@ -154,11 +154,18 @@ def backend_stack(tiny_model_dir, tmp_path_factory):
     stack.stop()
 
 
+# The default model is a Q4_1 GGUF, served on the quantized path unless --dtype names a
+# float type: the stacks whose output is compared with transformers' gguf_file= load
+# take the exact (dequantized) path, which is token-equal to it (docs/formats.md).
+EXACT = ["--dtype", "float32"]
+
+
 @pytest.fixture(scope="session")
 def default_stack(tmp_path_factory):
     from shared.model_files.default_model import ensure_default_model
     stack = start_stack(ensure_default_model(), tmp_path_factory.mktemp("default-stack"),
-                        flags=["--max-model-len", "2048", "--kv-cache-memory", str(256 << 20)])
+                        flags=["--max-model-len", "2048", "--kv-cache-memory", str(256 << 20),
+                               *EXACT])
     yield stack
     stack.stop()
 
@@ -169,7 +176,8 @@ def agent_stack(tmp_path_factory):
     from shared.model_files.default_model import ensure_default_model
     stack = start_stack(ensure_default_model(), tmp_path_factory.mktemp("agent-stack"),
                         flags=["--max-model-len", "2048", "--kv-cache-memory", str(256 << 20),
-                               "--enable-auto-tool-choice", "--tool-call-parser", "hermes"])
+                               "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
+                               *EXACT])
     yield stack
     stack.stop()
 

@@ -26,6 +26,7 @@ from shared.structured import compile_cache as so
 from shared.proto import common_pb2, engine_pb2, generate_pb2
 from shared.structured.spec import StructuredOutputSpec as Spec
 from shared.types import SamplingParams
+from tests.integration.conftest import EXACT
 from tests.integration.hf_reference import hf_greedy as greedy, load_reference
 from tests.structured.reference import GrammarLogitsProcessor, hf_constrained_greedy
 
@@ -35,7 +36,7 @@ from tests.structured.reference import GrammarLogitsProcessor, hf_constrained_gr
 # there are; only if each arrived after the others finished (about 88 steps apart) could
 # they avoid preempting. The chat template's system prompt is a full block every prompt
 # shares: prefix-cache hits.
-STACK_FLAGS = ["--max-model-len", "128", "--num-gpu-blocks-override", "14"]
+STACK_FLAGS = ["--max-model-len", "128", "--num-gpu-blocks-override", "14", *EXACT]
 ABORT_AFTER = 4  # tokens the aborted request streams before its client aborts it
 PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age"],
           "properties": {"name": {"type": "string", "maxLength": 16},

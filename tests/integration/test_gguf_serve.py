@@ -46,7 +46,8 @@ def test_served_tiny_gguf_greedy_tokens_equal_transformers_gguf_load(tmp_path):
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
     want_ids = want[0, len(prompt):].tolist()
-    serve = start_serve(path, tmp_path / "serve.log")
+    # --dtype float32: the exact path (the default for a Q4_0 file is the quantized one)
+    serve = start_serve(path, tmp_path / "serve.log", "--dtype", "float32")
     try:
         serve.wait_ready()
         assert _served(serve, prompt, 12) == (len(want_ids), tok.decode(want_ids))

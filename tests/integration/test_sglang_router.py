@@ -31,7 +31,7 @@ import pytest
 # to import, as any missing dependency would, rather than skipping quietly
 import sglang_router  # noqa: F401
 
-from tests.integration.conftest import TINY_FLAGS, Stack, start_stack
+from tests.integration.conftest import EXACT, TINY_FLAGS, Stack, start_stack
 from tests.ports import free_ports
 
 # the router's health checker every second, one failure marks a replica unhealthy
@@ -223,7 +223,7 @@ def test_the_default_model_through_the_router_equals_transformers(default_stack,
     from tests.integration.hf_reference import greedy_references, until_eos
 
     second = start_stack_factory(default_stack.model_dir, flags=[
-        "--max-model-len", "2048", "--kv-cache-memory", str(256 << 20)])
+        "--max-model-len", "2048", "--kv-cache-memory", str(256 << 20), *EXACT])
     r = start_router([default_stack.http_url, second.http_url], tmp_path)
     try:
         r.wait_for("both default replicas registered", lambda ws: len(ws) == 2 and all(

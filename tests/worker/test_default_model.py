@@ -44,7 +44,7 @@ def test_default_model_greedy_tokens_equal_transformers_generate(default_dir, hf
     prompts = [tok.apply_chat_template([{"role": "user", "content": p}],
                                        add_generation_prompt=True, tokenize=True,
                                        return_dict=True)["input_ids"] for p in PROMPTS]
-    runner = ModelRunner(WorkerConfig(model=str(default_dir), device="cpu",
+    runner = ModelRunner(WorkerConfig(model=str(default_dir), device="cpu", dtype="float32",
                                       max_model_len=512, num_gpu_blocks_override=64,
                                       max_num_seqs=4))
     driver = StepDriver(runner)

@@ -14,7 +14,8 @@ import torch.nn.functional as F
 
 from worker_svc.attention.metadata import AttentionMetadata
 from worker_svc.kv_capacity import kv_cache_tensors
-from worker_svc.model.cpu import decode_layers, fused_ops, small_linear
+from worker_svc.model.cpu import decode_layers, fused_ops, quant_weights, small_linear
+from worker_svc.model.cpu.quant_weights import QuantWeight
 from worker_svc.model import layers
 from worker_svc.model.config import ModelConfig, layer_windows, require_silu
 from worker_svc.model.loading.weights import ModelWeights, load_weights as _load_weights
@@ -191,6 +192,8 @@ class DecoderModel:
 
     def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Embeddings in the activation dtype (fp32 under bf16 CPU weights)."""
+        if isinstance(self.w.embed, QuantWeight):  # a GGUF's blocks: rows widened
+            return quant_weights.load().gather(self.w.embed, input_ids)
         return layers.vocab_parallel_embed(input_ids, self.w.embed, self.dtype, self.tp)
 
     def _logits(self, x: torch.Tensor, argmax_only: bool = False) -> torch.Tensor | None:

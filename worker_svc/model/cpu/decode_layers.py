@@ -25,7 +25,8 @@ import torch
 
 from worker_svc import native
 from worker_svc.attention import cpu_kernel
-from worker_svc.model.cpu import fused_ops, small_linear
+from worker_svc.model.cpu import fused_ops, quant_weights, small_linear
+from worker_svc.model.cpu.quant_weights import QuantWeight
 from worker_svc.model.cpu.cpu_dtype import LINEARS
 
 FLAGS: tuple[str, ...] = ()  # no arithmetic of its own: the kernels keep their flags
@@ -63,11 +64,16 @@ class DecodeLayers:
                  dtype_bf16: bool) -> None:
         self._fn, self._fns, self.cfg = fn, fns, cfg
         ptr = lambda t: t.data_ptr()  # noqa: E731
+        quant = isinstance(layers[0].qkv, QuantWeight)
+        if quant:  # quant_linear in small_linear_q8's place, the descriptor for the rows
+            self._fns = fns = fns.clone()
+            fns[1] = quant_weights.address()
+            dtype_int8 = True
         self._weights = torch.tensor(
-            [ptr(w.q) if dtype_int8 else ptr(w) for lw in layers
+            [ptr(w.desc) if quant else ptr(w.q) if dtype_int8 else ptr(w) for lw in layers
              for w in (getattr(lw, n) for n in MATMULS)], dtype=torch.int64)
         self._scales = torch.tensor(
-            [ptr(getattr(lw, n).scales) if dtype_int8 else 0 for lw in layers
+            [ptr(getattr(lw, n).scales) if dtype_int8 and not quant else 0 for lw in layers
              for n in MATMULS], dtype=torch.int64)
         self._norms = torch.tensor([ptr(t) for lw in layers
                                     for t in (lw.input_norm, lw.post_norm)], dtype=torch.int64)
@@ -83,6 +89,11 @@ class DecodeLayers:
         if any(getattr(lw, b, None) is not None for lw in layers for b in BIASES):
             return None
         first = layers[0].qkv
+        if isinstance(first, QuantWeight):
+            if all(isinstance(getattr(lw, n), QuantWeight) for lw in layers for n in MATMULS) \
+                    and quant_weights.load() is not None:
+                return cls(*loaded, cfg, layers, False, False)
+            return None
         int8 = isinstance(first, small_linear.Int8Weight)
         bf16 = not int8 and first.dtype == torch.bfloat16
         for lw in layers:
@@ -135,4 +146,6 @@ class DecodeLayers:
                              f"{num_blocks * block_size}")
         if rc == -2:
             raise MemoryError(f"small_linear_q8: no memory for {rows} rows of int16")
+        if rc:  # -3: quant_linear found a malformed weight descriptor
+            raise ValueError(f"decode_layers: a matmul failed ({rc})")
         return delta.view(rows, c.hidden_size)

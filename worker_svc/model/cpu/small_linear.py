@@ -29,6 +29,8 @@ from dataclasses import dataclass
 import torch
 
 from worker_svc import native
+from worker_svc.model.cpu import quant_weights
+from worker_svc.model.cpu.quant_weights import QuantWeight
 
 FLAGS = ("-fopenmp",)
 # The largest step (in token rows) the kernel takes: past it, each weight byte feeds
@@ -95,6 +97,8 @@ class SmallLinear:
                  bias: torch.Tensor | None = None) -> torch.Tensor:
         """x [rows, in] fp32 (rows with unit element stride) @ weight.T [out, in] (fp32
         or bf16, contiguous, or an Int8Weight) + bias, as fp32 [rows, out]."""
+        if isinstance(weight, QuantWeight):  # a GGUF's blocks: their own kernel
+            return quant_weights.load()(x, weight, bias)
         if x.stride(1) != 1:
             x = x.contiguous()
         rows, (out, inp) = x.shape[0], weight.shape
@@ -113,7 +117,9 @@ class SmallLinear:
         return y
 
 
-def supports(weight: torch.Tensor | Int8Weight) -> bool:
+def supports(weight: torch.Tensor | Int8Weight | QuantWeight) -> bool:
+    if isinstance(weight, QuantWeight):
+        return quant_weights.load() is not None
     if isinstance(weight, Int8Weight):
         return (weight.q.device.type == "cpu" and weight.q.is_contiguous()
                 and weight.scales.is_contiguous() and weight.shape[1] % GROUP == 0)

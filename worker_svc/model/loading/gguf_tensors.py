@@ -3,9 +3,10 @@ place of its bytes in the file and its GGML type, so the worker's CheckpointSlic
 reads it like a safetensors tensor (row slices for tensor parallelism included: a
 quantized row is whole blocks) and TensorReader dequantizes it on the way in.
 
-The seam for a quantized fast path: `raw_blocks(entry)` gives a tensor's quantized
-bytes with its ggml type, `dequantized(entry)` the float32 values; the exact path
-(this module's only user today) uses the latter.
+Two paths read it: the exact one (`dequantized(entry)`: float32 values, through
+TensorReader) and the quantized one (`quantized_rows(entry)`: the tensor's blocks as
+they are in the file, rows permuted as the exact path permutes its values, for
+model/cpu/quant_weights.py; loading/gguf_quantized.py assembles the model).
 
 Per architecture, one table maps GGUF names to ours and names the fix-up llama.cpp's
 converter needs undone: llama's q/k row permutation (interleaved RoPE pairs), Gemma's
@@ -104,8 +105,7 @@ def gguf_entries(path: Path, head_dim: int) -> dict[str, TensorEntry]:
                                     nbytes=int(t.n_bytes), rope_head_dim=rope,
                                     norm_offset=offset, **base)
     log.info("gguf_tensors_listed", gguf=str(path), architecture=arch,
-             tensors=len(entries), types=sorted({e.dtype for e in entries.values()}),
-             path="exact: dequantized to float32 on load")
+             tensors=len(entries), types=sorted({e.dtype for e in entries.values()}))
     return entries
 
 
@@ -114,6 +114,33 @@ def raw_blocks(entry: TensorEntry, raw: np.ndarray) -> tuple[np.ndarray, int]:
     blocks and the ggml type that decodes them."""
     rows = entry.shape[0] if len(entry.shape) > 1 else 1
     return raw.reshape(rows, -1), int(entry.ggml_type)
+
+
+def matmul_types(path: Path) -> dict[str, int]:
+    """GGUF type name -> bytes of the file's 2-D tensors (matmul weights and the
+    embedding) of that type: what the compute plan reads to choose the path."""
+    from gguf import GGUFReader
+
+    out: dict[str, int] = {}
+    for t in GGUFReader(str(path)).tensors:
+        if len(t.shape) >= 2:
+            out[t.tensor_type.name] = out.get(t.tensor_type.name, 0) + int(t.n_bytes)
+    return out
+
+
+def quantized_rows(entry: TensorEntry, raw: np.ndarray) -> np.ndarray:
+    """The entry's blocks as [rows, row bytes] uint8, rows in our layout: llama's q/k
+    rows un-interleaved exactly as `dequantized` moves its values (a row is whole
+    blocks, so moving rows of blocks moves rows of values). Norm offsets apply to
+    norms only, which are never held quantized."""
+    if entry.norm_offset:
+        raise ValueError(f"{entry.name}: a norm weight is not held quantized")
+    blocks, _ = raw_blocks(entry, raw)
+    if entry.rope_head_dim:
+        rows, width = blocks.shape
+        n_head, half = rows // entry.rope_head_dim, entry.rope_head_dim // 2
+        blocks = blocks.reshape(n_head, half, 2, width).swapaxes(2, 1).reshape(rows, width)
+    return np.ascontiguousarray(blocks)
 
 
 def dequantized(entry: TensorEntry, raw: np.ndarray) -> np.ndarray:

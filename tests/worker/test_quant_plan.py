@@ -1,0 +1,62 @@
+"""Which path a GGUF takes (worker_svc/compute_plan.py, _quantized_path): quantized
+types take the quantized path by default; a float --dtype, a float-only file, a family
+without the C layers, tensor parallelism, --quantization or a missing kernel keep the
+exact path, each saying why."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from frontend_svc.api.openai_api import weights_metadata
+from shared.types import ModelInfo
+from tests.worker.test_compute_plan import ALL, Shape
+from worker_svc.compute_plan import QUANT_MAX_ROWS, build_plan
+from worker_svc.config import WorkerConfig
+
+CPU = torch.device("cpu")
+QUANT = dataclasses.replace(ALL, quant=True)
+Q4_1 = {"Q4_1": 66_355_200, "Q8_0": 30_081_024}
+
+
+@dataclasses.dataclass
+class FamilyShape(Shape):
+    family: str = "llama"
+
+
+def plan(gguf_types=Q4_1, kernels=QUANT, shape=None, **config):
+    return build_plan(WorkerConfig(**config), CPU, shape or FamilyShape(), biases=False,
+                      kernels=kernels, usable_cores=2, environ={}, gguf_types=gguf_types)
+
+
+def test_a_quantized_gguf_takes_the_quantized_path_for_every_step():
+    p = plan()
+    assert (p.weights, p.weight_types) == ("gguf_quantized", "Q4_1+Q8_0")
+    assert (p.small_batch, p.small_max_rows, p.logits_max_rows) == \
+        ("quant", QUANT_MAX_ROWS, QUANT_MAX_ROWS)
+    assert not p.prepack and not p.argmax_screen and p.layer_loop == "c_loop"
+    assert "weights=gguf_quantized:Q4_1+Q8_0" in p.summary()
+
+
+@pytest.mark.parametrize("case", [
+    dict(dtype="float32"), dict(dtype="bfloat16"), dict(gguf_types={"F16": 10}),
+    dict(gguf_types=None), dict(shape=FamilyShape(family="gemma")),
+    dict(kernels=ALL), dict(quantization="int8")], ids=str)
+def test_the_exact_path_serves_otherwise(case):
+    p = plan(**case)
+    assert p.weights == "float" and p.small_batch != "quant"
+    assert "weights=" not in p.summary()
+
+
+def test_models_metadata_names_the_path_in_fields_clients_ignore():
+    info = ModelInfo(model_name="m", vocab_size=1, max_model_len=8, eos_token_ids=[2],
+                     num_layers=1, num_kv_heads=1, head_dim=64, dtype="float32",
+                     num_kv_blocks=1, block_size=16, max_num_batched_tokens=8,
+                     compute_plan=plan().summary())
+    assert weights_metadata(info) == {"quantization": "gguf",
+                                      "weights": "gguf_quantized:Q4_1+Q8_0"}
+    info.compute_plan = plan(dtype="float32").summary()
+    assert weights_metadata(info) == {"quantization": None, "weights": "float32"}
+    assert weights_metadata(None) == {"quantization": None, "weights": None}

@@ -1,0 +1,719 @@
+/* y = x @ w.T with w held in GGUF's quantized blocks (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
+ * Q4_K, Q5_K, Q6_K; F32, F16 and BF16 rows too), dequantized inside the matmul.
+ *
+ * A lone stream's decode step streams every weight once: it is bound by the bytes
+ * read. A Q4_1 weight is 5 bits a value against fp32's 32, so reading the blocks and
+ * widening them in the core beats reading a dequantized fp32 copy. Each output row's
+ * blocks are widened once into an fp32 row in L1 (`dequant_row`, the same arithmetic
+ * as gguf.quants.dequantize, so the widened values are its values bit for bit: this
+ * file builds with -ffp-contract=off) and dotted with every row of x, up to
+ * ROWS_PER_PASS rows at a time from registers. However many rows x has, each weight
+ * row is read from memory and widened once a call: wide steps (a long prefill, many
+ * concurrent decodes) go through the same loop, x's rows streaming from cache.
+ *
+ * x stays fp32 (llama.cpp quantizes it to 8 bits; here only the order of the fp32
+ * sums differs from dequantize-then-matmul). Intrinsics for AVX-512 and AVX2 + FMA, a
+ * portable loop for the baseline build (native.py's variants).
+ *
+ * A weight is described by an int64 array: nseg, then per segment its ggml type,
+ * rows, address of its first block row, bytes per row. A fused projection
+ * ([q; k; v], [gate; up]) is several segments when its parts have different types
+ * (Q4_K_M files mix them); output rows run through the segments in order. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+#include <immintrin.h>
+#endif
+
+/* ggml_type values (ggml.h) */
+enum { T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8,
+       T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14, T_BF16 = 30 };
+#define QK 32
+#define QK_K 256
+#define MAX_SEGMENTS 8
+
+#if defined(__AVX512F__)
+#define ROWS_PER_PASS 8
+#else
+#define ROWS_PER_PASS 4
+#endif
+
+static inline float f16(uint16_t h)
+{
+    const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu,
+                   man = h & 0x3ffu;
+    uint32_t bits;
+    if (exp == 0) {
+        const float f = (float)man * (1.0f / 16777216.0f);  /* subnormal: man * 2^-24 */
+        return sign ? -f : f;
+    }
+    bits = exp == 31 ? sign | 0x7f800000u | (man << 13) : sign | ((exp + 112) << 23) | (man << 13);
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static inline uint16_t u16(const uint8_t *p)
+{
+    uint16_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* Q4_K / Q5_K: the 6-bit scale and min of sub-block j (0..7) */
+static inline void scale_min_k4(int j, const uint8_t *q, uint8_t *d, uint8_t *m)
+{
+    if (j < 4) {
+        *d = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *d = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+/* bytes of one row of `in` values of type t, or -1 for a type not handled here */
+int64_t quant_row_bytes(int type, int64_t in)
+{
+    switch (type) {
+    case T_F32: return in * 4;
+    case T_F16: case T_BF16: return in * 2;
+    case T_Q4_0: return in / QK * 18;
+    case T_Q4_1: return in / QK * 20;
+    case T_Q5_0: return in / QK * 22;
+    case T_Q5_1: return in / QK * 24;
+    case T_Q8_0: return in / QK * 34;
+    case T_Q4_K: return in / QK_K * 144;
+    case T_Q5_K: return in / QK_K * 176;
+    case T_Q6_K: return in / QK_K * 210;
+    default: return -1;
+    }
+}
+
+#if defined(__AVX512F__)
+/* AVX-512 widening of the common block types, 16 values a vector, the same products
+ * in the same order as the portable code below (so the same bits). GCC leaves the
+ * portable nibble loops scalar: this took a Q4_1 layer of the default model from
+ * 5.7 to ~1 ms at one row (one thread). */
+static inline void nibbles(const uint8_t *q, __m512i *lo, __m512i *hi)
+{
+    const __m128i v = _mm_loadu_si128((const __m128i *)q), m = _mm_set1_epi8(0x0F);
+    *lo = _mm512_cvtepu8_epi32(_mm_and_si128(v, m));
+    *hi = _mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(v, 4), m));
+}
+
+static int dequant_row_simd(int type, const uint8_t *src, int64_t in, float *dst)
+{
+    switch (type) {
+    case T_Q8_0:
+        for (int64_t b = 0; b < in / QK; b++, src += 34, dst += QK) {
+            const __m512 d = _mm512_set1_ps(f16(u16(src)));
+            for (int h = 0; h < 2; h++) {
+                const __m512i q = _mm512_cvtepi8_epi32(
+                    _mm_loadu_si128((const __m128i *)(src + 2 + 16 * h)));
+                _mm512_storeu_ps(dst + 16 * h, _mm512_mul_ps(_mm512_cvtepi32_ps(q), d));
+            }
+        }
+        return 0;
+    case T_Q4_0:
+    case T_Q4_1: {
+        const int with_min = type == T_Q4_1;
+        const int64_t size = with_min ? 20 : 18;
+        const __m512i eight = _mm512_set1_epi32(8);
+        for (int64_t b = 0; b < in / QK; b++, src += size, dst += QK) {
+            const __m512 d = _mm512_set1_ps(f16(u16(src)));
+            __m512i lo, hi;
+            nibbles(src + (with_min ? 4 : 2), &lo, &hi);
+            if (with_min) {
+                const __m512 m = _mm512_set1_ps(f16(u16(src + 2)));
+                _mm512_storeu_ps(dst, _mm512_add_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(lo)), m));
+                _mm512_storeu_ps(dst + 16,
+                                 _mm512_add_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(hi)), m));
+            } else {
+                _mm512_storeu_ps(dst, _mm512_mul_ps(d, _mm512_cvtepi32_ps(
+                                                           _mm512_sub_epi32(lo, eight))));
+                _mm512_storeu_ps(dst + 16, _mm512_mul_ps(d, _mm512_cvtepi32_ps(
+                                                                _mm512_sub_epi32(hi, eight))));
+            }
+        }
+        return 0;
+    }
+    case T_Q5_0:
+    case T_Q5_1: {
+        const int with_min = type == T_Q5_1;
+        const int64_t size = with_min ? 24 : 22;
+        const __m512i sixteen = _mm512_set1_epi32(16);
+        for (int64_t b = 0; b < in / QK; b++, src += size, dst += QK) {
+            const __m512 d = _mm512_set1_ps(f16(u16(src)));
+            uint32_t qh;
+            memcpy(&qh, src + (with_min ? 4 : 2), 4);
+            __m512i lo, hi;
+            nibbles(src + (with_min ? 8 : 6), &lo, &hi);
+            lo = _mm512_mask_add_epi32(lo, (__mmask16)(qh & 0xFFFFu), lo, sixteen);
+            hi = _mm512_mask_add_epi32(hi, (__mmask16)(qh >> 16), hi, sixteen);
+            if (with_min) {
+                const __m512 m = _mm512_set1_ps(f16(u16(src + 2)));
+                _mm512_storeu_ps(dst, _mm512_add_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(lo)), m));
+                _mm512_storeu_ps(dst + 16,
+                                 _mm512_add_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(hi)), m));
+            } else {
+                _mm512_storeu_ps(dst, _mm512_mul_ps(d, _mm512_cvtepi32_ps(
+                                                           _mm512_sub_epi32(lo, sixteen))));
+                _mm512_storeu_ps(dst + 16, _mm512_mul_ps(d, _mm512_cvtepi32_ps(
+                                                                _mm512_sub_epi32(hi, sixteen))));
+            }
+        }
+        return 0;
+    }
+    case T_Q4_K:
+    case T_Q5_K: {
+        const int five = type == T_Q5_K;
+        const int64_t size = five ? 176 : 144;
+        const __m512i sixteen = _mm512_set1_epi32(16);
+        for (int64_t b = 0; b < in / QK_K; b++, src += size) {
+            const float d = f16(u16(src)), dmin = f16(u16(src + 2));
+            const uint8_t *scales = src + 4, *qh = src + 16;
+            const uint8_t *q = src + (five ? 48 : 16);
+            for (int j = 0; j < 4; j++, q += 32, dst += 64) {
+                uint8_t sc, mn;
+                scale_min_k4(2 * j, scales, &sc, &mn);
+                const __m512 d1 = _mm512_set1_ps(d * (float)sc), m1 = _mm512_set1_ps(dmin * (float)mn);
+                scale_min_k4(2 * j + 1, scales, &sc, &mn);
+                const __m512 d2 = _mm512_set1_ps(d * (float)sc), m2 = _mm512_set1_ps(dmin * (float)mn);
+                for (int h = 0; h < 2; h++) {  /* values 16h..16h+15 of each sub-block */
+                    __m512i lo, hi;
+                    nibbles(q + 16 * h, &lo, &hi);
+                    if (five) {
+                        const __m512i hb = _mm512_cvtepu8_epi32(
+                            _mm_loadu_si128((const __m128i *)(qh + 16 * h)));
+                        const __mmask16 mlo = _mm512_test_epi32_mask(hb, _mm512_set1_epi32(1 << (2 * j)));
+                        const __mmask16 mhi = _mm512_test_epi32_mask(hb, _mm512_set1_epi32(2 << (2 * j)));
+                        lo = _mm512_mask_add_epi32(lo, mlo, lo, sixteen);
+                        hi = _mm512_mask_add_epi32(hi, mhi, hi, sixteen);
+                    }
+                    _mm512_storeu_ps(dst + 16 * h,
+                                     _mm512_sub_ps(_mm512_mul_ps(d1, _mm512_cvtepi32_ps(lo)), m1));
+                    _mm512_storeu_ps(dst + 32 + 16 * h,
+                                     _mm512_sub_ps(_mm512_mul_ps(d2, _mm512_cvtepi32_ps(hi)), m2));
+                }
+            }
+        }
+        return 0;
+    }
+    case T_Q6_K: {
+        const __m512i low4 = _mm512_set1_epi32(0xF), three = _mm512_set1_epi32(3),
+                      bias = _mm512_set1_epi32(32);
+        for (int64_t b = 0; b < in / QK_K; b++, src += 210) {
+            const uint8_t *ql = src, *qh = src + 128;
+            const int8_t *sc = (const int8_t *)(src + 192);
+            const float d = f16(u16(src + 208));
+            for (int n = 0; n < 2; n++, ql += 64, qh += 32, sc += 8, dst += 128) {
+                for (int h = 0; h < 2; h++) {  /* l = 16h .. 16h + 15: scale index h */
+                    const int l = 16 * h;
+                    const __m512i a = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(ql + l)));
+                    const __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(ql + l + 32)));
+                    const __m512i e = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(qh + l)));
+                    const __m512i q1 = _mm512_sub_epi32(_mm512_or_si512(_mm512_and_si512(a, low4),
+                        _mm512_slli_epi32(_mm512_and_si512(e, three), 4)), bias);
+                    const __m512i q2 = _mm512_sub_epi32(_mm512_or_si512(_mm512_and_si512(c, low4),
+                        _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(e, 2), three), 4)), bias);
+                    const __m512i q3 = _mm512_sub_epi32(_mm512_or_si512(_mm512_srli_epi32(a, 4),
+                        _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(e, 4), three), 4)), bias);
+                    const __m512i q4 = _mm512_sub_epi32(_mm512_or_si512(_mm512_srli_epi32(c, 4),
+                        _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(e, 6), three), 4)), bias);
+                    _mm512_storeu_ps(dst + l, _mm512_mul_ps(_mm512_set1_ps(d * (float)sc[h]), _mm512_cvtepi32_ps(q1)));
+                    _mm512_storeu_ps(dst + l + 32, _mm512_mul_ps(_mm512_set1_ps(d * (float)sc[h + 2]), _mm512_cvtepi32_ps(q2)));
+                    _mm512_storeu_ps(dst + l + 64, _mm512_mul_ps(_mm512_set1_ps(d * (float)sc[h + 4]), _mm512_cvtepi32_ps(q3)));
+                    _mm512_storeu_ps(dst + l + 96, _mm512_mul_ps(_mm512_set1_ps(d * (float)sc[h + 6]), _mm512_cvtepi32_ps(q4)));
+                }
+            }
+        }
+        return 0;
+    }
+    default:
+        return 1;  /* the portable code below */
+    }
+}
+#endif
+
+/* One row of `in` values (a whole number of blocks) widened to fp32, as gguf.quants.
+ * dequantize computes them (same products in the same order). 0, or -1 for an
+ * unknown type. */
+int quant_dequant_row(int type, const uint8_t *src, int64_t in, float *dst)
+{
+#if defined(__AVX512F__)
+    if (dequant_row_simd(type, src, in, dst) == 0)
+        return 0;
+#endif
+    switch (type) {
+    case T_F32:
+        memcpy(dst, src, (size_t)in * 4);
+        return 0;
+    case T_F16:
+        for (int64_t i = 0; i < in; i++)
+            dst[i] = f16(u16(src + 2 * i));
+        return 0;
+    case T_BF16:
+        for (int64_t i = 0; i < in; i++) {
+            const uint32_t bits = (uint32_t)u16(src + 2 * i) << 16;
+            memcpy(dst + i, &bits, 4);
+        }
+        return 0;
+    case T_Q8_0:
+        for (int64_t b = 0; b < in / QK; b++, src += 34, dst += QK) {
+            const float d = f16(u16(src));
+            const int8_t *q = (const int8_t *)(src + 2);
+            for (int l = 0; l < QK; l++)
+                dst[l] = (float)q[l] * d;
+        }
+        return 0;
+    case T_Q4_0:
+        for (int64_t b = 0; b < in / QK; b++, src += 18, dst += QK) {
+            const float d = f16(u16(src));
+            const uint8_t *q = src + 2;
+            for (int l = 0; l < 16; l++) {
+                dst[l] = d * (float)((int)(q[l] & 0xF) - 8);
+                dst[l + 16] = d * (float)((int)(q[l] >> 4) - 8);
+            }
+        }
+        return 0;
+    case T_Q4_1:
+        for (int64_t b = 0; b < in / QK; b++, src += 20, dst += QK) {
+            const float d = f16(u16(src)), m = f16(u16(src + 2));
+            const uint8_t *q = src + 4;
+            for (int l = 0; l < 16; l++) {
+                dst[l] = d * (float)(q[l] & 0xF) + m;
+                dst[l + 16] = d * (float)(q[l] >> 4) + m;
+            }
+        }
+        return 0;
+    case T_Q5_0:
+    case T_Q5_1: {
+        const int with_min = type == T_Q5_1;
+        const int64_t size = with_min ? 24 : 22;
+        for (int64_t b = 0; b < in / QK; b++, src += size, dst += QK) {
+            const float d = f16(u16(src)), m = with_min ? f16(u16(src + 2)) : 0.0f;
+            uint32_t qh;
+            memcpy(&qh, src + (with_min ? 4 : 2), 4);
+            const uint8_t *q = src + (with_min ? 8 : 6);
+            for (int l = 0; l < 16; l++) {
+                const int lo = (q[l] & 0xF) | (int)(((qh >> l) & 1u) << 4);
+                const int hi = (q[l] >> 4) | (int)(((qh >> (l + 16)) & 1u) << 4);
+                if (with_min) {
+                    dst[l] = d * (float)lo + m;
+                    dst[l + 16] = d * (float)hi + m;
+                } else {
+                    dst[l] = d * (float)(lo - 16);
+                    dst[l + 16] = d * (float)(hi - 16);
+                }
+            }
+        }
+        return 0;
+    }
+    case T_Q4_K:
+    case T_Q5_K: {
+        const int five = type == T_Q5_K;
+        const int64_t size = five ? 176 : 144;
+        for (int64_t b = 0; b < in / QK_K; b++, src += size) {
+            const float d = f16(u16(src)), dmin = f16(u16(src + 2));
+            const uint8_t *scales = src + 4, *qh = src + 16;
+            const uint8_t *q = src + (five ? 48 : 16);
+            for (int j = 0; j < 4; j++, q += 32) {  /* 64 values: two sub-blocks */
+                uint8_t sc, mn;
+                scale_min_k4(2 * j, scales, &sc, &mn);
+                const float d1 = d * (float)sc, m1 = dmin * (float)mn;
+                scale_min_k4(2 * j + 1, scales, &sc, &mn);
+                const float d2 = d * (float)sc, m2 = dmin * (float)mn;
+                for (int l = 0; l < 32; l++) {
+                    int lo = q[l] & 0xF, hi = q[l] >> 4;
+                    if (five) {
+                        lo |= ((qh[l] >> (2 * j)) & 1) << 4;
+                        hi |= ((qh[l] >> (2 * j + 1)) & 1) << 4;
+                    }
+                    dst[l] = d1 * (float)lo - m1;
+                    dst[l + 32] = d2 * (float)hi - m2;
+                }
+                dst += 64;
+            }
+        }
+        return 0;
+    }
+    case T_Q6_K:
+        for (int64_t b = 0; b < in / QK_K; b++, src += 210) {
+            const uint8_t *ql = src, *qh = src + 128;
+            const int8_t *sc = (const int8_t *)(src + 192);
+            const float d = f16(u16(src + 208));
+            for (int n = 0; n < 2; n++, ql += 64, qh += 32, sc += 8, dst += 128) {
+                float ds[8];
+                for (int k = 0; k < 8; k++)
+                    ds[k] = d * (float)sc[k];
+                for (int l = 0; l < 32; l++) {
+                    const int is = l / 16;
+                    const int q1 = ((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+                    const int q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+                    const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+                    const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+                    dst[l] = ds[is] * (float)q1;
+                    dst[l + 32] = ds[is + 2] * (float)q2;
+                    dst[l + 64] = ds[is + 4] * (float)q3;
+                    dst[l + 96] = ds[is + 6] * (float)q4;
+                }
+            }
+        }
+        return 0;
+    default:
+        return -1;
+    }
+}
+
+/* ---- dot products of nb rows of x with one widened weight row -------------------- */
+
+#if defined(__AVX512F__)
+static inline __attribute__((always_inline)) void dot_rows(
+    const float *x, int64_t x_stride, int nb, const float *w, int64_t in, float *y,
+    int64_t y_stride)
+{
+    __m512 acc[ROWS_PER_PASS];
+#pragma GCC unroll 8
+    for (int b = 0; b < nb; b++)
+        acc[b] = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= in; i += 16) {
+        const __m512 wv = _mm512_loadu_ps(w + i);
+#pragma GCC unroll 8
+        for (int b = 0; b < nb; b++)
+            acc[b] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + b * x_stride + i), acc[b]);
+    }
+    if (i < in) {  /* a block is 32 values: never taken, kept for safety */
+        const __mmask16 m = (__mmask16)((1u << (in - i)) - 1u);
+        const __m512 wv = _mm512_maskz_loadu_ps(m, w + i);
+        for (int b = 0; b < nb; b++)
+            acc[b] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(m, x + b * x_stride + i),
+                                     acc[b]);
+    }
+    for (int b = 0; b < nb; b++)
+        y[b * y_stride] = _mm512_reduce_add_ps(acc[b]);
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+static inline float hsum256(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+static inline __attribute__((always_inline)) void dot_rows(
+    const float *x, int64_t x_stride, int nb, const float *w, int64_t in, float *y,
+    int64_t y_stride)
+{
+    __m256 lo[ROWS_PER_PASS], hi[ROWS_PER_PASS];
+#pragma GCC unroll 4
+    for (int b = 0; b < nb; b++)
+        lo[b] = hi[b] = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= in; i += 16) {
+        const __m256 w0 = _mm256_loadu_ps(w + i), w1 = _mm256_loadu_ps(w + i + 8);
+#pragma GCC unroll 4
+        for (int b = 0; b < nb; b++) {
+            lo[b] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + b * x_stride + i), lo[b]);
+            hi[b] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + b * x_stride + i + 8), hi[b]);
+        }
+    }
+    for (int b = 0; b < nb; b++) {
+        float acc = hsum256(_mm256_add_ps(lo[b], hi[b]));
+        for (int64_t t = i; t < in; t++)
+            acc += w[t] * x[b * x_stride + t];
+        y[b * y_stride] = acc;
+    }
+}
+#else
+static inline void dot_rows(const float *x, int64_t x_stride, int nb, const float *w,
+                            int64_t in, float *y, int64_t y_stride)
+{
+    for (int b = 0; b < nb; b++) {
+        const float *xb = x + b * x_stride;
+        float part[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+        int64_t i = 0;
+        for (; i + 8 <= in; i += 8)
+            for (int k = 0; k < 8; k++)
+                part[k] += w[i + k] * xb[i + k];
+        float acc = ((part[0] + part[1]) + (part[2] + part[3]))
+            + ((part[4] + part[5]) + (part[6] + part[7]));
+        for (; i < in; i++)
+            acc += w[i] * xb[i];
+        y[b * y_stride] = acc;
+    }
+}
+#endif
+
+#if defined(__AVX512F__)
+/* A pass of up to ROWS_PER_PASS rows over a row of 32-value blocks (Q8_0, Q4_0, Q4_1,
+ * Q5_0), each block widened into two registers and multiplied in at once, without
+ * the round trip through the fp32 row (the widening of dequant_row_simd, the sums in
+ * dot_rows' order, so the same bits). type and nb are constants at each call. */
+static inline __attribute__((always_inline)) void widen32(int type, const uint8_t *src,
+                                                          __m512 *w0, __m512 *w1)
+{
+    const __m512 d = _mm512_set1_ps(f16(u16(src)));
+    if (type == T_Q8_0) {
+        *w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                  _mm_loadu_si128((const __m128i *)(src + 2)))), d);
+        *w1 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+                  _mm_loadu_si128((const __m128i *)(src + 18)))), d);
+        return;
+    }
+    __m512i lo, hi;
+    if (type == T_Q4_1) {
+        const __m512 m = _mm512_set1_ps(f16(u16(src + 2)));
+        nibbles(src + 4, &lo, &hi);
+        *w0 = _mm512_add_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(lo)), m);
+        *w1 = _mm512_add_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(hi)), m);
+        return;
+    }
+    const __m512i off = _mm512_set1_epi32(type == T_Q4_0 ? 8 : 16);
+    if (type == T_Q4_0) {
+        nibbles(src + 2, &lo, &hi);
+    } else {  /* Q5_0 */
+        uint32_t qh;
+        memcpy(&qh, src + 2, 4);
+        nibbles(src + 6, &lo, &hi);
+        lo = _mm512_mask_add_epi32(lo, (__mmask16)(qh & 0xFFFFu), lo, off);
+        hi = _mm512_mask_add_epi32(hi, (__mmask16)(qh >> 16), hi, off);
+    }
+    *w0 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_sub_epi32(lo, off)));
+    *w1 = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_sub_epi32(hi, off)));
+}
+
+static inline __attribute__((always_inline)) void dot_fused32(
+    int type, int64_t size, const uint8_t *row, const float *x, int64_t x_stride, int nb,
+    int64_t in, float *y, int64_t y_stride)
+{
+    __m512 acc[ROWS_PER_PASS];
+#pragma GCC unroll 8
+    for (int b = 0; b < nb; b++)
+        acc[b] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < in; i += QK, row += size) {
+        __m512 w0, w1;
+        widen32(type, row, &w0, &w1);
+#pragma GCC unroll 8
+        for (int b = 0; b < nb; b++) {
+            acc[b] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + b * x_stride + i), acc[b]);
+            acc[b] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + b * x_stride + i + 16), acc[b]);
+        }
+    }
+    for (int b = 0; b < nb; b++)
+        y[b * y_stride] = _mm512_reduce_add_ps(acc[b]);
+}
+
+#define FUSED_NB(T, SIZE)                                                                 \
+    switch (nb) {                                                                         \
+    case 1: dot_fused32(T, SIZE, row, x, x_stride, 1, in, y, y_stride); return 1;          \
+    case 2: dot_fused32(T, SIZE, row, x, x_stride, 2, in, y, y_stride); return 1;          \
+    case 3: dot_fused32(T, SIZE, row, x, x_stride, 3, in, y, y_stride); return 1;          \
+    case 4: dot_fused32(T, SIZE, row, x, x_stride, 4, in, y, y_stride); return 1;          \
+    case 5: dot_fused32(T, SIZE, row, x, x_stride, 5, in, y, y_stride); return 1;          \
+    case 6: dot_fused32(T, SIZE, row, x, x_stride, 6, in, y, y_stride); return 1;          \
+    case 7: dot_fused32(T, SIZE, row, x, x_stride, 7, in, y, y_stride); return 1;          \
+    default: dot_fused32(T, SIZE, row, x, x_stride, 8, in, y, y_stride); return 1;         \
+    }
+
+/* 1 if this type took the fused pass, 0 for the widened-row path */
+static int fused_pass(int type, const uint8_t *row, const float *x, int64_t x_stride,
+                      int nb, int64_t in, float *y, int64_t y_stride)
+{
+    switch (type) {
+    case T_Q8_0: FUSED_NB(T_Q8_0, 34)
+    case T_Q4_0: FUSED_NB(T_Q4_0, 18)
+    case T_Q4_1: FUSED_NB(T_Q4_1, 20)
+    case T_Q5_0: FUSED_NB(T_Q5_0, 22)
+    default: return 0;
+    }
+}
+#undef FUSED_NB
+#endif
+
+/* every row of x against one widened weight row, ROWS_PER_PASS rows at a time */
+static void all_rows(const float *x, int64_t x_stride, int64_t rows, const float *w,
+                     int64_t in, float *y, int64_t out)
+{
+    int64_t r = 0;
+    for (; r + ROWS_PER_PASS <= rows; r += ROWS_PER_PASS)
+        dot_rows(x + r * x_stride, x_stride, ROWS_PER_PASS, w, in, y + r * out, out);
+    switch (rows - r) {  /* constant row counts: the accumulators stay in registers */
+    case 1: dot_rows(x + r * x_stride, x_stride, 1, w, in, y + r * out, out); break;
+    case 2: dot_rows(x + r * x_stride, x_stride, 2, w, in, y + r * out, out); break;
+    case 3: dot_rows(x + r * x_stride, x_stride, 3, w, in, y + r * out, out); break;
+#if ROWS_PER_PASS == 8
+    case 4: dot_rows(x + r * x_stride, x_stride, 4, w, in, y + r * out, out); break;
+    case 5: dot_rows(x + r * x_stride, x_stride, 5, w, in, y + r * out, out); break;
+    case 6: dot_rows(x + r * x_stride, x_stride, 6, w, in, y + r * out, out); break;
+    case 7: dot_rows(x + r * x_stride, x_stride, 7, w, in, y + r * out, out); break;
+#endif
+    default: break;
+    }
+}
+
+#if defined(__AVX512F__)
+/* Wide steps: 4 widened weight rows against 6 token rows at a time, 24 accumulators
+ * in registers, so each load feeds 2.4 multiply-adds instead of about one (dot_rows
+ * reloads x for every weight row). Each accumulator sums over i in dot_rows' order,
+ * so an output has the same bits as on the narrow path. */
+#define W_TILE 4
+#define X_TILE 6
+static inline void tile_4x6(const float *x, int64_t x_stride, const float *w, int64_t in,
+                            float *y, int64_t out)
+{
+    __m512 acc[W_TILE][X_TILE];
+    for (int k = 0; k < W_TILE; k++)
+        for (int b = 0; b < X_TILE; b++)
+            acc[k][b] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < in; i += 16) {
+        const __m512 w0 = _mm512_loadu_ps(w + i), w1 = _mm512_loadu_ps(w + in + i),
+                     w2 = _mm512_loadu_ps(w + 2 * in + i), w3 = _mm512_loadu_ps(w + 3 * in + i);
+#pragma GCC unroll 6
+        for (int b = 0; b < X_TILE; b++) {
+            const __m512 xv = _mm512_loadu_ps(x + b * x_stride + i);
+            acc[0][b] = _mm512_fmadd_ps(w0, xv, acc[0][b]);
+            acc[1][b] = _mm512_fmadd_ps(w1, xv, acc[1][b]);
+            acc[2][b] = _mm512_fmadd_ps(w2, xv, acc[2][b]);
+            acc[3][b] = _mm512_fmadd_ps(w3, xv, acc[3][b]);
+        }
+    }
+    for (int b = 0; b < X_TILE; b++)
+        for (int k = 0; k < W_TILE; k++)
+            y[b * out + k] = _mm512_reduce_add_ps(acc[k][b]);
+}
+#endif
+
+typedef struct {
+    int type;
+    int64_t first, rows, row_bytes;
+    const uint8_t *data;
+} segment;
+
+/* the descriptor's segments; -1 if malformed (a type not handled, rows not summing to
+ * out, a row size that is not in's) */
+static int read_desc(const int64_t *desc, int64_t out, int64_t in, segment *seg, int *nseg)
+{
+    const int64_t n = desc[0];
+    if (n < 1 || n > MAX_SEGMENTS)
+        return -1;
+    int64_t first = 0;
+    for (int64_t s = 0; s < n; s++) {
+        const int64_t *d = desc + 1 + 4 * s;
+        seg[s].type = (int)d[0];
+        seg[s].rows = d[1];
+        seg[s].data = (const uint8_t *)(intptr_t)d[2];
+        seg[s].row_bytes = d[3];
+        seg[s].first = first;
+        if (quant_row_bytes(seg[s].type, in) != seg[s].row_bytes || seg[s].rows < 0)
+            return -1;
+        first += seg[s].rows;
+    }
+    *nseg = (int)n;
+    return first == out ? 0 : -1;
+}
+
+static inline const uint8_t *row_of(const segment *seg, int nseg, int64_t o, int *type)
+{
+    int s = 0;
+    while (s + 1 < nseg && o >= seg[s + 1].first)
+        s++;
+    *type = seg[s].type;
+    return seg[s].data + (o - seg[s].first) * seg[s].row_bytes;
+}
+
+/* y [rows][out] = x [rows][in] (row stride x_stride) @ w.T, w the quantized weight
+ * `desc` describes [out][in]. `unused` keeps small_linear_q8's signature, so the C
+ * layer loop (decode_layers.c) calls this in its place. Returns 0; -2 when a thread's
+ * row buffer cannot be allocated; -3 for a malformed descriptor. */
+int quant_linear(const float *x, int64_t x_stride, int64_t rows, const int64_t *desc,
+                 const float *unused, int64_t out, int64_t in, float *y, int num_threads)
+{
+    (void)unused;
+    segment seg[MAX_SEGMENTS];
+    int nseg;
+    if (read_desc(desc, out, in, seg, &nseg))
+        return -3;
+    int failed = 0;
+#if defined(__AVX512F__)
+    const int wide = rows > ROWS_PER_PASS && in % 16 == 0;
+#else
+    const int wide = 0;
+#endif
+#pragma omp parallel num_threads(num_threads)
+    {
+        float *w = aligned_alloc(64, (size_t)((4 * in * 4 + 63) / 64 * 64));
+        if (w == NULL) {
+#pragma omp atomic write
+            failed = 1;
+        }
+        if (!wide) {
+#pragma omp for schedule(static)
+            for (int64_t o = 0; o < out; o++) {
+                if (w == NULL)
+                    continue;
+                int type;
+                const uint8_t *src = row_of(seg, nseg, o, &type);
+#if defined(__AVX512F__)
+                /* one pass (a few rows): the blocks straight into the sums */
+                if (rows <= ROWS_PER_PASS
+                    && fused_pass(type, src, x, x_stride, (int)rows, in, y + o, out))
+                    continue;
+#endif
+                quant_dequant_row(type, src, in, w);
+                all_rows(x, x_stride, rows, w, in, y + o, out);
+            }
+        }
+#if defined(__AVX512F__)
+        else {
+#pragma omp for schedule(static)
+            for (int64_t o4 = 0; o4 < (out + W_TILE - 1) / W_TILE; o4++) {
+                if (w == NULL)
+                    continue;
+                const int64_t o = o4 * W_TILE;
+                const int nw = (int)(out - o < W_TILE ? out - o : W_TILE);
+                for (int k = 0; k < nw; k++) {  /* each weight row widened once */
+                    int type;
+                    const uint8_t *src = row_of(seg, nseg, o + k, &type);
+                    quant_dequant_row(type, src, in, w + k * in);
+                }
+                int64_t r = 0;
+                if (nw == W_TILE)
+                    for (; r + X_TILE <= rows; r += X_TILE)
+                        tile_4x6(x + r * x_stride, x_stride, w, in, y + r * out + o, out);
+                for (int k = 0; k < nw; k++)
+                    all_rows(x + r * x_stride, x_stride, rows - r, w + k * in, in,
+                             y + r * out + o + k, out);
+            }
+        }
+#endif
+        free(w);
+    }
+    return failed ? -2 : 0;
+}
+
+/* dst [n][in] = rows ids[0..n) of the weight, widened (an embedding lookup). 0, or -3
+ * for a malformed descriptor or an id out of range. */
+int quant_gather_rows(const int64_t *desc, int64_t out, int64_t in, const int64_t *ids,
+                      int64_t n, float *dst, int num_threads)
+{
+    segment seg[MAX_SEGMENTS];
+    int nseg, bad = 0;
+    if (read_desc(desc, out, in, seg, &nseg))
+        return -3;
+    for (int64_t i = 0; i < n; i++)
+        bad |= ids[i] < 0 || ids[i] >= out;
+    if (bad)
+        return -3;
+#pragma omp parallel for num_threads(num_threads) schedule(static) if (n > 16)
+    for (int64_t i = 0; i < n; i++) {
+        int type;
+        const uint8_t *src = row_of(seg, nseg, ids[i], &type);
+        quant_dequant_row(type, src, in, dst + i * in);
+    }
+    return 0;
+}
