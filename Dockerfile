@@ -41,6 +41,23 @@ COPY gapserve gapserve
 # C sources and templates (tests/test_wheel.py).
 RUN pip install --index-url "${PIP_INDEX_URL}" ".${EXTRAS:+[$EXTRAS]}"
 
+# The environment the runtime image copies: build's, less what a server never runs.
+# torch's wheel carries its C++ test programs (torch/test, torch/bin but its
+# shared-memory manager: 130 MB) and C++ headers (torch/include, 62 MB: C++ extensions
+# compile against them; gapserve's C kernels are plain C, built in the model stage);
+# pip itself only installs. And bytecode only for what the services import at start
+# (a server cannot write it: the venv is root's), not pip's for every module
+# installed (250 MB); a module imported later compiles in memory.
+FROM build AS venv
+RUN SP=$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') \
+ && rm -rf "$SP/torch/test" "$SP/torch/include" \
+ && find "$SP/torch/bin" -type f ! -name torch_shm_manager -delete \
+ && python -m pip uninstall -y -q pip \
+ && find /opt/venv -name __pycache__ -type d -prune -exec rm -rf {} + \
+ && cd /tmp && python -c "import torch, transformers, gapserve.cli, gapserve.serve, \
+worker_svc.server, worker_svc.runner, worker_svc.model.llama, scheduler_svc.server, \
+frontend_svc.server"
+
 FROM build AS model
 ENV GAPSERVE_CACHE_DIR=/opt/gapserve/cache
 # Run outside /src so the installed package is the one fetching.
@@ -54,7 +71,7 @@ RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev \
 
 FROM ${PYTHON_IMAGE} AS runtime
 RUN useradd --create-home --uid 10001 gapserve
-COPY --from=build /opt/venv /opt/venv
+COPY --from=venv /opt/venv /opt/venv
 COPY --from=model /opt/gapserve/cache /opt/gapserve/cache
 WORKDIR /app
 # The probe that docker-compose.yml's health checks run (gRPC health, or HTTP GET).

@@ -5,10 +5,13 @@ then the vocabulary projection), fp32, bf16 and int8 weights (--quantization int
 kernel alone), fp32 activations.
 
     python benchmarks/small_linear.py [--threads 2] [--rows 1,2,4,8,12,16] [--repeats 7]
+        [--dtypes float32,bfloat16,int8]
 
 Each (rows, dtype) point times one pass over all the weights with every method in
 turn, repeated --repeats times in alternation; it prints the median ms per pass, the
-spread (min-max) and the weight bytes per second of the median. MAX_ROWS in
+spread (min-max), the weight bytes per second of the median, and the median CPU time
+of this process per pass (on a machine busy with other work, CPU time at --threads 1
+moves much less than wall time). MAX_ROWS in
 worker_svc/model/cpu/small_linear.py is where the kernel stops winning.
 """
 
@@ -46,6 +49,10 @@ def methods(dtype: torch.dtype | str):
         packed = [torch.ops.mkldnn._reorder_linear_weight(w, PACK_BATCH) for w in plain]
         out["oneDNN packed"] = (packed, lambda x, w: torch.ops.mkldnn._linear_pointwise(
             x.to(w.dtype), w, None, "none", [], "").float())
+        # oneDNN on the plain row-major weight (it reorders per call): what a worker
+        # holding one copy would run instead of the packed one
+        out["oneDNN plain"] = (plain, lambda x, w: torch.ops.mkldnn._linear_pointwise(
+            x.to(w.dtype), w, None, "none", [], "").float())
     if kernel is not None:
         out["small_linear"] = (plain, kernel)
     return out
@@ -56,14 +63,16 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--rows", default="1,2,4,8,12,16")
     ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--dtypes", default="float32,bfloat16,int8")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     rows_list = [int(r) for r in args.rows.split(",")]
     print(f"# {platform.processor() or platform.machine()}, {args.threads} threads, "
           f"torch {torch.__version__}, bf16 instructions: {native_bf16()}")
     print(f"{'dtype':9} {'rows':>4} {'method':14} {'median ms':>9} {'spread ms':>13} "
-          f"{'GB/s':>6}")
-    for dtype in (torch.float32, torch.bfloat16, "int8"):
+          f"{'GB/s':>6} {'cpu ms':>8}")
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int8": "int8"}
+    for dtype in (dtypes[d] for d in args.dtypes.split(",")):
         ms = methods(dtype)
         if not ms:
             continue
@@ -72,17 +81,20 @@ def main() -> None:
         for rows in rows_list:
             xs = {i: torch.randn(rows, i) for i in {s[1] for s in SHAPES}}
             times = {name: [] for name in ms}
+            cpu = {name: [] for name in ms}
             for _ in range(args.repeats + 1):  # the first round warms up, untimed
                 for name, (weights, fn) in ms.items():
-                    start = time.perf_counter()
+                    start, cpu_start = time.perf_counter(), time.process_time()
                     for w in weights:
                         fn(xs[w.shape[1]], w)
                     times[name].append(time.perf_counter() - start)
+                    cpu[name].append(time.process_time() - cpu_start)
             for name, ts in times.items():
                 ts = ts[1:]
                 med = statistics.median(ts)
                 print(f"{str(dtype).removeprefix('torch.'):9} {rows:4d} {name:14} {med * 1e3:9.2f} "
-                      f"{min(ts) * 1e3:6.2f}-{max(ts) * 1e3:6.2f} {nbytes / med / 1e9:6.1f}")
+                      f"{min(ts) * 1e3:6.2f}-{max(ts) * 1e3:6.2f} {nbytes / med / 1e9:6.1f} "
+                      f"{statistics.median(cpu[name][1:]) * 1e3:8.2f}")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,9 @@ pattern (or given pids and their descendants), summed, sampled while a benchmark
     python benchmarks/stack_memory.py --serve --load 16 --out docs/results/stack_memory-DATE.json
         # starts `gapserve serve` (default model and flags, plus any --serve-arg),
         # records each service's RSS once ready and again after --load requests
+    python benchmarks/stack_memory.py --serve --fill-pool --out ...
+        # and then with the KV pool full: concurrent prompts of random token ids
+        # (no shared prefix) whose tokens add up to more than the pool holds
 
 Each process is named by the service it runs (serve, frontend, scheduler, worker-0):
 the report's "services" maps a name to its RSS and "total_rss_bytes" sums them.
@@ -274,6 +277,38 @@ def machine() -> dict:
 READY_LINE = "Ctrl-C stops all services"  # gapserve serve's last line once all are healthy
 
 
+def _model_info(grpc_address: str):
+    import grpc
+
+    from shared.proto import common_pb2, generate_pb2_grpc
+
+    with grpc.insecure_channel(grpc_address) as channel:
+        return generate_pb2_grpc.GenerationStub(channel).GetModelInfo(
+            common_pb2.GetModelInfoRequest(), timeout=10.0).model_info
+
+
+def fill_pool_requests(pool_tokens: int, max_model_len: int, vocab_size: int,
+                       max_tokens: int = 8) -> list[list[int]]:
+    """Prompts of random token ids (each its own seed: no prefix in common, so no block
+    is shared) of up to 2048 tokens, one more than the pool holds at once: sent
+    together they occupy every block."""
+    import random
+
+    length = max(min(max_model_len - max_tokens, 2048), 1)
+    count = -(-pool_tokens // (length + max_tokens)) + 1
+    return [[random.Random(i).randrange(100, vocab_size) for _ in range(length)]
+            for i in range(count)]
+
+
+def _token_request(http: str, model: str, prompt: list[int], max_tokens: int) -> None:
+    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": max_tokens,
+                       "temperature": 0, "ignore_eos": True}).encode()
+    req = urllib.request.Request(http + "/v1/completions", body,
+                                 {"content-type": "application/json"})
+    with urllib.request.urlopen(req, timeout=1800) as reply:
+        reply.read()
+
+
 def _one_request(http: str, i: int, max_tokens: int) -> None:
     body = json.dumps({"messages": [{"role": "user", "content": f"Tell story number {i}."}],
                        "max_tokens": max_tokens, "temperature": 0}).encode()
@@ -283,7 +318,16 @@ def _one_request(http: str, i: int, max_tokens: int) -> None:
         reply.read()
 
 
-def serve_and_measure(serve_args: list[str], load: int, max_tokens: int) -> dict:
+def _concurrently(target, arg_lists: list[tuple]) -> None:
+    threads = [threading.Thread(target=target, args=args) for args in arg_lists]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def serve_and_measure(serve_args: list[str], load: int, max_tokens: int,
+                      fill_pool: bool = False) -> dict:
     """Start `gapserve serve` as a child, read each service's RSS once it is ready,
     then after `load` concurrent chat requests; stop it. The worker's KV pages become
     resident as blocks are written, so the two readings differ by what the load used."""
@@ -300,17 +344,25 @@ def serve_and_measure(serve_args: list[str], load: int, max_tokens: int) -> dict
             else "8000"
         ready = MemorySampler(roots=[child.pid]).start().stop()
         out = {"command": "gapserve serve " + " ".join(serve_args), "at_start": ready}
+        http = f"http://127.0.0.1:{port}"
         if load:
             sampler = MemorySampler(roots=[child.pid]).start()
-            threads = [threading.Thread(target=_one_request,
-                                        args=(f"http://127.0.0.1:{port}", i, max_tokens))
-                       for i in range(load)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
+            _concurrently(_one_request, [(http, i, max_tokens) for i in range(load)])
             out["after_load"] = sampler.stop()
             out["load"] = {"requests": load, "max_tokens": max_tokens}
+        if fill_pool:
+            grpc_port = serve_args[serve_args.index("--grpc-port") + 1] \
+                if "--grpc-port" in serve_args else "50051"
+            info = _model_info(f"127.0.0.1:{grpc_port}")
+            pool_tokens = (info.num_kv_blocks - 1) * info.block_size
+            prompts = fill_pool_requests(pool_tokens, info.max_model_len, info.vocab_size)
+            sampler = MemorySampler(roots=[child.pid]).start()
+            t0 = time.monotonic()
+            _concurrently(_token_request, [(http, info.model_name, p, 8) for p in prompts])
+            out["pool_full"] = sampler.stop()
+            out["fill"] = {"pool_tokens": pool_tokens, "requests": len(prompts),
+                           "prompt_tokens": len(prompts[0]), "max_tokens": 8,
+                           "seconds": round(time.monotonic() - t0, 1)}
         return out
     finally:
         child.terminate()
@@ -337,20 +389,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--load", type=int, default=0,
                         help="with --serve: this many concurrent chat requests")
     parser.add_argument("--max-tokens", type=int, default=200)
+    parser.add_argument("--fill-pool", action="store_true",
+                        help="with --serve: then fill the KV pool (long concurrent prompts "
+                             "of random token ids) and measure again (pool_full)")
     parser.add_argument("--out", help="with --serve: write the record (with the machine) "
                                       "as JSON here, e.g. docs/results/stack_memory-*.json")
     args = parser.parse_args(argv)
     if args.serve:
         record = {"date": time.strftime("%Y-%m-%dT%H:%M+00:00", time.gmtime()),
                   "machine": machine(),
-                  **serve_and_measure(args.serve_arg, args.load, args.max_tokens)}
+                  **serve_and_measure(args.serve_arg, args.load, args.max_tokens,
+                                     args.fill_pool)}
         text = json.dumps(record, indent=2)
         if args.out:
             Path(args.out).write_text(text + "\n")
-        for phase in ("at_start", "after_load"):
+        for phase in ("at_start", "after_load", "pool_full"):
             if phase in record:
                 parts = ", ".join(f"{k} {_mib(v)}" for k, v in record[phase]["services"].items())
-                print(f"{phase}: total {_mib(record[phase]['total_rss_bytes'])} ({parts})")
+                print(f"{phase}: total {_mib(record[phase]['total_rss_bytes'])} ({parts}); "
+                      f"peak summed RSS {_mib(record[phase]['peak_sum_rss_bytes'])}")
         return 0
     if not args.match and not args.pid:
         parser.error("give --match or --pid")

@@ -168,7 +168,8 @@ class WorkerComputeFlags:
 # --- the CPU compute plan (issue 29, worker_svc/compute_plan.py): each switch turns one
 # C kernel or weight layout off; the env spelling is GAPSERVE_CPU_...=off
 CPU_SWITCHES = {
-    "prepack": "matmul weights prepacked in oneDNN's layout (off: plain tensors, F.linear)",
+    "prepack": "steps wider than the small-batch kernel's on oneDNN: on its plain weights "
+               "(one copy), else on weights prepacked in oneDNN's layout (off: F.linear)",
     "fused-ops": "a layer's norms, RoPE, KV write and SiLU in C (off: torch ops)",
     "decode-layers": "small decode steps run every layer in one C call (off: the "
                      "Python loop over the same kernels)",

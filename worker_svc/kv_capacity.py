@@ -15,9 +15,10 @@ import torch
 
 from worker_svc.model.config import ModelConfig
 
-# 1 GiB = 23k tokens of the default model in fp32 (45 KiB a token): 2.8 requests at
-# its full 8192 tokens, hundreds of chat-sized ones; --kv-cache-memory raises it.
-DEFAULT_CPU_KV_BYTES = 1 << 30
+# 512 MiB = 11.6k tokens of the default model in fp32 (45 KiB a token): 1.4 requests
+# at its full 8192 tokens, dozens of chat-sized ones, and the default stack stays
+# under 2 GB with the pool full (docs/tuning.md, "Memory"); --kv-cache-memory raises it.
+DEFAULT_CPU_KV_BYTES = 512 << 20
 DEFAULT_CPU_KV_SHARE = 0.25  # of the memory available at start-up, for shared machines
 
 
@@ -50,7 +51,7 @@ def cgroup_available(files: tuple[tuple[str, str], ...] | None = None) -> int | 
 
 
 def default_cpu_kv_memory() -> int:
-    """min(1 GiB, a quarter of available memory): roomy, yet polite on a shared host.
+    """min(512 MiB, a quarter of available memory): a 2 GB stack, polite on a shared host.
     Available is the lesser of MemAvailable and what the cgroup limit leaves."""
     try:
         with open("/proc/meminfo") as f:

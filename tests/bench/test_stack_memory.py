@@ -66,3 +66,16 @@ def test_the_report_gives_rss_by_service_and_their_total():
              memory.ProcessMemory(3, "python -m gapserve worker --rank 0", 1000, 990, 1100)]
     assert memory.by_service(procs) == {"frontend": 150, "worker-0": 1000}
     assert memory.StackMemory(procs).rss_bytes == 1150
+
+
+def test_the_pool_filling_prompts_hold_more_tokens_than_the_pool_and_share_no_block():
+    prompts = memory.fill_pool_requests(pool_tokens=11632, max_model_len=8192,
+                                              vocab_size=49152, max_tokens=8)
+    assert all(len(p) == 2048 for p in prompts)
+    # one request more than the pool holds at once: together they occupy every block
+    assert (len(prompts) - 1) * (2048 + 8) >= 11632
+    assert len({tuple(p[:16]) for p in prompts}) == len(prompts)  # no first block in common
+    assert all(100 <= t < 49152 for p in prompts for t in p)
+    short = memory.fill_pool_requests(pool_tokens=1000, max_model_len=256,
+                                            vocab_size=500, max_tokens=8)
+    assert all(len(p) == 248 for p in short) and (len(short) - 1) * 256 >= 1000

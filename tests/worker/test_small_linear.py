@@ -84,10 +84,24 @@ def test_decode_steps_give_the_same_greedy_tokens_with_and_without_the_kernel(
     prompts = [list(range(3, 23)), list(range(40, 60)), list(range(7, 27))]
     on = tiny_cpu_runner(path)
     assert on.model.small is not None
-    packed = on.model.w.layers[0].gate_up.is_mkldnn
-    assert (on.model.w.plain_layers is not None) == packed  # a plain copy beside a packed one
+    # one copy: the kernel's plain weights, which the wide steps read through oneDNN
+    assert not on.model.w.layers[0].gate_up.is_mkldnn and on.model.w.plain_layers is None
     off = tiny_cpu_runner(path, cpu_small_batch=False)
     assert off.model.small is None and off.model.w.plain_layers is None
-    if packed:  # the copy is counted where the KV cache is sized
-        assert weight_bytes(on.model.w) > weight_bytes(off.model.w)
+    if off.model.w.layers[0].gate_up.is_mkldnn:  # prepacked: the wide steps' only copy
+        assert on.compute_plan.prepack and off.compute_plan.prepack
     assert run_outputs(on, prompts, 12) == run_outputs(off, prompts, 12)
+
+
+def test_the_plain_weights_serve_wide_steps_as_the_prepacked_ones_do(tiny_llama_dir):
+    # a prefill of 60 rows (past MAX_ROWS) on the one plain copy through oneDNN, and
+    # the same on a prepacked copy (no small-batch kernel): the same logits
+    from .test_model_matches_transformers import _chunk_logits, _state
+    prompt = list(range(3, 63))
+    one = tiny_cpu_runner(tiny_llama_dir)
+    packed = tiny_cpu_runner(tiny_llama_dir, cpu_small_batch=False)
+    assert one.compute_plan.prepack and not one.model.w.layers[0].gate_up.is_mkldnn
+    torch.testing.assert_close(_chunk_logits(one, _state(prompt), len(prompt)),
+                               _chunk_logits(packed, _state(prompt), len(prompt)),
+                               rtol=1e-5, atol=1e-5)
+    assert weight_bytes(one.model.w) <= weight_bytes(packed.model.w)

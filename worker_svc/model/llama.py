@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from worker_svc.attention.metadata import AttentionMetadata
 from worker_svc.kv_capacity import kv_cache_tensors
-from worker_svc.model.cpu import decode_layers, fused_ops, quant_weights, small_linear
+from worker_svc.model.cpu import cpu_dtype, decode_layers, fused_ops, quant_weights, small_linear
 from worker_svc.model.cpu.quant_weights import QuantWeight
 from worker_svc.model import layers
 from worker_svc.model.config import ModelConfig, layer_windows, require_silu
@@ -83,6 +83,10 @@ class DecoderModel:
         # steps up to this many tokens run the kernel (more on int8 copies); the
         # vocabulary projection's own limit is the plan's too
         self.small_max_rows = plan.small_max_rows
+        # wider steps: oneDNN (prepacked weights, or the small-batch kernel's plain ones,
+        # the one copy then: cpu_dtype), else torch's matmul
+        self._wide_linear = cpu_dtype.onednn_linear if (
+            plan.prepack and plan.small_batch == "plain") else _linear
         self.logits_max_rows = plan.logits_max_rows
         # greedy rows of small steps: the projection screened by an int8 copy
         self.argmax_screen = weights.argmax_screen if plan.argmax_screen else None
@@ -188,7 +192,7 @@ class DecoderModel:
         small-batch kernel on its copies up to small_max_rows, else oneDNN/torch."""
         if self.small is not None and rows <= self.small_max_rows:
             return self._small_layers, self.small
-        return self.w.layers, _linear
+        return self.w.layers, self._wide_linear
 
     def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Embeddings in the activation dtype (fp32 under bf16 CPU weights)."""
@@ -210,7 +214,7 @@ class DecoderModel:
         if small:
             logits = self.small(x, self._small_lm_head)
         else:
-            logits = _linear(x, self.w.lm_head)
+            logits = self._wide_linear(x, self.w.lm_head)
         return layers.gathered_logits(logits, self.tp, self.cfg.vocab_size)
 
 

@@ -12,6 +12,18 @@ fp32 for a large batch. The residual stream, norms, RoPE, attention and the KV c
 stay fp32: the fp32 C ops and the decode attention kernel keep working, and only
 the matmuls round (their inputs to bf16, accumulating in fp32), which keeps greedy
 output closer to the fp32 reference than a whole-bf16 model (docs/benchmarks.md).
+
+One copy of each matmul weight where the small-batch kernel reads plain ones: its
+row-major copy serves the wide steps too, through oneDNN on the plain layout
+(onednn_linear: oneDNN lays the weight out as it goes), instead of a prepacked copy
+beside it. The second copy was 538 MB of the default model's 1.1 GB of weights, the
+difference between a full KV pool fitting a 2 GB stack or not (docs/tuning.md,
+"Memory"); benchmarks/small_linear.py on the Sapphire Rapids VM, one thread, CPU ms
+for all the model's matmuls, oneDNN on the plain weight against the packed one:
+16 rows 100.5 against 86.9, 64: 188.3/167.5, 256: 472.9/456.0 (F.linear: 119.5,
+202.6, 477.8). Steps of up to small_linear.MAX_ROWS rows, every decode step of up
+to 8 streams, do not change. The prepacked copy stays where it is the wide steps'
+only fp32 copy: --no-cpu-small-batch, and --quantization int8 (whose copies are int8).
 """
 
 from __future__ import annotations
@@ -69,14 +81,17 @@ def prepack_available(dtype: torch.dtype) -> bool:
 def prepare_matmul_weights(weights: ModelWeights, dtype: torch.dtype, pack: bool,
                            small: str | None = None) -> ModelWeights:
     """The same weights with every matmul weight (and the vocabulary projection) in
-    dtype and, with pack (the compute plan's prepack), prepacked; norms and the embedding table stay plain
-    tensors (the embedding looks rows up; a tied projection gets its own packed copy).
+    dtype and, with pack (the compute plan's prepack) and no plain small-batch copies,
+    prepacked; norms and the embedding table stay plain tensors (the embedding looks
+    rows up; a tied projection gets its own packed copy).
     Each original is dropped as it is replaced, so the peak is one tensor over.
-    small: the small-batch kernel's own copies (ModelWeights.plain_layers,
-    plain_lm_head): "plain" row-major copies in dtype of prepacked weights (none are
-    needed when nothing is prepacked), "int8" int8 copies quantized from the loaded
-    weights (small_linear.Int8Weight, --quantization int8), None none."""
+    small: the small-batch kernel's weights: "plain" row-major weights in dtype, the
+    one copy every step reads (never prepacked: see the module's docstring; wide steps
+    run onednn_linear on them where pack asks for oneDNN), "int8" int8 copies
+    quantized from the loaded weights (small_linear.Int8Weight, --quantization int8)
+    beside the dtype ones (ModelWeights.plain_layers, plain_lm_head), None none."""
     int8 = small == "int8"
+    pack = pack and small != "plain"
     if not pack and not int8 and dtype == weights.embed.dtype:
         return weights
     layers, small_layers = [], []
@@ -85,23 +100,27 @@ def prepare_matmul_weights(weights: ModelWeights, dtype: torch.dtype, pack: bool
             small_layers.append(dataclasses.replace(lw, **{
                 name: small_linear.quantize_int8(getattr(lw, name))
                 for name in LINEARS if not name.endswith("bias")}))
-        plain = {name: _prepare(getattr(lw, name), dtype, False) for name in LINEARS}
-        packed = {name: _prepare(t, dtype, True) if pack and not name.endswith("bias")
-                  else t for name, t in plain.items()}
-        if small == "plain" and pack:
-            small_layers.append(dataclasses.replace(lw, **plain))
-        layers.append(dataclasses.replace(lw, **packed))
+        layers.append(dataclasses.replace(lw, **{
+            name: _prepare(getattr(lw, name), dtype, pack and not name.endswith("bias"))
+            for name in LINEARS}))
     weights.layers = layers  # release the originals before the vocabulary copies
     tied = weights.lm_head is weights.embed
     small_lm_head = small_linear.quantize_int8(weights.lm_head) if int8 else None
     embed = weights.embed.to(dtype)
     plain_lm_head = embed if tied else weights.lm_head.to(dtype).contiguous()
     lm_head = _prepare(plain_lm_head, dtype, True) if pack else plain_lm_head
-    if small == "plain" and pack:
-        small_lm_head = plain_lm_head
     return ModelWeights(embed=embed, layers=layers, final_norm=weights.final_norm,
                         lm_head=lm_head, plain_layers=small_layers or None,
                         plain_lm_head=small_lm_head)
+
+
+def onednn_linear(x: torch.Tensor, weight: torch.Tensor,
+                  bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ weight.T + bias through oneDNN on a plain row-major weight (in the
+    activation's dtype out): the wide steps of a worker whose one copy of the weights
+    is the small-batch kernel's."""
+    return torch.ops.mkldnn._linear_pointwise(x.to(weight.dtype), weight, bias, "none",
+                                              [], "").to(x.dtype)
 
 
 def _prepare(t: torch.Tensor | None, dtype: torch.dtype, pack: bool) -> torch.Tensor | None:
