@@ -244,7 +244,8 @@ def scheduler_config(args, info: ModelInfo) -> SchedulerConfig:
         num_scheduler_steps=args.num_scheduler_steps,
         # the workers' --speculative-config: they propose and verify, the scheduler
         # gives the slots (one flag, one owner; docs/spec_decode.md)
-        speculative_config=parse_speculative_config(info.speculative_config))
+        speculative_config=parse_speculative_config(info.speculative_config),
+        sliding_window=info.sliding_window)
     if args.max_num_seqs is not None:
         cfg.max_num_seqs = args.max_num_seqs
     # The worker's budget: it profiled its memory with it (the handshake checked a flag).
@@ -322,7 +323,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         server.set_serving()
         log.info("scheduler_ready", model=info.model_name, num_kv_blocks=info.num_kv_blocks,
                  block_size=info.block_size, max_model_len=cfg.max_model_len,
-                 max_num_seqs=cfg.max_num_seqs,
+                 sliding_window=cfg.sliding_window, max_num_seqs=cfg.max_num_seqs,
                  max_num_batched_tokens=cfg.max_num_batched_tokens,
                  max_open_requests=engine.max_open_requests)
         stop.wait()

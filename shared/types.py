@@ -307,3 +307,6 @@ class ModelInfo:
     compute_plan: str = ""  # how the worker computes steps (worker_svc/compute_plan.py)
     speculative_config: str = ""  # the worker's --speculative-config, canonical JSON
     model_path: str = ""  # the worker's resolved model directory (tokenizer files, config)
+    # every attention layer's sliding window, 0 if some layer sees every key: the
+    # scheduler frees blocks wholly behind a running request's window (shared/kv_window.py)
+    sliding_window: int = 0

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from shared.kv_window import max_blocks_per_request
 from shared.model_files.default_model import resolve_model
 from shared.telemetry import get_logger
 from shared.types import (InvalidRequestError, ModelInfo, ModelRunnerOutput,
@@ -29,7 +30,7 @@ from worker_svc import fault_injection
 from worker_svc.inputs import prepare_inputs
 from worker_svc.kv_capacity import (KvAccounting, bytes_per_block, cpu_num_blocks,
                                     cuda_num_blocks, usable_blocks)
-from worker_svc.model.config import layer_windows, load_model_config
+from worker_svc.model.config import kv_window, layer_windows, load_model_config
 from worker_svc.model.cpu.cpu_dtype import native_bf16
 from worker_svc.model.loading.dummy_weights import dummy_weights
 from worker_svc.model.registry import FAMILIES
@@ -100,6 +101,13 @@ class ModelRunner:
                 model_cfg=cfg, local_cfg=self.local_config, weights=weights,
                 max_model_len=self.max_model_len, block_size=self.block_size, tp=self.tp,
                 first=self.plan.first)
+            # the window the scheduler frees blocks behind: not with a draft model's
+            # KV beside ours in the same blocks (its attention is not windowed alike)
+            self.sliding_window = kv_window(cfg, self.max_model_len) \
+                if self.speculator is None or not self.speculator.kv_bytes_per_block(1) else 0
+            # positions a request may step back: the draft slots a step may reject
+            self._lookback = 0 if self.speculator is None \
+                else self.speculator.spec.num_speculative_tokens
             if self.tp is not None:  # the CUDA profiling pass runs collectives
                 self.tp.wait_for_all("loaded")
             self.num_kv_blocks = self._measure_num_blocks()
@@ -141,7 +149,7 @@ class ModelRunner:
             max_num_batched_tokens=self.max_num_batched_tokens,
             compute_plan=self.compute_plan.summary(),
             speculative_config="" if self.speculator is None else self.speculator.summary(),
-            model_path=str(self.model_dir))
+            model_path=str(self.model_dir), sliding_window=self.sliding_window)
 
     # ------------------------------------------------------------------ a step
 
@@ -154,7 +162,8 @@ class ModelRunner:
             self.drop_requests()
         check_step(step, self.requests, vocab_size=self.model_config.vocab_size,
                    max_model_len=self.max_model_len, num_blocks=self.num_kv_blocks,
-                   block_size=self.block_size)  # raises before anything changes
+                   block_size=self.block_size, sliding_window=self.sliding_window,
+                   lookback=self._lookback)  # raises before anything changes
         self._apply_increments(step)
         order = list(step.num_scheduled_tokens)
         out = ModelRunnerOutput(step_id=step.step_id, req_ids=order)
@@ -383,7 +392,11 @@ class ModelRunner:
         per_block = bytes_per_block(self.local_config, self.block_size, self.model.dtype)
         if self.speculator is not None:  # a separate draft model's KV shares the blocks
             per_block += self.speculator.kv_bytes_per_block(self.block_size)
-        blocks_per_seq = -(-self.max_model_len // self.block_size)
+        # one request's most blocks at once: all of max_model_len, or with a window
+        # (whose blocks behind it the scheduler frees) the window and one chunk
+        blocks_per_seq = max_blocks_per_request(
+            self.max_model_len, self.block_size, self.sliding_window,
+            self.max_num_batched_tokens, self._lookback)
         if config.num_gpu_blocks_override is not None:
             num_blocks = config.num_gpu_blocks_override
         elif self.device.type == "cuda":
@@ -400,8 +413,11 @@ class ModelRunner:
             raise ValueError(
                 f"the KV cache holds {max(num_blocks - 1, 0) * self.block_size} tokens "
                 f"({num_blocks} blocks of {self.block_size}, block 0 reserved), less than "
-                f"one sequence of --max-model-len {self.max_model_len}: lower "
-                f"--max-model-len or raise {more}")
+                f"one sequence of --max-model-len {self.max_model_len}" + (
+                    f" needs at once ({blocks_per_seq} blocks: its "
+                    f"{self.sliding_window}-token window and a chunk)"
+                    if self.sliding_window else "")
+                + f": lower --max-model-len or raise {more}")
         self.kv_accounting = KvAccounting(
             weight_bytes=self.weight_bytes, kv_bytes_per_token=per_block // self.block_size,
             num_blocks=num_blocks, block_size=self.block_size,
