@@ -245,7 +245,8 @@ def scheduler_config(args, info: ModelInfo) -> SchedulerConfig:
         # the workers' --speculative-config: they propose and verify, the scheduler
         # gives the slots (one flag, one owner; docs/spec_decode.md)
         speculative_config=parse_speculative_config(info.speculative_config),
-        sliding_window=info.sliding_window)
+        sliding_window=info.sliding_window,
+        long_prompt_rope_from=info.long_prompt_rope_from)
     if args.max_num_seqs is not None:
         cfg.max_num_seqs = args.max_num_seqs
     # The worker's budget: it profiled its memory with it (the handshake checked a flag).

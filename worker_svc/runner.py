@@ -32,6 +32,7 @@ from worker_svc.kv_capacity import (KvAccounting, bytes_per_block, cpu_num_block
                                     cuda_num_blocks, usable_blocks)
 from worker_svc.model.config import kv_window, layer_windows, load_model_config
 from worker_svc.model.cpu.cpu_dtype import native_bf16
+from worker_svc.model.layers import longrope_rows
 from worker_svc.model.loading.dummy_weights import dummy_weights
 from worker_svc.model.registry import FAMILIES
 from worker_svc.model.loading.weights import weight_bytes
@@ -149,7 +150,8 @@ class ModelRunner:
             max_num_batched_tokens=self.max_num_batched_tokens,
             compute_plan=self.compute_plan.summary(),
             speculative_config="" if self.speculator is None else self.speculator.summary(),
-            model_path=str(self.model_dir), sliding_window=self.sliding_window)
+            model_path=str(self.model_dir), sliding_window=self.sliding_window,
+            long_prompt_rope_from=cfg.long_from or 0)
 
     # ------------------------------------------------------------------ a step
 
@@ -265,7 +267,12 @@ class ModelRunner:
         rows = [states[i] for i in inputs.sample_rows] if verify is None else \
             verify.rows(states, inputs.sample_rows)
         t0 = time.perf_counter()
-        logits = self.model.forward(inputs.input_ids, inputs.positions, self.kv_caches,
+        positions = inputs.positions
+        if self.model_config.long_from is not None:  # longrope: a long prompt's own rows
+            positions = longrope_rows(positions, [s.num_prompt_tokens for s in states],
+                                      inputs.num_scheduled, self.model_config.long_from,
+                                      self.max_model_len)
+        logits = self.model.forward(inputs.input_ids, positions, self.kv_caches,
                                     inputs.meta, inputs.logits_indices,
                                     argmax_only=_argmax_only(
                                         rows, self.compute_plan.logits_max_rows))

@@ -46,6 +46,9 @@ class SchedulerConfig:
     # sees every key). Blocks wholly behind a running request's window are freed as it
     # advances (docs/scheduling.md, "Sliding-window models").
     sliding_window: int = 0
+    # longrope (the worker's handshake): a prompt longer than this rotates every token
+    # with the long factors, so its blocks hash apart from a shorter prompt's (0: none)
+    long_prompt_rope_from: int = 0
     # Per-deployment salt of the prefix-cache hash chain; random unless pinned.
     hash_seed: str = field(default_factory=lambda: secrets.token_hex(16))
 

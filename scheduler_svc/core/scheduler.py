@@ -59,7 +59,8 @@ class Scheduler:
         self.kv = KVCacheManager(num_blocks, config.block_size, config.max_model_len,
                                  config.enable_prefix_caching, config.sliding_window,
                                  lookback)
-        self.hasher = BlockHasher(config.block_size, config.hash_seed) \
+        self.hasher = BlockHasher(config.block_size, config.hash_seed,
+                                  config.long_prompt_rope_from) \
             if config.enable_prefix_caching else None
         self.requests: dict[str, Request] = {}  # every unfinished request
         self.waiting = make_queue(config.policy)

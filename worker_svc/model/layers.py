@@ -65,6 +65,21 @@ def rope_tables(inv_freq: torch.Tensor, scaling: float, head_dim: int, max_posit
     return cos, sin
 
 
+def longrope_rows(positions: torch.Tensor, num_prompt_tokens: list[int], q_lens: list[int],
+                  long_from: int, max_positions: int) -> torch.Tensor:
+    """The rope-table rows of a step's tokens under longrope (model/phi3.py): a request
+    whose prompt is longer than long_from (original_max_position_embeddings) rotates
+    every token with the long factors, from the second table at max_positions on, as
+    transformers' one-call prefill of that prompt does; the others keep the per-position
+    table (long from long_from on, as transformers' decode calls past it)."""
+    offsets = [max_positions if n > long_from else 0 for n in num_prompt_tokens]
+    if not any(offsets):
+        return positions
+    return positions + torch.repeat_interleave(
+        torch.tensor(offsets, device=positions.device),
+        torch.tensor(q_lens, device=positions.device))
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x [tokens, heads, head_dim]; cos/sin [tokens, 1, rotary_dim] (rope_tables' rows of
     the tokens' positions): the first rotary_dim dims rotated, the rest passed through

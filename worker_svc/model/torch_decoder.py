@@ -179,6 +179,10 @@ class TorchDecoder:
         self.cos, self.sin = layers.rope_tables(cfg.inv_freq, cfg.rope_scaling, cfg.head_dim,
                                                 max_positions, weights.embed.device, self.dtype,
                                                 cfg.long_inv_freq, cfg.long_from)
+        if cfg.long_from is not None:  # longrope: rows max_positions on rotate all long
+            cos, sin = layers.rope_tables(cfg.long_inv_freq, cfg.rope_scaling, cfg.head_dim,
+                                          max_positions, weights.embed.device, self.dtype)
+            self.cos, self.sin = torch.cat([self.cos, cos]), torch.cat([self.sin, sin])
         # each layer's sliding window, None where it attends to every key
         self.windows = layer_windows(cfg, max_positions)
         self.screen_rows = {"screened": 0, "full": 0}  # no screen on this path
