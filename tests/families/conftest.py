@@ -53,6 +53,16 @@ VARIANTS = {
         dict(num_experts=5, num_experts_per_tok=3, moe_intermediate_size=48,
              norm_topk_prob=False, decoder_sparse_step=2, mlp_only_layers=[],
              tie_word_embeddings=True)),
+    # use_sliding_window: layers from max_window_layers 1 on attend within 24 tokens
+    "qwen3_sliding_layers": ("Qwen3Config", "Qwen3ForCausalLM",
+                             dict(head_dim=16, use_sliding_window=True, sliding_window=24,
+                                  max_window_layers=1, tie_word_embeddings=False)),
+    # every layer windowed (Qwen3-MoE has no max_window_layers rule): blocks are freed
+    "qwen3_moe_sliding_window": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
+                                 dict(num_experts=4, num_experts_per_tok=2,
+                                      moe_intermediate_size=32, norm_topk_prob=True,
+                                      use_sliding_window=True, sliding_window=24,
+                                      tie_word_embeddings=False)),
     "mixtral": ("MixtralConfig", "MixtralForCausalLM",
                 dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=96,
                      tie_word_embeddings=False, sliding_window=None)),
