@@ -56,7 +56,7 @@ def test_an_unknown_model_type_is_refused_naming_it_and_the_supported_ones(famil
     path = _edit_config(family_dir("qwen3"), tmp_path / "c", model_type="gpt_neox",
                         architectures=["GPTNeoXForCausalLM"])
     with pytest.raises(ValueError, match=r"unsupported model_type 'gpt_neox'; supported: "
-                                         r"llama, .*qwen3, qwen3_moe, mixtral"):
+                                         r"llama, .*qwen3, qwen3_moe, qwen2_moe, mixtral"):
         load_model_config(path)
 
 
