@@ -40,10 +40,11 @@ SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
 
 # general.architecture -> the transformers model_type our families serve; the tensor
 # name tables live in worker_svc/model/loading/gguf_tensors.py under the same keys. Only the
-# architectures tests check against transformers' gguf_file= load are served; qwen3moe,
-# gemma2 and phi3 (tables drafted there) are refused until tests cover them.
+# architectures tests check against transformers' gguf_file= load are served; qwen3moe
+# (its table drafted there) is refused until a test covers it, and so is a phi3 GGUF
+# carrying longrope factors (transformers' GGUF load drops them).
 ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
-                 "gemma3": "gemma3_text"}
+                 "gemma2": "gemma2", "gemma3": "gemma3_text", "phi3": "phi3"}
 
 
 class GGUFError(ValueError):
@@ -88,6 +89,10 @@ def check_gguf(path: Path) -> str:
         raise GGUFError(f"{path}: GGUF architecture {arch!r} is not served (served: "
                         f"{', '.join(ARCHITECTURES)})")
     for t in reader.tensors:
+        if arch == "phi3" and t.name.startswith("rope_factors_"):
+            raise GGUFError(f"{path}: a phi3 GGUF with longrope factors ({t.name}) is not "
+                            "served: transformers' GGUF load drops longrope, so no "
+                            "reference checks it; serve its Hugging Face checkpoint")
         if t.tensor_type.name not in SUPPORTED_TYPES:
             raise GGUFError(f"{path}: tensor {t.name} has GGUF type {t.tensor_type.name}, "
                             "which gapserve does not load (loaded: "

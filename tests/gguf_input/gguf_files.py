@@ -18,9 +18,12 @@ _BLOCK = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q",
           "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
           "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
           "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate",
-          "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+          "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+          # phi3 keeps its checkpoint's fused layout
+          "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up"}
 _POST_ATTN = {"llama": "ffn_norm", "qwen2": "ffn_norm", "qwen3": "ffn_norm",
-              "gemma3": "post_attention_norm"}
+              "phi3": "ffn_norm",
+              "gemma2": "post_attention_norm", "gemma3": "post_attention_norm"}
 _GEMMA = {"pre_feedforward_layernorm": "ffn_norm",
           "post_feedforward_layernorm": "post_ffw_norm"}
 # byte offsets of the fp16 scale fields in each K-quant block (the rest: random bits)
@@ -92,7 +95,7 @@ def write_gguf(model, path, arch: str, kind: T = T.F32) -> None:
     w.add_key_length(head_dim)
     w.add_value_length(head_dim)
     w.add_vocab_size(cfg.vocab_size)
-    if arch == "gemma3":
+    if arch in ("gemma2", "gemma3"):
         w.add_sliding_window(cfg.sliding_window)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
@@ -101,6 +104,8 @@ def write_gguf(model, path, arch: str, kind: T = T.F32) -> None:
     w.add_token_merges(["Ġ t", "h e"])
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
+    if arch == "phi3":  # else transformers' Phi3Config default (32000) is past the vocab
+        w.add_pad_token_id(0)
     w.add_add_bos_token(False)
     w.add_chat_template(CHAT_TEMPLATE)
     rng = np.random.default_rng(7)
@@ -112,7 +117,7 @@ def write_gguf(model, path, arch: str, kind: T = T.F32) -> None:
             heads = cfg.num_attention_heads if "q_proj" in hf else cfg.num_key_value_heads
             data = data.reshape(heads, 2, data.shape[0] // heads // 2, *data.shape[1:]) \
                 .swapaxes(1, 2).reshape(data.shape)  # llama.cpp's converter's permute
-        if arch == "gemma3" and hf.endswith("norm.weight"):
+        if arch in ("gemma2", "gemma3") and hf.endswith("norm.weight"):
             data = data + 1  # llama.cpp's converter stores Gemma norms as 1 + w
         name = _gguf_name(hf, arch)
         if data.ndim == 1 or kind == T.F32:

@@ -29,6 +29,11 @@ _FAMILIES = {
     # transformers reads no head_dim from a qwen3 GGUF (its default, 128, holds)
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(tie_word_embeddings=True,
                                                       head_dim=128)),
+    # transformers reads no soft-caps or query_pre_attn_scalar from a gemma2 GGUF:
+    # its defaults (50, 30, 256) hold, for us as for it
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM",
+               dict(tie_word_embeddings=True, sliding_window=16)),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(tie_word_embeddings=False)),
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM",
                dict(tie_word_embeddings=True, sliding_window=16, layer_types=None)),
 }
@@ -50,7 +55,7 @@ def _tiny(arch: str):
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:
-                p.normal_(1.0, 0.3) if arch != "gemma3" else p.normal_(0.0, 0.3)
+                p.normal_(1.0, 0.3) if not arch.startswith("gemma") else p.normal_(0.0, 0.3)
             else:
                 p.normal_(0.0, 0.08)
     return model
@@ -112,6 +117,18 @@ def test_iq_tensor_type_is_refused_by_name(tmp_path):
     w.add_tensor("token_embd.weight", np.zeros((4, 144), dtype=np.uint8), raw_dtype=T.IQ4_NL)
     w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
     with pytest.raises(GGUFError, match="token_embd.weight has GGUF type IQ4_NL"):
+        check_gguf(path)
+
+
+def test_a_phi3_gguf_with_longrope_factors_is_refused_by_name(tmp_path):
+    path = tmp_path / "longrope.gguf"
+    w = gguf.GGUFWriter(str(path), "phi3")
+    w.add_tensor("rope_factors_long.weight", np.ones(8, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(GGUFError, match="longrope factors"):
         check_gguf(path)
 
 
