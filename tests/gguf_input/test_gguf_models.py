@@ -34,6 +34,10 @@ _FAMILIES = {
     "gemma2": ("Gemma2Config", "Gemma2ForCausalLM",
                dict(tie_word_embeddings=True, sliding_window=16)),
     "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(tie_word_embeddings=False)),
+    # transformers reads no expert_feed_forward_length: its default (768, Qwen3-30B-A3B's)
+    "qwen3moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
+                 dict(tie_word_embeddings=False, head_dim=128, num_experts=4,
+                      num_experts_per_tok=2, moe_intermediate_size=768)),
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM",
                dict(tie_word_embeddings=True, sliding_window=16, layer_types=None)),
 }
@@ -130,6 +134,19 @@ def test_a_phi3_gguf_with_longrope_factors_is_refused_by_name(tmp_path):
     w.close()
     with pytest.raises(GGUFError, match="longrope factors"):
         check_gguf(path)
+
+
+def test_a_qwen3moe_gguf_whose_expert_width_transformers_misreads_is_refused(tmp_path):
+    import transformers
+    from shared.model_files.gguf_model import ensure_view
+    config_cls, model_cls, overrides = _FAMILIES["qwen3moe"]
+    config = transformers.Qwen3MoeConfig(**{**_BASE, **overrides, "moe_intermediate_size": 64})
+    torch.manual_seed(0)
+    path = tmp_path / "model" / "moe64.gguf"
+    path.parent.mkdir()
+    write_gguf(transformers.Qwen3MoeForCausalLM(config).eval(), path, "qwen3moe")
+    with pytest.raises(GGUFError, match="expert_feed_forward_length 64"):
+        ensure_view(path, tmp_path / "cache")
 
 
 def test_unknown_architecture_is_refused_by_name(tmp_path):

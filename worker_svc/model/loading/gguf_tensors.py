@@ -47,8 +47,7 @@ _TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
         "output": "lm_head"}
 
 # general.architecture -> (block table, undo llama's q/k permutation, norm offset);
-# shared/gguf_model.ARCHITECTURES decides which are served (qwen3moe: not yet, no test
-# checks it against transformers)
+# shared/gguf_model.ARCHITECTURES decides which are served
 TABLES = {
     "llama": (_COMMON_BLOCK, True, 0.0),
     "qwen2": (_COMMON_BLOCK, False, 0.0),
