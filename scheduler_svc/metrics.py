@@ -65,6 +65,10 @@ PREFIX_CACHE_QUERIES = Counter("gapserve:prefix_cache_queries",
                                "Prefix-cache queries, in tokens.", _M)
 PREFIX_CACHE_HITS = Counter("gapserve:prefix_cache_hits",
                             "Prefix-cache hits, in tokens.", _M)
+WINDOW_FREED_BLOCKS = Counter(
+    "gapserve:kv_window_freed_blocks",
+    "KV blocks freed behind a sliding window while their request ran (a model whose "
+    "every attention layer is windowed; docs/scheduling.md).", _M)
 ITERATION_TOKENS = Histogram("gapserve:iteration_tokens_total",
                              "Tokens scheduled per step.", _M,
                              buckets=[1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192,
@@ -202,6 +206,7 @@ class _Series:
     forward_passes: Any
     step_duration: Any
     preemptions: Any  # made at start, so dashboards see 0 rather than no series
+    window_freed: Any
 
     @classmethod
     def of(cls, m: str) -> _Series:
@@ -211,7 +216,7 @@ class _Series:
                    KV_CACHE_USAGE.labels(m), PREFIX_CACHE_QUERIES.labels(m),
                    PREFIX_CACHE_HITS.labels(m), ITERATION_TOKENS.labels(m),
                    FORWARD_PASSES.labels(m), STEP_DURATION.labels(m),
-                   NUM_PREEMPTIONS.labels(m))
+                   NUM_PREEMPTIONS.labels(m), WINDOW_FREED_BLOCKS.labels(m))
 
 
 @dataclass(slots=True)
@@ -230,6 +235,7 @@ class SchedulerTelemetry:
     _monitor: CapacityMonitor | None = None
     _diagnosis: Diagnosis | None = None
     _prefix_seen: tuple[int, int] = (0, 0)  # cumulative (queries, hits) already counted
+    _window_freed_seen: int = 0  # cumulative blocks freed behind a window, counted
     _preemptions_total: int = 0
     _log: Any = None
     _series: _Series | None = None
@@ -465,6 +471,10 @@ class SchedulerTelemetry:
         if hits > seen_h:
             c.prefix_hits.inc(hits - seen_h)
         self._prefix_seen = (max(queries, seen_q), max(hits, seen_h))
+        freed = int(_stat(stats, "num_window_freed_blocks_total"))
+        if freed > self._window_freed_seen:
+            c.window_freed.inc(freed - self._window_freed_seen)
+            self._window_freed_seen = freed
         if self._spec is not None:
             self._spec.observe(stats)
         self._monitor.observe(reading, now)

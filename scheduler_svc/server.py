@@ -234,7 +234,10 @@ def scheduler_config(args, info: ModelInfo) -> SchedulerConfig:
     facts = {"block_size": info.block_size, "max_model_len": info.max_model_len,
              # the workers' --speculative-config: they propose and verify, the scheduler
              # gives the slots (one flag, one owner; docs/spec_decode.md)
-             "speculative_config": parse_speculative_config(info.speculative_config)}
+             "speculative_config": parse_speculative_config(info.speculative_config),
+             # the model's window and longrope threshold: the worker's facts
+             "sliding_window": info.sliding_window,
+             "long_prompt_rope_from": info.long_prompt_rope_from}
     if info.max_num_batched_tokens:
         facts["max_num_batched_tokens"] = info.max_num_batched_tokens
     cfg = from_flags(SchedulerConfig, args, flags.SchedulerFlags,
@@ -310,7 +313,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         server.set_serving()
         log.info("scheduler_ready", model=info.model_name, num_kv_blocks=info.num_kv_blocks,
                  block_size=info.block_size, max_model_len=cfg.max_model_len,
-                 max_num_seqs=cfg.max_num_seqs,
+                 sliding_window=cfg.sliding_window, max_num_seqs=cfg.max_num_seqs,
                  max_num_batched_tokens=cfg.max_num_batched_tokens,
                  max_open_requests=engine.max_open_requests)
         stop.wait()

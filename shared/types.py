@@ -307,3 +307,9 @@ class ModelInfo:
     compute_plan: str = ""  # how the worker computes steps (worker_svc/compute_plan.py)
     speculative_config: str = ""  # the worker's --speculative-config, canonical JSON
     model_path: str = ""  # the worker's resolved model directory (tokenizer files, config)
+    # every attention layer's sliding window, 0 if some layer sees every key: the
+    # scheduler frees blocks wholly behind a running request's window (shared/kv_window.py)
+    sliding_window: int = 0
+    # longrope: a prompt longer than this rotates every token with the long factors,
+    # so the prefix-cache hash keeps such prompts apart (0: not such a model)
+    long_prompt_rope_from: int = 0

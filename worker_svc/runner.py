@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from shared.kv_window import max_blocks_per_request
 from shared.model_files.default_model import resolve_model
 from shared.model_files.gguf_model import gguf_source
 from shared.telemetry import get_logger
@@ -30,8 +31,9 @@ from worker_svc import fault_injection
 from worker_svc.inputs import prepare_inputs
 from worker_svc.kv_capacity import (KvAccounting, bytes_per_block, cpu_num_blocks,
                                     cuda_num_blocks, usable_blocks)
-from worker_svc.model.config import layer_windows, load_model_config
+from worker_svc.model.config import kv_window, layer_windows, load_model_config
 from worker_svc.model.cpu.cpu_dtype import native_bf16
+from worker_svc.model.layers import longrope_rows
 from worker_svc.model.loading.dummy_weights import dummy_weights
 from worker_svc.model.loading.gguf_quantized import held_types, load_quantized_weights
 from worker_svc.model.loading.gguf_tensors import matmul_types
@@ -112,6 +114,13 @@ class ModelRunner:
                 model_cfg=cfg, local_cfg=self.local_config, weights=weights,
                 max_model_len=self.max_model_len, block_size=self.block_size, tp=self.tp,
                 first=self.plan.first)
+            # the window the scheduler frees blocks behind: not with a draft model's
+            # KV beside ours in the same blocks (its attention is not windowed alike)
+            self.sliding_window = kv_window(cfg, self.max_model_len) \
+                if self.speculator is None or not self.speculator.kv_bytes_per_block(1) else 0
+            # positions a request may step back: the draft slots a step may reject
+            self._lookback = 0 if self.speculator is None \
+                else self.speculator.spec.num_speculative_tokens
             if self.tp is not None:  # the CUDA profiling pass runs collectives
                 self.tp.wait_for_all("loaded")
             self.num_kv_blocks = self._measure_num_blocks()
@@ -153,7 +162,8 @@ class ModelRunner:
             max_num_batched_tokens=self.max_num_batched_tokens,
             compute_plan=self.compute_plan.summary(),
             speculative_config="" if self.speculator is None else self.speculator.summary(),
-            model_path=str(self.model_dir))
+            model_path=str(self.model_dir), sliding_window=self.sliding_window,
+            long_prompt_rope_from=cfg.long_from or 0)
 
     # ------------------------------------------------------------------ a step
 
@@ -166,7 +176,8 @@ class ModelRunner:
             self.drop_requests()
         check_step(step, self.requests, vocab_size=self.model_config.vocab_size,
                    max_model_len=self.max_model_len, num_blocks=self.num_kv_blocks,
-                   block_size=self.block_size)  # raises before anything changes
+                   block_size=self.block_size, sliding_window=self.sliding_window,
+                   lookback=self._lookback)  # raises before anything changes
         self._apply_increments(step)
         order = list(step.num_scheduled_tokens)
         out = ModelRunnerOutput(step_id=step.step_id, req_ids=order)
@@ -268,7 +279,12 @@ class ModelRunner:
         rows = [states[i] for i in inputs.sample_rows] if verify is None else \
             verify.rows(states, inputs.sample_rows)
         t0 = time.perf_counter()
-        logits = self.model.forward(inputs.input_ids, inputs.positions, self.kv_caches,
+        positions = inputs.positions
+        if self.model_config.long_from is not None:  # longrope: a long prompt's own rows
+            positions = longrope_rows(positions, [s.num_prompt_tokens for s in states],
+                                      inputs.num_scheduled, self.model_config.long_from,
+                                      self.max_model_len)
+        logits = self.model.forward(inputs.input_ids, positions, self.kv_caches,
                                     inputs.meta, inputs.logits_indices,
                                     argmax_only=_argmax_only(
                                         rows, self.compute_plan.logits_max_rows))
@@ -395,7 +411,11 @@ class ModelRunner:
         per_block = bytes_per_block(self.local_config, self.block_size, self.model.dtype)
         if self.speculator is not None:  # a separate draft model's KV shares the blocks
             per_block += self.speculator.kv_bytes_per_block(self.block_size)
-        blocks_per_seq = -(-self.max_model_len // self.block_size)
+        # one request's most blocks at once: all of max_model_len, or with a window
+        # (whose blocks behind it the scheduler frees) the window and one chunk
+        blocks_per_seq = max_blocks_per_request(
+            self.max_model_len, self.block_size, self.sliding_window,
+            self.max_num_batched_tokens, self._lookback)
         if config.num_gpu_blocks_override is not None:
             num_blocks = config.num_gpu_blocks_override
         elif self.device.type == "cuda":
@@ -412,8 +432,11 @@ class ModelRunner:
             raise ValueError(
                 f"the KV cache holds {max(num_blocks - 1, 0) * self.block_size} tokens "
                 f"({num_blocks} blocks of {self.block_size}, block 0 reserved), less than "
-                f"one sequence of --max-model-len {self.max_model_len}: lower "
-                f"--max-model-len or raise {more}")
+                f"one sequence of --max-model-len {self.max_model_len}" + (
+                    f" needs at once ({blocks_per_seq} blocks: its "
+                    f"{self.sliding_window}-token window and a chunk)"
+                    if self.sliding_window else "")
+                + f": lower --max-model-len or raise {more}")
         self.kv_accounting = KvAccounting(
             weight_bytes=self.weight_bytes, kv_bytes_per_token=per_block // self.block_size,
             num_blocks=num_blocks, block_size=self.block_size,

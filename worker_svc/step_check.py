@@ -4,6 +4,7 @@ exactly as it was."""
 
 from __future__ import annotations
 
+from shared.kv_window import first_needed_position
 from shared.request_limits import token_ids_problem
 from shared.token_checksum import token_checksum
 from shared.types import MAX_NUM_STEPS, InvalidRequestError, SchedulerOutput
@@ -15,7 +16,16 @@ class StepError(ValueError):
 
 
 def check_step(step: SchedulerOutput, requests: dict[str, WorkerRequest], *, vocab_size: int,
-               max_model_len: int, num_blocks: int, block_size: int) -> None:
+               max_model_len: int, num_blocks: int, block_size: int,
+               sliding_window: int = 0, lookback: int = 0) -> None:
+    """sliding_window, lookback: ModelInfo's window and the draft slots a request may
+    roll back; a new or resumed request's table may then start with null blocks (0)
+    wholly behind the window of its first computed token (shared/kv_window.py)."""
+
+    def nulls_allowed(num_computed: int) -> int:
+        return first_needed_position(num_computed, sliding_window, lookback) \
+            // block_size if sliding_window else 0
+
     if not 1 <= step.num_steps <= MAX_NUM_STEPS:  # the step's shape before its requests
         raise StepError(f"num_steps {step.num_steps} outside [1, {MAX_NUM_STEPS}]")
     finished = step.finished_req_ids
@@ -24,7 +34,8 @@ def check_step(step: SchedulerOutput, requests: dict[str, WorkerRequest], *, voc
     stopped: set[str] = set()
     for new in step.scheduled_new_reqs:
         _check_new(new, requests, finished, after, vocab_size, max_model_len)
-        _check_blocks(new.req_id, new.block_ids, num_blocks)
+        _check_blocks(new.req_id, new.block_ids, num_blocks,
+                      nulls_allowed(new.num_computed_tokens))
         after[new.req_id] = (len(new.prompt_token_ids) + len(new.output_token_ids),
                              len(new.block_ids),
                              new.num_computed_tokens)
@@ -37,7 +48,9 @@ def check_step(step: SchedulerOutput, requests: dict[str, WorkerRequest], *, voc
         if state is None or req_id in finished or req_id in after:
             raise StepError(f"cached request {req_id!r} is not held by this worker "
                             "(unknown, finished, or also sent as new)")
-        _check_blocks(req_id, cached.new_block_ids[i], num_blocks)
+        _check_blocks(req_id, cached.new_block_ids[i], num_blocks,
+                      nulls_allowed(cached.num_computed_tokens[i])
+                      if cached.resumed_from_preemption[i] else 0)
         if cached.resumed_from_preemption[i]:
             _check_tokens(req_id, state, cached.resumed_token_checks.get(req_id))
         held = 0 if cached.resumed_from_preemption[i] or req_id in step.preempted_req_ids \
@@ -154,7 +167,11 @@ def _check_new(new, requests, finished, after, vocab_size: int, max_model_len: i
                         f"{new.num_computed_tokens} outside [0, {num_tokens})")
 
 
-def _check_blocks(req_id: str, block_ids: list[int], num_blocks: int) -> None:
-    for b in block_ids:
-        if not 0 < b < num_blocks:
+def _check_blocks(req_id: str, block_ids: list[int], num_blocks: int,
+                  leading_nulls: int = 0) -> None:
+    """Ids in [1, num_blocks), but for up to `leading_nulls` leading nulls (0): blocks
+    a sliding window left behind, which the attention never reads."""
+    for i, b in enumerate(block_ids):
+        if not 0 < b < num_blocks and not (b == 0 and i < leading_nulls
+                                           and not any(block_ids[:i])):
             raise StepError(f"request {req_id!r}: block id {b} outside [1, {num_blocks})")

@@ -42,6 +42,13 @@ class SchedulerConfig:
     # shared/speculative_config.py): decoding requests get up to k draft slots a step,
     # which the worker fills with its own proposals (docs/spec_decode.md). None = off.
     speculative_config: SpeculativeConfig | None = None
+    # Every attention layer's sliding window, from the worker's handshake (0: some layer
+    # sees every key). Blocks wholly behind a running request's window are freed as it
+    # advances (docs/scheduling.md, "Sliding-window models").
+    sliding_window: int = 0
+    # longrope (the worker's handshake): a prompt longer than this rotates every token
+    # with the long factors, so its blocks hash apart from a shorter prompt's (0: none)
+    long_prompt_rope_from: int = 0
     # Per-deployment salt of the prefix-cache hash chain; random unless pinned.
     hash_seed: str = field(default_factory=lambda: secrets.token_hex(16))
 
@@ -80,6 +87,10 @@ class SchedulerConfig:
                 or not 1 <= steps <= MAX_SCHEDULER_STEPS:
             bad(f"num_scheduler_steps must be an integer in [1, {MAX_SCHEDULER_STEPS}], "
                 f"got {steps!r}")
+        if not isinstance(self.sliding_window, int) or isinstance(self.sliding_window, bool) \
+                or self.sliding_window < 0:
+            bad(f"sliding_window must be a non-negative integer (0 = none), "
+                f"got {self.sliding_window!r}")
         spec = self.speculative_config
         if spec is not None and not isinstance(spec, SpeculativeConfig):
             bad(f"speculative_config must be a SpeculativeConfig "

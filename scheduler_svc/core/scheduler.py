@@ -18,6 +18,7 @@ from scheduler_svc.core.spec_slots import (NO_DRAFTS, add_draft_slots, committed
                                            count_scheduled, roll_back_step)
 from scheduler_svc.core.stats import SchedulerStats
 from scheduler_svc.core.step_failure import StepFailures
+from shared.kv_window import max_blocks_per_request
 from shared.request_limits import token_ids_problem
 from shared.stop_rule import finish_reason, first_stop
 from shared.token_checksum import token_checksum
@@ -38,17 +39,28 @@ class Scheduler:
             raise ConfigError(f"the KV pool needs at least 2 blocks (block 0 is reserved), "
                               f"got {num_blocks}")
         # The longest request keeps KV for max_model_len - 1 tokens (its last token is
-        # sampled, never computed); if that cannot fit, it could never finish.
-        need = -(-(config.max_model_len - 1) // config.block_size)
+        # sampled, never computed), or with a sliding window its window and one chunk;
+        # if that cannot fit, it could never finish.
+        spec = config.speculative_config
+        lookback = spec.num_speculative_tokens if spec else 0
+        need = max_blocks_per_request(config.max_model_len, config.block_size,
+                                      config.sliding_window, config.max_num_batched_tokens,
+                                      lookback)
         if need > num_blocks - 1:
             raise ConfigError(
                 f"max_model_len {config.max_model_len} needs {need} KV blocks of "
-                f"{config.block_size} tokens, but the pool has only {num_blocks - 1}; lower "
-                f"max_model_len or give the workers more memory")
+                f"{config.block_size} tokens" + (
+                    f" (its {config.sliding_window}-token window and a chunk of "
+                    f"{config.max_num_batched_tokens})" if need < -(-(
+                        config.max_model_len - 1) // config.block_size) else "")
+                + f", but the pool has only {num_blocks - 1}; lower max_model_len or give "
+                f"the workers more memory")
         self.config = config
         self.kv = KVCacheManager(num_blocks, config.block_size, config.max_model_len,
-                                 config.enable_prefix_caching)
-        self.hasher = BlockHasher(config.block_size, config.hash_seed) \
+                                 config.enable_prefix_caching, config.sliding_window,
+                                 lookback)
+        self.hasher = BlockHasher(config.block_size, config.hash_seed,
+                                  config.long_prompt_rope_from) \
             if config.enable_prefix_caching else None
         self.requests: dict[str, Request] = {}  # every unfinished request
         self.waiting = make_queue(config.policy)
@@ -669,6 +681,7 @@ class Scheduler:
         s.num_free_blocks = self.kv.num_free_blocks
         s.prefix_cache_queries = self.kv.prefix_queries
         s.prefix_cache_hits = self.kv.prefix_hits
+        s.num_window_freed_blocks_total = self.kv.num_window_freed_blocks
         s.num_steps_in_flight = len(self.in_flight)
         s.spec_num_accepted_tokens_per_pos = tuple(self._accepted_per_pos)
         s.num_waiting_not_ready = self.grammar.num_deferred

@@ -22,6 +22,8 @@ class SchedulerStats:
     prefix_cache_queries: int = 0  # tokens looked up, cumulative
     prefix_cache_hits: int = 0  # tokens found, cumulative
     num_preemptions_total: int = 0
+    # blocks freed behind a sliding window while their request ran, cumulative
+    num_window_freed_blocks_total: int = 0
     num_recomputed_tokens_total: int = 0  # computed before a preemption, computed again after it
     step_num_scheduled_tokens: int = 0  # last step
     step_num_scheduled_reqs: int = 0  # last step

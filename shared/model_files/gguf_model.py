@@ -40,10 +40,12 @@ SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
 
 # general.architecture -> the transformers model_type our families serve; the tensor
 # name tables live in worker_svc/model/loading/gguf_tensors.py under the same keys. Only the
-# architectures tests check against transformers' gguf_file= load are served; qwen3moe,
-# gemma2 and phi3 (tables drafted there) are refused until tests cover them.
+# architectures tests check against transformers' gguf_file= load are served; a phi3
+# GGUF carrying longrope factors and a qwen3moe one whose expert width transformers
+# misreads are refused (transformers' GGUF load drops or misreads them).
 ARCHITECTURES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3",
-                 "gemma3": "gemma3_text"}
+                 "gemma2": "gemma2", "gemma3": "gemma3_text", "phi3": "phi3",
+                 "qwen3moe": "qwen3_moe"}
 
 
 class GGUFError(ValueError):
@@ -88,6 +90,10 @@ def check_gguf(path: Path) -> str:
         raise GGUFError(f"{path}: GGUF architecture {arch!r} is not served (served: "
                         f"{', '.join(ARCHITECTURES)})")
     for t in reader.tensors:
+        if arch == "phi3" and t.name.startswith("rope_factors_"):
+            raise GGUFError(f"{path}: a phi3 GGUF with longrope factors ({t.name}) is not "
+                            "served: transformers' GGUF load drops longrope, so no "
+                            "reference checks it; serve its Hugging Face checkpoint")
         if t.tensor_type.name not in SUPPORTED_TYPES:
             raise GGUFError(f"{path}: tensor {t.name} has GGUF type {t.tensor_type.name}, "
                             "which gapserve does not load (loaded: "
@@ -140,6 +146,20 @@ def _is_view(target: Path, gguf_path: Path) -> bool:
     return meta.get("version") == _VIEW_VERSION and meta.get("path") == str(gguf_path)
 
 
+def _check_expert_width(gguf_path: Path, arch: str, config) -> None:
+    """transformers reads no qwen3moe.expert_feed_forward_length (it keeps its default,
+    768): a file of another width is refused by name rather than loaded misread."""
+    if arch != "qwen3moe":
+        return
+    from gguf import GGUFReader
+    field = GGUFReader(str(gguf_path)).fields.get("qwen3moe.expert_feed_forward_length")
+    width = int(field.contents()) if field is not None else None
+    if width is not None and width != config.moe_intermediate_size:
+        raise GGUFError(f"{gguf_path}: qwen3moe.expert_feed_forward_length {width} is not "
+                        f"what transformers' GGUF load reads ({config.moe_intermediate_size}"
+                        "), so nothing checks it; serve its Hugging Face checkpoint")
+
+
 def _write_view(gguf_path: Path, arch: str, out: Path) -> None:
     from gguf import GGUFReader
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
@@ -152,6 +172,7 @@ def _write_view(gguf_path: Path, arch: str, out: Path) -> None:
             raise GGUFError(f"{gguf_path}: transformers reads architecture {arch!r} as "
                             f"model_type {config.model_type!r}, expected "
                             f"{ARCHITECTURES[arch]!r}")
+        _check_expert_width(gguf_path, arch, config)
         progress.advance()
         tok = AutoTokenizer.from_pretrained(directory, gguf_file=name)
         progress.advance()

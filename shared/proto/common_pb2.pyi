@@ -92,7 +92,7 @@ class TokenLogprobs(_message.Message):
     def __init__(self, token_id: _Optional[int] = ..., logprob: _Optional[float] = ..., rank: _Optional[int] = ..., top: _Optional[_Iterable[_Union[TopLogprob, _Mapping]]] = ...) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("model_name", "vocab_size", "max_model_len", "eos_token_ids", "num_layers", "num_kv_heads", "head_dim", "dtype", "num_kv_blocks", "block_size", "max_num_batched_tokens", "compute_plan", "speculative_config", "model_path")
+    __slots__ = ("model_name", "vocab_size", "max_model_len", "eos_token_ids", "num_layers", "num_kv_heads", "head_dim", "dtype", "num_kv_blocks", "block_size", "max_num_batched_tokens", "compute_plan", "speculative_config", "model_path", "sliding_window", "long_prompt_rope_from")
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
@@ -107,6 +107,8 @@ class ModelInfo(_message.Message):
     COMPUTE_PLAN_FIELD_NUMBER: _ClassVar[int]
     SPECULATIVE_CONFIG_FIELD_NUMBER: _ClassVar[int]
     MODEL_PATH_FIELD_NUMBER: _ClassVar[int]
+    SLIDING_WINDOW_FIELD_NUMBER: _ClassVar[int]
+    LONG_PROMPT_ROPE_FROM_FIELD_NUMBER: _ClassVar[int]
     model_name: str
     vocab_size: int
     max_model_len: int
@@ -121,7 +123,9 @@ class ModelInfo(_message.Message):
     compute_plan: str
     speculative_config: str
     model_path: str
-    def __init__(self, model_name: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., num_layers: _Optional[int] = ..., num_kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., dtype: _Optional[str] = ..., num_kv_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., max_num_batched_tokens: _Optional[int] = ..., compute_plan: _Optional[str] = ..., speculative_config: _Optional[str] = ..., model_path: _Optional[str] = ...) -> None: ...
+    sliding_window: int
+    long_prompt_rope_from: int
+    def __init__(self, model_name: _Optional[str] = ..., vocab_size: _Optional[int] = ..., max_model_len: _Optional[int] = ..., eos_token_ids: _Optional[_Iterable[int]] = ..., num_layers: _Optional[int] = ..., num_kv_heads: _Optional[int] = ..., head_dim: _Optional[int] = ..., dtype: _Optional[str] = ..., num_kv_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., max_num_batched_tokens: _Optional[int] = ..., compute_plan: _Optional[str] = ..., speculative_config: _Optional[str] = ..., model_path: _Optional[str] = ..., sliding_window: _Optional[int] = ..., long_prompt_rope_from: _Optional[int] = ...) -> None: ...
 
 class Status(_message.Message):
     __slots__ = ("code", "message")

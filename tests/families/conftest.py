@@ -53,6 +53,28 @@ VARIANTS = {
         dict(num_experts=5, num_experts_per_tok=3, moe_intermediate_size=48,
              norm_topk_prob=False, decoder_sparse_step=2, mlp_only_layers=[],
              tie_word_embeddings=True)),
+    # use_sliding_window: layers from max_window_layers 1 on attend within 24 tokens
+    "qwen3_sliding_layers": ("Qwen3Config", "Qwen3ForCausalLM",
+                             dict(head_dim=16, use_sliding_window=True, sliding_window=24,
+                                  max_window_layers=1, tie_word_embeddings=False)),
+    # every layer windowed (Qwen3-MoE has no max_window_layers rule): blocks are freed
+    "qwen3_moe_sliding_window": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
+                                 dict(num_experts=4, num_experts_per_tok=2,
+                                      moe_intermediate_size=32, norm_topk_prob=True,
+                                      use_sliding_window=True, sliding_window=24,
+                                      tie_word_embeddings=False)),
+    # Qwen1.5-MoE's layout: a shared expert with its sigmoid gate beside 4 routed
+    # experts top-2 unnormalised; layer 0 dense (mlp_only_layers), q/k/v bias
+    "qwen2_moe": ("Qwen2MoeConfig", "Qwen2MoeForCausalLM",
+                  dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
+                       shared_expert_intermediate_size=48, norm_topk_prob=False,
+                       mlp_only_layers=[0], tie_word_embeddings=False)),
+    # normalised top-k, every second layer sparse (decoder_sparse_step 2)
+    "qwen2_moe_normalized_sparse_step": (
+        "Qwen2MoeConfig", "Qwen2MoeForCausalLM",
+        dict(num_experts=5, num_experts_per_tok=3, moe_intermediate_size=32,
+             shared_expert_intermediate_size=40, norm_topk_prob=True,
+             decoder_sparse_step=2, tie_word_embeddings=True)),
     "mixtral": ("MixtralConfig", "MixtralForCausalLM",
                 dict(num_local_experts=4, num_experts_per_tok=2, intermediate_size=96,
                      tie_word_embeddings=False, sliding_window=None)),

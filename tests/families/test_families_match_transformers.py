@@ -118,3 +118,27 @@ def test_bf16_on_cpu_runs_a_torch_family_with_bf16_matmul_weights(family_dir, hf
     with torch.no_grad():
         want = hf_model_cache(path)(torch.tensor([prompt])).logits[0]
     assert _relative_error(got, want) < 0.03
+
+
+def test_a_shared_expert_held_by_the_first_rank_keeps_the_partial_sums_whole():
+    """Qwen2-MoE: every token also passes the shared expert, scaled by sigmoid(its
+    gate); the rank holding expert 0 holds it, so the ranks' partial sums still add
+    to the layer."""
+    from worker_svc.parallel.shard import even_split
+    spec, w, x = _moe_case(True, experts=5, top_k=2)
+    g = torch.Generator().manual_seed(3)
+    shared = dict(shared_gate_up=torch.randn(24, 16, generator=g) * 0.3,
+                  shared_down=torch.randn(16, 12, generator=g) * 0.3,
+                  shared_gate=torch.randn(1, 16, generator=g))
+    whole = layers.moe(x, layers.MoeWeights(w.router, w.gate_up, w.down, 0, **shared), spec)
+    routed = layers.moe(x, w, spec)
+    want = routed + torch.sigmoid(x @ shared["shared_gate"].T) * layers.gated_mlp(
+        x, shared["shared_gate_up"], shared["shared_down"])
+    torch.testing.assert_close(whole, want)
+    parts = []
+    for rank in range(2):
+        first, stop = even_split(5, 2, rank)
+        parts.append(layers.moe(x, layers.MoeWeights(
+            w.router, w.gate_up[first:stop], w.down[first:stop], first,
+            **(shared if first == 0 else {})), spec))
+    torch.testing.assert_close(parts[0] + parts[1], whole)

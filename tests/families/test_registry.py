@@ -56,7 +56,7 @@ def test_an_unknown_model_type_is_refused_naming_it_and_the_supported_ones(famil
     path = _edit_config(family_dir("qwen3"), tmp_path / "c", model_type="gpt_neox",
                         architectures=["GPTNeoXForCausalLM"])
     with pytest.raises(ValueError, match=r"unsupported model_type 'gpt_neox'; supported: "
-                                         r"llama, .*qwen3, qwen3_moe, mixtral"):
+                                         r"llama, .*qwen3, qwen3_moe, qwen2_moe, mixtral"):
         load_model_config(path)
 
 
@@ -76,13 +76,17 @@ def test_an_unsupported_rope_type_is_refused_naming_it(family_dir, tmp_path):
         load_model_config(path)
 
 
-@pytest.mark.parametrize("name", ["qwen3", "qwen3_moe"])
-def test_qwen3_sliding_window_layers_are_refused_not_served_as_full_attention(
-        family_dir, tmp_path, name):
-    path = _edit_config(family_dir(name), tmp_path / "c", use_sliding_window=True,
-                        sliding_window=32, max_window_layers=1)
-    with pytest.raises(ValueError, match="sliding-window attention"):
-        load_model_config(path)
+def test_qwen3_sliding_layers_follow_transformers_max_window_layers_and_layer_types(
+        family_dir, tmp_path):
+    from worker_svc.model.config import layer_windows
+    qwen3 = load_model_config(family_dir("qwen3_sliding_layers"))
+    assert layer_windows(qwen3, 256) == [None, 24, 24]  # max_window_layers 1
+    moe = load_model_config(family_dir("qwen3_moe_sliding_window"))
+    assert layer_windows(moe, 256) == [24, 24, 24]  # every layer, as transformers
+    # without use_sliding_window transformers drops the window: every key is seen
+    off = load_model_config(_edit_config(family_dir("qwen3"), tmp_path / "c",
+                                         sliding_window=24, max_window_layers=1))
+    assert layer_windows(off, 256) == [None, None, None]
 
 
 def test_moe_configs_give_the_router_rule_and_sparse_layers_of_their_family(family_dir):

@@ -18,9 +18,15 @@ _BLOCK = {"input_layernorm": "attn_norm", "self_attn.q_proj": "attn_q",
           "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
           "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
           "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate",
-          "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
+          "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+          # phi3 keeps its checkpoint's fused layout
+          "self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up",
+          # qwen3moe: the router and the experts stacked (_split_experts' names)
+          "mlp.gate": "ffn_gate_inp", "mlp.experts.gate_exps": "ffn_gate_exps",
+          "mlp.experts.up_exps": "ffn_up_exps", "mlp.experts.down_exps": "ffn_down_exps"}
 _POST_ATTN = {"llama": "ffn_norm", "qwen2": "ffn_norm", "qwen3": "ffn_norm",
-              "gemma3": "post_attention_norm"}
+              "phi3": "ffn_norm", "qwen3moe": "ffn_norm",
+              "gemma2": "post_attention_norm", "gemma3": "post_attention_norm"}
 _GEMMA = {"pre_feedforward_layernorm": "ffn_norm",
           "post_feedforward_layernorm": "post_ffw_norm"}
 # byte offsets of the fp16 scale fields in each K-quant block (the rest: random bits)
@@ -72,6 +78,22 @@ def _k_blocks(kind: T, rows: int, cols: int, rng) -> np.ndarray:
     return raw.reshape(rows, -1)
 
 
+def _split_experts(state: dict) -> dict:
+    """transformers' fused experts ([E, 2I, H] gate_up, [E, H, I] down) as llama.cpp's
+    stacked ffn_{gate,up,down}_exps, under stand-in names _gguf_name maps."""
+    out = {}
+    for name, t in state.items():
+        if name.endswith("mlp.experts.gate_up_proj"):
+            half = t.shape[1] // 2
+            out[name.replace("gate_up_proj", "gate_exps.weight")] = t[:, :half]
+            out[name.replace("gate_up_proj", "up_exps.weight")] = t[:, half:]
+        elif name.endswith("mlp.experts.down_proj"):
+            out[name.replace("down_proj", "down_exps.weight")] = t
+        else:
+            out[name] = t
+    return out
+
+
 def write_gguf(model, path, arch: str, kind: T = T.F32) -> None:
     """`model` (a transformers causal LM) as a GGUF of architecture `arch`, its 2-D
     weights stored as `kind`, norms as F32 (as llama.cpp keeps them)."""
@@ -92,8 +114,12 @@ def write_gguf(model, path, arch: str, kind: T = T.F32) -> None:
     w.add_key_length(head_dim)
     w.add_value_length(head_dim)
     w.add_vocab_size(cfg.vocab_size)
-    if arch == "gemma3":
+    if arch in ("gemma2", "gemma3"):
         w.add_sliding_window(cfg.sliding_window)
+    if arch == "qwen3moe":
+        w.add_expert_count(cfg.num_experts)
+        w.add_expert_used_count(cfg.num_experts_per_tok)
+        w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
     w.add_token_list(tokens())
@@ -101,10 +127,12 @@ def write_gguf(model, path, arch: str, kind: T = T.F32) -> None:
     w.add_token_merges(["Ġ t", "h e"])
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
+    if arch == "phi3":  # else transformers' Phi3Config default (32000) is past the vocab
+        w.add_pad_token_id(0)
     w.add_add_bos_token(False)
     w.add_chat_template(CHAT_TEMPLATE)
     rng = np.random.default_rng(7)
-    for hf, t in model.state_dict().items():
+    for hf, t in _split_experts(model.state_dict()).items():
         if hf == "lm_head.weight" and cfg.tie_word_embeddings:
             continue
         data = t.detach().to(torch.float32).numpy().copy()
@@ -112,13 +140,16 @@ def write_gguf(model, path, arch: str, kind: T = T.F32) -> None:
             heads = cfg.num_attention_heads if "q_proj" in hf else cfg.num_key_value_heads
             data = data.reshape(heads, 2, data.shape[0] // heads // 2, *data.shape[1:]) \
                 .swapaxes(1, 2).reshape(data.shape)  # llama.cpp's converter's permute
-        if arch == "gemma3" and hf.endswith("norm.weight"):
+        if arch in ("gemma2", "gemma3") and hf.endswith("norm.weight"):
             data = data + 1  # llama.cpp's converter stores Gemma norms as 1 + w
         name = _gguf_name(hf, arch)
         if data.ndim == 1 or kind == T.F32:
             w.add_tensor(name, data.astype(np.float32))
         elif kind == T.F16:
             w.add_tensor(name, data.astype(np.float16))
+        elif data.ndim == 3:  # stacked experts: quantized per expert
+            w.add_tensor(name, np.stack([gguf.quants.quantize(d, kind) for d in data]),
+                         raw_dtype=kind)
         elif kind in _K_SCALES:
             raw = _k_blocks(kind, data.shape[0], data.shape[1], rng)
             w.add_tensor(name, raw, raw_dtype=kind)

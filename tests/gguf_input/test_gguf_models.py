@@ -29,6 +29,15 @@ _FAMILIES = {
     # transformers reads no head_dim from a qwen3 GGUF (its default, 128, holds)
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(tie_word_embeddings=True,
                                                       head_dim=128)),
+    # transformers reads no soft-caps or query_pre_attn_scalar from a gemma2 GGUF:
+    # its defaults (50, 30, 256) hold, for us as for it
+    "gemma2": ("Gemma2Config", "Gemma2ForCausalLM",
+               dict(tie_word_embeddings=True, sliding_window=16)),
+    "phi3": ("Phi3Config", "Phi3ForCausalLM", dict(tie_word_embeddings=False)),
+    # transformers reads no expert_feed_forward_length: its default (768, Qwen3-30B-A3B's)
+    "qwen3moe": ("Qwen3MoeConfig", "Qwen3MoeForCausalLM",
+                 dict(tie_word_embeddings=False, head_dim=128, num_experts=4,
+                      num_experts_per_tok=2, moe_intermediate_size=768)),
     "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM",
                dict(tie_word_embeddings=True, sliding_window=16, layer_types=None)),
 }
@@ -50,7 +59,7 @@ def _tiny(arch: str):
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "norm" in name:
-                p.normal_(1.0, 0.3) if arch != "gemma3" else p.normal_(0.0, 0.3)
+                p.normal_(1.0, 0.3) if not arch.startswith("gemma") else p.normal_(0.0, 0.3)
             else:
                 p.normal_(0.0, 0.08)
     return model
@@ -116,6 +125,31 @@ def test_iq_tensor_type_is_refused_by_name(tmp_path):
     w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
     with pytest.raises(GGUFError, match="token_embd.weight has GGUF type IQ4_NL"):
         check_gguf(path)
+
+
+def test_a_phi3_gguf_with_longrope_factors_is_refused_by_name(tmp_path):
+    path = tmp_path / "longrope.gguf"
+    w = gguf.GGUFWriter(str(path), "phi3")
+    w.add_tensor("rope_factors_long.weight", np.ones(8, dtype=np.float32))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(GGUFError, match="longrope factors"):
+        check_gguf(path)
+
+
+def test_a_qwen3moe_gguf_whose_expert_width_transformers_misreads_is_refused(tmp_path):
+    import transformers
+    from shared.model_files.gguf_model import ensure_view
+    config_cls, model_cls, overrides = _FAMILIES["qwen3moe"]
+    config = transformers.Qwen3MoeConfig(**{**_BASE, **overrides, "moe_intermediate_size": 64})
+    torch.manual_seed(0)
+    path = tmp_path / "model" / "moe64.gguf"
+    path.parent.mkdir()
+    write_gguf(transformers.Qwen3MoeForCausalLM(config).eval(), path, "qwen3moe")
+    with pytest.raises(GGUFError, match="expert_feed_forward_length 64"):
+        ensure_view(path, tmp_path / "cache")
 
 
 def test_unknown_architecture_is_refused_by_name(tmp_path):

@@ -109,6 +109,10 @@ class KVWorker(FakeWorker):
     def __init__(self, next_token=None, salts: dict[str, str | None] | None = None) -> None:
         super().__init__(next_token)
         self.block_size = 0
+        # keys a computed position reads (0: all before it), as a windowed model's
+        # attention does: each must hold exactly its tokens' KV when read, so a block
+        # freed behind a window is never one a step still needs
+        self.window = 0
         self.salts = salts if salts is not None else {}
         self.block_tables: dict[str, list[int]] = {}
         self.kv: dict[tuple[int, int], tuple[str | None, tuple[int, ...]]] = {}
@@ -140,6 +144,16 @@ class KVWorker(FakeWorker):
             for pos in range(computed[req_id], computed[req_id] + written):
                 self.kv[(table[pos // size], pos % size)] = (self.salts.get(req_id),
                                                              tuple(tokens[:pos + 1]))
+        for req_id, n in so.num_scheduled_tokens.items():  # every write first, as a layer
+            tokens = self.tokens[req_id]
+            table = self.block_tables[req_id]
+            written = n * self.passes[req_id] if so.num_steps == 1 else self.passes[req_id]
+            for pos in range(computed[req_id], computed[req_id] + written):
+                for key in range(max(0, pos - self.window + 1) if self.window else 0, pos):
+                    assert table[key // size] != 0 and self.kv.get(
+                        (table[key // size], key % size)) == (
+                            self.salts.get(req_id), tuple(tokens[:key + 1])), \
+                        f"{req_id} position {pos} reads a key at {key} it does not hold"
         return out
 
 
@@ -167,7 +181,9 @@ def check_invariants(sched: Scheduler, so: SchedulerOutput | None = None) -> Non
     assert len(sched.running) <= cfg.max_num_seqs
     kv = sched.kv
     pool = kv.pool
-    holders = Counter(b.block_id for blocks in kv.req_to_blocks.values() for b in blocks)
+    # a window's freed entries stand as the null block (0), held by the pool alone
+    holders = Counter(b.block_id for blocks in kv.req_to_blocks.values() for b in blocks
+                      if b is not pool.null_block)
     for block in pool.blocks[1:]:
         assert block.ref_cnt == holders.get(block.block_id, 0), block
     free = list(pool.free_queue)

@@ -9,6 +9,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from scheduler_svc.core import Request, Scheduler, SchedulerConfig
+from shared.kv_window import max_blocks_per_request
 from shared.types import FinishReason, ModelRunnerOutput, SamplingParams, SchedulerOutput
 from tests.scheduler.helpers import (EOS, KVWorker, check_invariants,
                                      check_prefix_cache_holds_written_kv)
@@ -33,9 +34,13 @@ def configs(draw):
     budget = draw(st.integers(max_num_seqs, 128))
     if not chunked:
         budget = max(budget, max_model_len)
-    need = -(-(max_model_len - 1) // block_size)
+    # a model whose every layer has this window: blocks behind it are freed, and the
+    # pool need only hold one window and one chunk (shared/kv_window.py)
+    window = draw(st.sampled_from([0, 0, 3, 9, 20]))
+    window = window if window < max_model_len else 0
+    need = max_blocks_per_request(max_model_len, block_size, window, budget)
     num_blocks = 1 + need + draw(st.sampled_from([0, 1, 2, need]))  # tight pools: preemption
-    cfg = SchedulerConfig(
+    cfg = SchedulerConfig(sliding_window=window,
         max_num_seqs=max_num_seqs, max_num_batched_tokens=budget,
         max_model_len=max_model_len, block_size=block_size,
         long_prefill_token_threshold=draw(st.sampled_from([0, 0, 3, 17])) if chunked else 0,
@@ -89,6 +94,7 @@ def serve(cfg: SchedulerConfig, num_blocks: int, reqs, eos_every: int):
     worker = KVWorker(lambda rid, pos: token_at(rid, pos, eos_every),
                       {spec["req"].req_id: spec["req"].cache_salt for spec in reqs})
     worker.block_size = cfg.block_size
+    worker.window = cfg.sliding_window
     outputs: dict[str, list] = {}
     in_flight: list[tuple[SchedulerOutput, ModelRunnerOutput]] = []
     depth = 2 if cfg.async_scheduling else 1
@@ -131,6 +137,7 @@ def test_random_workloads_keep_every_invariant_and_every_token(data):
     stats = sched.stats()
     event(f"preempted: {stats.num_preemptions_total > 0}")
     event(f"prefix hits: {stats.prefix_cache_hits > 0}")
+    event(f"blocks freed behind a window: {stats.num_window_freed_blocks_total > 0}")
     fcfs = cfg.policy == "fcfs"
     if fcfs:  # every request finishes when the pool can hold one of maximum length
         assert not sched.has_unfinished_requests() and not in_flight

@@ -31,6 +31,8 @@ def run(runner, prompts: list[list[int]], params: list[SamplingParams], *,
     config.setdefault("max_num_seqs", 8)
     config.setdefault("max_num_batched_tokens", 64)
     config.setdefault("max_model_len", info.max_model_len)
+    config.setdefault("sliding_window", info.sliding_window)  # as from the handshake
+    config.setdefault("long_prompt_rope_from", info.long_prompt_rope_from)
     cfg = SchedulerConfig(block_size=info.block_size, async_scheduling=async_scheduling, hash_seed="test",
                           speculative_config=parse_speculative_config(
                               info.speculative_config), **config)

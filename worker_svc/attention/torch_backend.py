@@ -13,7 +13,10 @@ Layers with a sliding window (Mistral, Gemma's local layers) past that window, a
 attention-score soft-capping (Gemma 2), take their own per-step plan: masks that
 also hide keys a window or more behind the query, batched SDPA for the decodes
 (the C kernel has no window), and the reference's math where scores are capped,
-which SDPA cannot do.
+which SDPA cannot do. A windowed plan gathers only the blocks from the one holding
+the first key its earliest query sees: the blocks before it may have been freed and
+handed to another request (the scheduler frees blocks behind a window when every
+layer has one, shared/kv_window.py), and are never read.
 """
 
 from __future__ import annotations
@@ -32,8 +35,8 @@ from worker_svc.attention.metadata import AttentionMetadata
 @dataclass(slots=True)
 class _Prefill:
     rows: slice  # this request's query rows
-    blocks: torch.Tensor  # [num_blocks] int64
-    seq_len: int
+    blocks: torch.Tensor  # [num_blocks] int64: from the first its window reaches
+    seq_len: int  # keys in those blocks up to the chunk's end
     mask: torch.Tensor | None  # [q_len, seq_len] bool, None = plain causal (no context)
 
 
@@ -224,22 +227,28 @@ def _make_plan(meta: AttentionMetadata, query: torch.Tensor, kv_cache: torch.Ten
         num_blocks = -(-seq_len // block_size)
         mask = None
         windowed = window is not None and seq_len > window  # else the window hides nothing
+        # the block of the first key the chunk's first query sees
+        first = max(0, seq_len - q_len - window + 1) // block_size if windowed else 0
         if seq_len != q_len or windowed:  # cached context before the chunk, or a window
             q_pos = torch.arange(seq_len - q_len, seq_len, device=device).unsqueeze(1)
-            k_pos = torch.arange(seq_len, device=device).unsqueeze(0)
+            k_pos = torch.arange(first * block_size, seq_len, device=device).unsqueeze(0)
             mask = k_pos <= q_pos
             if windowed:
                 mask &= q_pos - k_pos < window
         prefills.append(_Prefill(rows=slice(starts[i], starts[i + 1]),
-                                 blocks=meta.block_table[i, :num_blocks].long(),
-                                 seq_len=seq_len, mask=mask))
+                                 blocks=meta.block_table[i, first:num_blocks].long(),
+                                 seq_len=seq_len - first * block_size, mask=mask))
     if not decodes:
         return _Plan(None, None, None, 0, None, False, prefills)
     idx = torch.tensor(decodes, device=device)
     max_len = max(seq_lens[i] for i in decodes)
     max_blocks = -(-max_len // block_size)
-    table = meta.block_table[idx, :max_blocks].long().contiguous()
     rows = torch.tensor([starts[i] for i in decodes], device=device)
+    if window is not None and max_len > window:
+        return _windowed_decodes(meta, idx, rows, decodes, max_blocks, block_size, window,
+                                 len(decodes) == starts[-1]
+                                 and decodes == list(range(len(seq_lens))), prefills)
+    table = meta.block_table[idx, :max_blocks].long().contiguous()
     all_rows = len(decodes) == starts[-1] and decodes == list(range(len(seq_lens)))
     # the plan chose the kernel for fp32 CPU; supports() only guards the tensors' layout
     lib = decode_kernel if window is None and cpu_kernel.supports(query, kv_cache) else None
@@ -256,3 +265,24 @@ def _make_plan(meta: AttentionMetadata, query: torch.Tensor, kv_cache: torch.Ten
             mask &= key_pos >= lens - window
         mask = mask.view(len(decodes), 1, 1, -1)
     return _Plan(rows, table.reshape(-1), mask, max_len, None, all_rows, prefills)
+
+
+def _windowed_decodes(meta: AttentionMetadata, idx: torch.Tensor, rows: torch.Tensor,
+                      decodes: list[int], max_blocks: int, block_size: int, window: int,
+                      all_rows: bool, prefills: list[_Prefill]) -> _Plan:
+    """Decodes of a windowed layer: each row gathers the same number of blocks, from
+    the one holding its first key in the window (the query at len - 1 sees len - window
+    on), so no row reads a block its window left behind; keys past a row's end (its
+    table's zero padding, the null block) and before its window are masked."""
+    device = idx.device
+    lens = meta.seq_lens[idx].long()
+    first = (lens - window).clamp(min=0) // block_size  # [n]
+    span = min(max_blocks, -(-(window + block_size - 1) // block_size))
+    cols = first.unsqueeze(1) + torch.arange(span, device=device)  # [n, span]
+    width = meta.block_table.shape[1]
+    table = meta.block_table[idx].long().gather(1, cols.clamp(max=width - 1))
+    key_pos = (first * block_size).unsqueeze(1) + torch.arange(span * block_size,
+                                                               device=device)
+    mask = (key_pos < lens.unsqueeze(1)) & (key_pos >= (lens - window).unsqueeze(1))
+    return _Plan(rows, table.reshape(-1), mask.view(len(decodes), 1, 1, -1),
+                 span * block_size, None, all_rows, prefills)

@@ -64,6 +64,14 @@ def layer_windows(cfg: ModelConfig, max_positions: int) -> list[int | None]:
     return [window if s else None for s in sliding]
 
 
+def kv_window(cfg: ModelConfig, max_positions: int) -> int:
+    """The window every layer's attention stays within (the widest, when all layers
+    have one), 0 when some layer sees every key: keys further behind a query than this
+    are read by no layer again, so the scheduler frees their blocks (shared/kv_window.py)."""
+    windows = layer_windows(cfg, max_positions)
+    return 0 if None in windows else max(windows)
+
+
 def load_model_config(model_dir: Path) -> ModelConfig:
     """Parse config.json (through transformers' config classes, which standardize
     the RoPE parameters) and reject what our implementation does not handle."""

@@ -65,6 +65,21 @@ def rope_tables(inv_freq: torch.Tensor, scaling: float, head_dim: int, max_posit
     return cos, sin
 
 
+def longrope_rows(positions: torch.Tensor, num_prompt_tokens: list[int], q_lens: list[int],
+                  long_from: int, max_positions: int) -> torch.Tensor:
+    """The rope-table rows of a step's tokens under longrope (model/phi3.py): a request
+    whose prompt is longer than long_from (original_max_position_embeddings) rotates
+    every token with the long factors, from the second table at max_positions on, as
+    transformers' one-call prefill of that prompt does; the others keep the per-position
+    table (long from long_from on, as transformers' decode calls past it)."""
+    offsets = [max_positions if n > long_from else 0 for n in num_prompt_tokens]
+    if not any(offsets):
+        return positions
+    return positions + torch.repeat_interleave(
+        torch.tensor(offsets, device=positions.device),
+        torch.tensor(q_lens, device=positions.device))
+
+
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x [tokens, heads, head_dim]; cos/sin [tokens, 1, rotary_dim] (rope_tables' rows of
     the tokens' positions): the first rotary_dim dims rotated, the rest passed through
@@ -153,6 +168,9 @@ class MoeSpec:
     intermediate_size: int  # each expert's
     renormalize: bool  # the top-k probabilities rescaled to sum to 1 (Mixtral always;
     # Qwen3-MoE when norm_topk_prob)
+    # Qwen2-MoE: a shared expert of this width every token passes, scaled by
+    # sigmoid(its gate) and added (0: none)
+    shared_intermediate_size: int = 0
 
 
 @dataclass(slots=True)
@@ -163,6 +181,11 @@ class MoeWeights:
     gate_up: torch.Tensor  # [local experts, 2 * intermediate, hidden]: [gate; up] rows
     down: torch.Tensor  # [local experts, hidden, intermediate]
     first: int  # the global id of this rank's first expert
+    # the shared expert ([gate; up], down, gate [1, hidden]), held whole by the rank
+    # with expert 0 (a partial sum like the rest); None without one or on other ranks
+    shared_gate_up: torch.Tensor | None = None
+    shared_down: torch.Tensor | None = None
+    shared_gate: torch.Tensor | None = None
 
 
 def route(router_logits: torch.Tensor, spec: MoeSpec) -> tuple[torch.Tensor, torch.Tensor]:
@@ -202,4 +225,7 @@ def moe(x: torch.Tensor, w: MoeWeights, spec: MoeSpec, act=silu_and_mul,
         y = linear(act(linear(x[rows], w.gate_up[local])), w.down[local])
         y = y * weights.flatten()[pairs].unsqueeze(1).to(y.dtype)
         out.index_add_(0, rows, y)
+    if w.shared_gate_up is not None:  # Qwen2-MoE, in transformers' order
+        shared = linear(act(linear(x, w.shared_gate_up)), w.shared_down)
+        out = out + torch.sigmoid(linear(x, w.shared_gate)) * shared
     return out

@@ -6,11 +6,9 @@ Phi-4-mini, RoPE on part of each head (partial_rotary_factor: ModelConfig.rotary
 longrope rotates with short_factor while a sequence fits the pretraining length and
 with long_factor past it. transformers picks the set per forward call from the call's
 longest position (a call reaching past original_max_position_embeddings rotates all
-its tokens with the long set); here the set is picked per position (position p takes
-the long set when p >= original_max_position_embeddings), which is what transformers'
-own greedy loop does for every prompt within the pretraining length and for every
-generated token, and does not depend on how a prompt is chunked. A prompt longer than
-original_max_position_embeddings differs from transformers' one-call prefill of it.
+its tokens with the long set): its one-call prefill of a longer prompt rotates every
+token long, a shorter prompt's tokens below the length stay short. We compute that per
+request and position, whatever the chunking (layers.longrope_rows; docs/models.md).
 """
 
 from __future__ import annotations

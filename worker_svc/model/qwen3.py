@@ -1,5 +1,7 @@
 """Qwen3 (dense): Llama's layer with a per-head RMSNorm on q and k before RoPE, no
-q/k/v bias (unless attention_bias), on the torch path (torch_decoder.py)."""
+q/k/v bias (unless attention_bias), on the torch path (torch_decoder.py). With
+use_sliding_window, the layers its layer_types marks sliding_attention (transformers
+derives them: from max_window_layers on) attend within sliding_window."""
 
 from __future__ import annotations
 
@@ -12,19 +14,24 @@ PACKED_MODULES_MAPPING = {**torch_decoder.LLAMA_NAMES,
 
 def configure(hf, cfg: ModelConfig) -> ModelConfig:
     require_silu(hf)
-    refuse_sliding_window(hf)
+    sliding_layers(hf, cfg)
     cfg.qk_norm = True
     cfg.qkv_bias = bool(getattr(hf, "attention_bias", False))
     return cfg
 
 
-def refuse_sliding_window(hf) -> None:
-    """Qwen3's sliding layers (use_sliding_window, from max_window_layers on) are not
-    implemented: refused rather than served with full attention."""
-    types = set(getattr(hf, "layer_types", None) or ["full_attention"])
-    if getattr(hf, "use_sliding_window", False) or types != {"full_attention"}:
-        raise ValueError(f"{hf.model_type} sliding-window attention (use_sliding_window, "
-                         "layer_types sliding_attention) is not supported")
+def sliding_layers(hf, cfg: ModelConfig) -> None:
+    """transformers' rule (Qwen3Config, Qwen3Attention): sliding_window is None unless
+    use_sliding_window; a layer layer_types marks sliding_attention attends within it,
+    the others (and every layer when the window is None) see every key."""
+    types = list(getattr(hf, "layer_types", None) or ["full_attention"] * cfg.num_layers)
+    if set(types) - {"sliding_attention", "full_attention"}:
+        raise ValueError(f"{hf.model_type} layer_types {sorted(set(types))} are not "
+                         "supported; only sliding_attention and full_attention")
+    window = getattr(hf, "sliding_window", None)
+    if window and "sliding_attention" in types:
+        cfg.sliding_window = int(window)
+        cfg.sliding_layers = tuple(t == "sliding_attention" for t in types)
 
 
 def load_weights(model_dir, cfg, dtype, device, shard=None, matmul_dtype=None):

@@ -1,7 +1,8 @@
 """Qwen3-MoE: Qwen3's attention (per-head q/k norms) and, in the layers the config
 makes sparse, routed experts (layers.moe): softmax over the experts, top-k, the top-k
 probabilities renormalised only under norm_topk_prob; the other layers (mlp_only_layers,
-or off decoder_sparse_step) keep a dense MLP of intermediate_size."""
+or off decoder_sparse_step) keep a dense MLP of intermediate_size. With
+use_sliding_window every layer attends within sliding_window (transformers' rule)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,6 @@ from worker_svc.model import torch_decoder
 from worker_svc.model.config import ModelConfig, require_silu
 from worker_svc.model.layers import MoeSpec
 from worker_svc.model.qwen3 import PACKED_MODULES_MAPPING as QWEN3_NAMES
-from worker_svc.model.qwen3 import refuse_sliding_window
 
 PACKED_MODULES_MAPPING = {**QWEN3_NAMES,
                           "router": ("mlp.gate",),
@@ -20,7 +20,10 @@ PACKED_MODULES_MAPPING = {**QWEN3_NAMES,
 
 def configure(hf, cfg: ModelConfig) -> ModelConfig:
     require_silu(hf)
-    refuse_sliding_window(hf)
+    # transformers' Qwen3MoeAttention windows every layer by config.sliding_window (None
+    # unless use_sliding_window); it has no layer_types or max_window_layers rule
+    if getattr(hf, "sliding_window", None):
+        cfg.sliding_window = int(hf.sliding_window)
     if getattr(hf, "shared_expert_intermediate_size", 0):
         raise ValueError("qwen3_moe shared experts (shared_expert_intermediate_size) are "
                          "not supported")

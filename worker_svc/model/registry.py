@@ -43,6 +43,7 @@ class Family:
 LLAMA = Family("llama", c_kernels=True)
 QWEN3 = Family("qwen3", c_kernels=False)
 QWEN3_MOE = Family("qwen3_moe", c_kernels=False)
+QWEN2_MOE = Family("qwen2_moe", c_kernels=False)
 MIXTRAL = Family("mixtral", c_kernels=False)
 GEMMA = Family("gemma", c_kernels=False)
 PHI3 = Family("phi3", c_kernels=False)
@@ -54,6 +55,7 @@ ARCHITECTURES: dict[str, Family] = {
     "Qwen2ForCausalLM": LLAMA,
     "Qwen3ForCausalLM": QWEN3,
     "Qwen3MoeForCausalLM": QWEN3_MOE,
+    "Qwen2MoeForCausalLM": QWEN2_MOE,
     "MixtralForCausalLM": MIXTRAL,
     "Gemma2ForCausalLM": GEMMA,
     "Gemma3ForCausalLM": GEMMA,
@@ -69,6 +71,7 @@ MODEL_TYPES: dict[str, Family] = {
     "qwen2": LLAMA,
     "qwen3": QWEN3,
     "qwen3_moe": QWEN3_MOE,
+    "qwen2_moe": QWEN2_MOE,
     "mixtral": MIXTRAL,
     "gemma2": GEMMA,
     "gemma3_text": GEMMA,

@@ -124,11 +124,15 @@ def expected_shapes(cfg: ModelConfig, names: dict[str, tuple[str, ...]]
         mi = cfg.moe.intermediate_size
         per_key |= {"router": [(cfg.moe.num_experts, h)], "expert_gate_up": [(mi, h)] * 2,
                     "expert_down": [(h, mi)]}
+        si = cfg.moe.shared_intermediate_size
+        per_key |= {"shared_gate_up": [(si, h)] * 2, "shared_down": [(h, si)],
+                    "shared_gate": [(1, h)]}
     out: dict[str, tuple[int, ...]] = {}
     for i in range(cfg.num_layers):
         moe_layer = bool(cfg.moe_layers) and cfg.moe_layers[i]
         skip = ({"gate_up", "down"} if moe_layer else {"router", "expert_gate_up",
-                                                       "expert_down"})
+                                                       "expert_down", "shared_gate_up",
+                                                       "shared_down", "shared_gate"})
         if not cfg.qk_norm:
             skip |= {"q_norm", "k_norm"}
         for key, shapes in per_key.items():
@@ -153,11 +157,18 @@ def _experts(ck: CheckpointSlices, p: str, names, cfg: ModelConfig, shard: Shard
         ck.fused([f"{p}{n.format(e=e)}.weight" for n in names["expert_gate_up"]],
                  whole=True, out=gate_up[j])
         ck.fused([f"{p}{names['expert_down'][0].format(e=e)}.weight"], whole=True, out=down[j])
+    shared = {}
+    if cfg.moe.shared_intermediate_size and first == 0:  # Qwen2-MoE's shared expert
+        shared = dict(
+            shared_gate_up=ck.fused([f"{p}{n}.weight" for n in names["shared_gate_up"]],
+                                    dtype, whole=True),
+            shared_down=ck.fused([f"{p}{names['shared_down'][0]}.weight"], dtype, whole=True),
+            shared_gate=ck.take(f"{p}{names['shared_gate'][0]}.weight", dtype, whole=True))
     router = ck.take(f"{p}{names['router'][0]}.weight", dtype, whole=True)
     if tuple(router.shape) != (cfg.moe.num_experts, hidden):
         raise ValueError(f"router {p}{names['router'][0]} has shape {list(router.shape)}, "
                          f"expected [{cfg.moe.num_experts}, {hidden}]")
-    return MoeWeights(router=router, gate_up=gate_up, down=down, first=first)
+    return MoeWeights(router=router, gate_up=gate_up, down=down, first=first, **shared)
 
 
 def _unchanged(t: torch.Tensor) -> torch.Tensor:
@@ -179,6 +190,10 @@ class TorchDecoder:
         self.cos, self.sin = layers.rope_tables(cfg.inv_freq, cfg.rope_scaling, cfg.head_dim,
                                                 max_positions, weights.embed.device, self.dtype,
                                                 cfg.long_inv_freq, cfg.long_from)
+        if cfg.long_from is not None:  # longrope: rows max_positions on rotate all long
+            cos, sin = layers.rope_tables(cfg.long_inv_freq, cfg.rope_scaling, cfg.head_dim,
+                                          max_positions, weights.embed.device, self.dtype)
+            self.cos, self.sin = torch.cat([self.cos, cos]), torch.cat([self.sin, sin])
         # each layer's sliding window, None where it attends to every key
         self.windows = layer_windows(cfg, max_positions)
         self.screen_rows = {"screened": 0, "full": 0}  # no screen on this path

@@ -48,8 +48,7 @@ _TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
         "output": "lm_head"}
 
 # general.architecture -> (block table, undo llama's q/k permutation, norm offset);
-# shared/gguf_model.ARCHITECTURES decides which are served (qwen3moe, gemma2, phi3: not
-# yet, no test checks them against transformers)
+# shared/gguf_model.ARCHITECTURES decides which are served
 TABLES = {
     "llama": (_COMMON_BLOCK, True, 0.0),
     "qwen2": (_COMMON_BLOCK, False, 0.0),
