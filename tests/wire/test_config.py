@@ -122,7 +122,8 @@ def test_every_scheduler_config_field_but_the_hash_seed_is_a_flag_or_a_worker_fa
 
     info = ModelInfo("m", 100, 4096, [2], 2, 2, 16, "float32", 64, 32,
                      max_num_batched_tokens=999,
-                     speculative_config='{"method": "ngram", "num_speculative_tokens": 2}')
+                     speculative_config='{"method": "ngram", "num_speculative_tokens": 2}',
+                     sliding_window=256, long_prompt_rope_from=2048)
     moves = ["--max-num-seqs", "9", "--max-num-batched-tokens", "4096",
              "--max-model-len", "4000", "--no-long-prefill-exempt-lone-request",
              "--scheduling-policy", "priority", "--no-enable-prefix-caching",
