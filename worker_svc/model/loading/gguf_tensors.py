@@ -20,6 +20,7 @@ import re
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from shared.model_files.gguf_model import SUPPORTED_TYPES, GGUFError, check_gguf
 from shared.telemetry import get_logger
@@ -149,7 +150,9 @@ def dequantized(entry: TensorEntry, raw: np.ndarray) -> np.ndarray:
     from gguf.quants import dequantize
 
     blocks, kind = raw_blocks(entry, raw)
-    w = np.asarray(dequantize(blocks, GGMLQuantizationType(kind)), dtype=np.float32)
+    w = _widened_in_c(entry, blocks, GGMLQuantizationType(kind).name)
+    if w is None:
+        w = np.asarray(dequantize(blocks, GGMLQuantizationType(kind)), dtype=np.float32)
     w = w.reshape(entry.shape)
     if entry.rope_head_dim:  # rows of whole heads: undo the per-head pair interleave
         n_head = w.shape[0] // entry.rope_head_dim
@@ -158,3 +161,19 @@ def dequantized(entry: TensorEntry, raw: np.ndarray) -> np.ndarray:
     if entry.norm_offset:
         w = w + np.float32(entry.norm_offset)
     return np.ascontiguousarray(w)
+
+
+def _widened_in_c(entry: TensorEntry, blocks: np.ndarray, kind: str) -> np.ndarray | None:
+    """A 2-D block tensor's float32 values through the quantized kernel's widening
+    (csrc/quant_linear.c, built -ffp-contract=off: gguf.quants.dequantize's values bit
+    for bit, tests/worker/test_quant_linear.py) on every core: numpy's dequantize took
+    ~20 s of the default model's load and most of Gemma 3 270M's. None where the
+    kernel is not built or does not read the type: numpy then."""
+    from worker_svc.model.cpu import quant_weights
+
+    if len(entry.shape) != 2 or kind in quant_weights.FLOAT_TYPES \
+            or kind not in quant_weights.TYPES or quant_weights.load() is None:
+        return None
+    rows = torch.from_numpy(np.array(blocks, dtype=np.uint8, order="C"))  # a writable copy
+    weight = quant_weights.QuantWeight(((kind, rows),), entry.shape[1])
+    return weight.dequantize().numpy()
