@@ -1,5 +1,6 @@
 """The transformers reference that greedy outputs are compared against."""
 
+import functools
 from pathlib import Path
 
 import torch
@@ -40,13 +41,15 @@ def hf_greedy(model, prompt: list[int], n: int) -> list[int]:
 # can make a test faster, never decide its outcome. To record (after a library bump,
 # or for new cases), run the tests that read them once, on one process:
 #   GAPSERVE_RECORD_REFERENCES=1 .venv/bin/python -m pytest -p no:xdist \
-#       tests/integration/test_openai_api.py tests/spec/test_spec_default_model.py
+#       tests/integration/test_openai_api.py tests/spec/test_spec_default_model.py \
+#       tests/integration/test_async.py
 # tests/worker/test_default_model.py recomputes a sample of what is recorded.
 
 RECORDED = Path(__file__).resolve().parents[1] / "data" / "greedy_references.json"
 RECORD_ENV = "GAPSERVE_RECORD_REFERENCES"  # set: misses are computed and added
 
 
+@functools.cache
 def reference_key(model_dir) -> str:
     """What a recorded reference depends on: the weights' bytes and the libraries."""
     import hashlib
@@ -67,27 +70,35 @@ def reference_key(model_dir) -> str:
 _live: dict[str, object] = {}
 
 
-def greedy_references(model_dir, prompts: list[list[int]], n: int) -> list[list[int]]:
-    """transformers' greedy continuation of each prompt alone, n tokens, EOS included
-    and not stopping (hf_greedy); `until_eos` cuts one where generate() would stop."""
+def recorded_reference(model_dir, case: str, compute, usable=lambda ids: True) -> list[int]:
+    """The ids recorded for `case` of this checkpoint, or compute(transformers' model)
+    (and record them when RECORD_ENV is set). `case` names everything else the ids
+    depend on (the prompt, a length, a grammar); usable(ids) may refuse a recording
+    (one too short for the length asked)."""
     import json
     import os
-    key = reference_key(model_dir)
+    key = str(reference_key(model_dir))
     book = json.loads(RECORDED.read_text()) if RECORDED.is_file() else {}
-    cases = book.get(key, {})
-    out = []
-    for prompt in prompts:
-        recorded = cases.get(",".join(map(str, prompt)))
-        if recorded is None or len(recorded) < n:
-            if key not in _live:
-                _live[key] = load_reference(model_dir)
-            recorded = hf_greedy(_live[key], prompt, n)
-            cases[",".join(map(str, prompt))] = recorded
-            if os.environ.get(RECORD_ENV):
-                book[key] = cases
-                RECORDED.write_text(json.dumps(book, indent=0, sort_keys=True) + "\n")
-        out.append(recorded[:n])
-    return out
+    recorded = book.get(key, {}).get(case)
+    if recorded is not None and usable(recorded):
+        return recorded
+    if key not in _live:
+        _live[key] = load_reference(model_dir)
+    ids = compute(_live[key])
+    if os.environ.get(RECORD_ENV):
+        book.setdefault(key, {})[case] = ids
+        RECORDED.write_text(json.dumps(book, indent=0, sort_keys=True) + "\n")
+    return ids
+
+
+def greedy_references(model_dir, prompts: list[list[int]], n: int) -> list[list[int]]:
+    """transformers' greedy continuation of each prompt alone, n tokens, EOS included
+    and not stopping (hf_greedy); `until_eos` cuts one where generate() would stop.
+    Recorded under the prompt's ids alone (a longer recording serves a shorter n)."""
+    return [recorded_reference(model_dir, ",".join(map(str, prompt)),
+                               lambda model, prompt=prompt: hf_greedy(model, prompt, n),
+                               usable=lambda ids: len(ids) >= n)[:n]
+            for prompt in prompts]
 
 
 def until_eos(ids: list[int], eos) -> list[int]:

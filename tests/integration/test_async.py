@@ -27,7 +27,7 @@ from shared.proto import common_pb2, engine_pb2, generate_pb2
 from shared.structured.spec import StructuredOutputSpec as Spec
 from shared.types import SamplingParams
 from tests.integration.conftest import EXACT
-from tests.integration.hf_reference import hf_greedy as greedy, load_reference
+from tests.integration.hf_reference import greedy_references, recorded_reference
 from tests.structured.reference import GrammarLogitsProcessor, hf_constrained_greedy
 
 # 13 usable blocks of 16 tokens. Preemption must not hang on arrival timing: the three
@@ -90,27 +90,31 @@ CASES = [
 def workload():
     """Prompt ids and the transformers reference of every case, computed once, before
     any stack runs (so the reference has the cores to itself)."""
-    import torch
-    from transformers import AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
     from shared.model_files.default_model import ensure_default_model
 
     model_dir = ensure_default_model()
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-    model = load_reference(model_dir)
-    eos = model.generation_config.eos_token_id
+    eos = GenerationConfig.from_pretrained(str(model_dir)).eos_token_id
     eos_ids = set(eos if isinstance(eos, list) else [eos])
-    vocab = so.grammar_vocab(model_dir, model.config.vocab_size, sorted(eos_ids))
+    vocab = so.grammar_vocab(model_dir, AutoConfig.from_pretrained(str(model_dir)).vocab_size,
+                             sorted(eos_ids))
     for case in CASES:
         ids = tokenizer.apply_chat_template([{"role": "user", "content": case.question}],
                                             add_generation_prompt=True)
         case.prompt_ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
         if case.spec is None:
-            case.reference = greedy(model, case.prompt_ids, case.max_tokens)
-        else:
-            case.reference = hf_constrained_greedy(
-                model, case.prompt_ids, case.max_tokens,
-                GrammarLogitsProcessor(case.spec, vocab), eos_ids)
+            case.reference = greedy_references(model_dir, [case.prompt_ids],
+                                               case.max_tokens)[0]
+        else:  # recorded under the grammar and the length too
+            spec = json.dumps(case.spec.key())
+            case.reference = recorded_reference(
+                model_dir, f"constrained {case.max_tokens} {spec} "
+                + ",".join(map(str, case.prompt_ids)),
+                lambda model, case=case: hf_constrained_greedy(
+                    model, case.prompt_ids, case.max_tokens,
+                    GrammarLogitsProcessor(case.spec, vocab), eos_ids))
         if case.stop_at is not None:
             token = case.reference[case.stop_at]
             case.stop_token_ids = [token]

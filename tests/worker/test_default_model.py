@@ -72,6 +72,20 @@ def test_recorded_references_are_what_transformers_computes_now(default_dir, hf_
     assert recorded, ("no references recorded for this checkpoint and these library versions: "
                       "record them (tests/integration/hf_reference.py says how)")
     hf = hf_model_cache(default_dir)
-    for prompt, want in sorted(recorded.items(), key=lambda kv: len(kv[0]))[:3]:
+    greedy = {case: ids for case, ids in recorded.items() if case[0].isdigit()}  # prompts
+    for prompt, want in sorted(greedy.items(), key=lambda kv: len(kv[0]))[:3]:
         ids = [int(t) for t in prompt.split(",")]
         assert hf_greedy(hf, ids, len(want)) == want, prompt
+    # and a constrained one (test_async's: "constrained N [kind, value, ws] ids")
+    from shared.structured import compile_cache as so
+    from shared.structured.spec import StructuredOutputSpec
+    from tests.structured.reference import GrammarLogitsProcessor, hf_constrained_greedy
+    case, want = min(((c, i) for c, i in recorded.items() if c.startswith("constrained ")),
+                     key=lambda kv: len(kv[1]))
+    head, prompt = case.rsplit(" ", 1)
+    _, n, spec = head.split(" ", 2)
+    eos = {hf.generation_config.eos_token_id}
+    vocab = so.grammar_vocab(default_dir, hf.config.vocab_size, sorted(eos))
+    processor = GrammarLogitsProcessor(StructuredOutputSpec(*json.loads(spec)), vocab)
+    assert hf_constrained_greedy(hf, [int(t) for t in prompt.split(",")], int(n), processor,
+                                 eos) == want, case
