@@ -11,7 +11,7 @@ from worker_svc.model import torch_decoder
 from worker_svc.model.config import ModelConfig, require_silu
 from worker_svc.model.layers import MoeSpec
 from worker_svc.model.qwen3 import sliding_layers
-from worker_svc.model.qwen3_moe import PACKED_MODULES_MAPPING as QWEN3_MOE_NAMES
+from worker_svc.model.qwen3_moe import PACKED_MODULES_MAPPING as QWEN3_MOE_NAMES, sparse_layers
 
 PACKED_MODULES_MAPPING = {**{k: v for k, v in QWEN3_MOE_NAMES.items()
                              if k not in ("q_norm", "k_norm")},
@@ -30,11 +30,7 @@ def configure(hf, cfg: ModelConfig) -> ModelConfig:
                       intermediate_size=int(hf.moe_intermediate_size),
                       renormalize=bool(hf.norm_topk_prob),
                       shared_intermediate_size=int(hf.shared_expert_intermediate_size or 0))
-    dense = set(getattr(hf, "mlp_only_layers", None) or [])
-    step = int(getattr(hf, "decoder_sparse_step", 1) or 1)
-    # transformers' rule (Qwen2MoeDecoderLayer)
-    cfg.moe_layers = tuple(i not in dense and num_experts > 0 and (i + 1) % step == 0
-                           for i in range(cfg.num_layers))
+    cfg.moe_layers = sparse_layers(hf, cfg.num_layers, num_experts)
     return cfg
 
 

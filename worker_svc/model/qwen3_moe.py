@@ -33,12 +33,18 @@ def configure(hf, cfg: ModelConfig) -> ModelConfig:
     cfg.moe = MoeSpec(num_experts=num_experts, top_k=int(hf.num_experts_per_tok),
                       intermediate_size=int(hf.moe_intermediate_size),
                       renormalize=bool(hf.norm_topk_prob))
+    cfg.moe_layers = sparse_layers(hf, cfg.num_layers, num_experts)
+    return cfg
+
+
+def sparse_layers(hf, num_layers: int, num_experts: int) -> tuple[bool, ...]:
+    """Which layers route to experts: transformers' rule (Qwen3MoeDecoderLayer, and
+    Qwen2MoeDecoderLayer's, the same): not in mlp_only_layers, every
+    decoder_sparse_step-th layer."""
     dense = set(getattr(hf, "mlp_only_layers", None) or [])
     step = int(getattr(hf, "decoder_sparse_step", 1) or 1)
-    # transformers' rule (Qwen3MoeDecoderLayer)
-    cfg.moe_layers = tuple(i not in dense and num_experts > 0 and (i + 1) % step == 0
-                           for i in range(cfg.num_layers))
-    return cfg
+    return tuple(i not in dense and num_experts > 0 and (i + 1) % step == 0
+                 for i in range(num_layers))
 
 
 def load_weights(model_dir, cfg, dtype, device, shard=None, matmul_dtype=None):
