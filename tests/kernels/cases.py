@@ -72,3 +72,25 @@ def assert_matches(got: torch.Tensor, batch: Batch) -> None:
     assert not torch.isnan(got).any(), f"{int(torch.isnan(got).sum())} elements unwritten/NaN"
     rel = ((got.float() - want).abs().max() / want.abs().max()).item()
     assert rel < TOLERANCE[got.dtype], f"relative error {rel:.2e} for {got.dtype}"
+
+
+def free_behind_window(batch: Batch, window: int, seed: int = 0) -> int:
+    """The block table as the scheduler leaves it for a sliding-window model
+    (docs/scheduling.md, freeing behind the window): each request's entries wholly
+    before its first query row's window point at the null block 0, which holds finite
+    garbage here, as a reused block holds another request's KV: a kernel that reads
+    such an entry unmasked gets a wrong answer; one that skips it, or masks it, the
+    right one. Returns how many entries were freed."""
+    g = torch.Generator().manual_seed(seed)
+    garbage = torch.randn(batch.kv_cache[:, 0].shape, generator=g) * 100
+    batch.kv_cache[:, 0] = garbage.to(batch.kv_cache.dtype)
+    page = batch.kv_cache.shape[2]
+    m, freed = batch.meta, 0
+    for i in range(len(m.seq_lens)):
+        q = int(m.query_start_loc[i + 1] - m.query_start_loc[i])
+        first = int(m.seq_lens[i]) - q  # the first query row's position
+        for b in range(m.block_table.shape[1]):
+            if (b + 1) * page - 1 < first - window + 1 and m.block_table[i, b] != 0:
+                m.block_table[i, b] = 0
+                freed += 1
+    return freed

@@ -4,7 +4,7 @@ reference and writes every output element, with and without split-K."""
 import pytest
 import torch
 
-from tests.kernels.cases import assert_matches, make_batch, poisoned_like
+from tests.kernels.cases import assert_matches, free_behind_window, make_batch, poisoned_like
 from worker_svc.kernels.decode import choose_num_splits, paged_decode
 
 # seq lens with page 16: 1 token, exactly one block, just past it, several blocks
@@ -89,3 +89,16 @@ def test_decode_with_soft_capped_scores_matches_reference(window):
     batch.query = batch.query * 4  # scores past the cap
     batch.window, batch.softcap = window, 1.5
     assert_matches(run(batch, block_n=16, window=window, softcap=1.5), batch)
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+@pytest.mark.parametrize("window", [1, 7, 16])
+def test_decode_never_reads_an_entry_freed_behind_the_window(window, num_splits):
+    """Blocks behind every layer's window are freed while a request runs (the entry
+    points at the null block, soon another request's): the answer stays exact."""
+    batch = make_batch([1] * 4, EDGE_LENS, seed=9)
+    batch.window = window
+    want = batch.expected()
+    assert free_behind_window(batch, window) > 0
+    torch.testing.assert_close(batch.expected(), want)  # the reference masks them too
+    assert_matches(run(batch, block_n=16, num_splits=num_splits, window=window), batch)

@@ -5,7 +5,7 @@ every output element."""
 import pytest
 import torch
 
-from tests.kernels.cases import assert_matches, make_batch, poisoned_like
+from tests.kernels.cases import assert_matches, free_behind_window, make_batch, poisoned_like
 from worker_svc.kernels.prefill import paged_prefill
 
 
@@ -75,3 +75,15 @@ def test_prefill_with_soft_capped_scores_matches_reference(window):
     batch.query = batch.query * 4
     batch.window, batch.softcap = window, 1.5
     assert_matches(run(batch, block_m=32, block_n=16, window=window, softcap=1.5), batch)
+
+
+@pytest.mark.parametrize("window", [1, 5, 16])
+def test_prefill_never_reads_an_entry_freed_behind_the_window(window):
+    """Chunks after context and decodes whose blocks behind the first row's window
+    were freed (the null block, holding another request's KV by then): exact."""
+    batch = make_batch([6, 1, 1, 20], [40, 17, 50, 50], seed=10)
+    batch.window = window
+    want = batch.expected()
+    assert free_behind_window(batch, window) > 0
+    torch.testing.assert_close(batch.expected(), want)
+    assert_matches(run(batch, block_m=32, block_n=16, window=window), batch)
