@@ -151,7 +151,8 @@ def llama_server_spec(args: argparse.Namespace, gguf: str, *extra: str) -> dict:
         "argv": [args.llama_server, "-m", gguf, "--host", "127.0.0.1",
                  "--port", str(args.port + 200), "-a", Path(args.model).name,
                  "-np", str(slots), "-c", str(slots * slot_ctx), "-cb",
-                 "-t", threads, "-tb", threads, "--device", "none", "--no-webui", *extra],
+                 "-t", threads, "-tb", threads, "--device", "none", "--no-webui",
+                 *args.llama_arg, *extra],
         "env": {}, "port": args.port + 200,
         "kv_bytes": llama_kv_bytes(args.model_dir, slots * slot_ctx)}
 
@@ -446,6 +447,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--llama-gguf", default=None,
                    help="the GGUF llama-server serves (default: --model when it is a GGUF, "
                         f"else {LLAMA_F32_GGUF}, fp32 of the same checkpoint)")
+    p.add_argument("--llama-arg", action="append", default=[], metavar="ARG",
+                   help="one more argument for every llama-server row (repeatable; e.g. "
+                        "--llama-arg=-nr where its AMX kernels die of SIGILL in a VM)")
     p.add_argument("--llama-gguf-q8",
                    default="/opt/peers/llama/models/SmolLM2-135M-Instruct-q8_0.gguf",
                    help="Q8_0 GGUF of the same checkpoint, for llamacpp-q8_0")
