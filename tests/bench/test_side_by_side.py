@@ -247,7 +247,7 @@ def test_auto_endpoint_is_completions_for_a_model_without_a_chat_template(tmp_pa
 
 
 def test_llama_arg_reaches_every_llama_server_row_and_no_other():
-    specs = sbs.server_commands(sbs.parse_args(["--llama-arg=-nr", "--llama-arg", "-fa"]))
+    specs = sbs.server_commands(sbs.parse_args(["--llama-arg=-nr", "--llama-arg=-fa"]))
     for name in ("llamacpp", "llamacpp-q8_0", "llamacpp-ngram", "llamacpp-draft"):
         argv = specs[name]["argv"]
         assert argv[argv.index("-nr") + 1] == "-fa"
