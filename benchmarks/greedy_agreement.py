@@ -3,7 +3,10 @@
     python benchmarks/greedy_agreement.py --base-url http://127.0.0.1:8000/v1 [--prompts 8]
 
 The reference is transformers' `generate` (do_sample off, float32) on the chat-templated
-essay prompts, run once and cached as JSON (`--reference-cache`). Each server answers
+essay prompts (`--endpoint completions`: the plain prompts, for a model without a chat
+template), run once and cached as JSON (`--reference-cache`). For a GGUF view directory
+(gapserve's, holding gguf_source.json) the reference model is transformers'
+`from_pretrained(dir, gguf_file=...)` load of that file, dequantized to float32. Each server answers
 the same chat requests at temperature 0 with the same max_tokens; both texts are
 tokenized with the checkpoint's tokenizer and compared token by token. Reported: how
 many answers are identical, and the share of reference tokens matched before the first
@@ -29,18 +32,38 @@ def prompts(n: int) -> list[str]:
     return [PROMPT.format(i=i) for i in range(n)]
 
 
-def reference(model_dir: str, texts: list[str], max_tokens: int) -> list[str]:
+def load_model(model_dir: str):
+    """transformers' float32 model of a checkpoint directory, or of the GGUF a view
+    directory reads its weights from (dequantized, as gapserve's exact path does)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a script
+    from shared.model_files.gguf_model import gguf_source
+
+    source = gguf_source(Path(model_dir))
+    if source is None:
+        return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    return AutoModelForCausalLM.from_pretrained(str(source.parent), gguf_file=source.name,
+                                                dtype=torch.float32).eval()
+
+
+def reference(model_dir: str, texts: list[str], max_tokens: int,
+              endpoint: str = "chat") -> list[str]:
     """transformers' greedy answers in float32 (EOS ends an answer, as for the servers)."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    model = load_model(model_dir)
     out = []
     with torch.inference_mode():
         for text in texts:
-            ids = tok.apply_chat_template([{"role": "user", "content": text}],
-                                          add_generation_prompt=True, return_tensors="pt")
+            if endpoint == "chat":
+                ids = tok.apply_chat_template([{"role": "user", "content": text}],
+                                              add_generation_prompt=True, return_tensors="pt")
+            else:
+                ids = tok(text, return_tensors="pt")
             if not isinstance(ids, torch.Tensor):  # transformers 5 returns a BatchEncoding
                 ids = ids["input_ids"]
             gen = model.generate(ids, max_new_tokens=max_tokens, do_sample=False,
@@ -50,27 +73,36 @@ def reference(model_dir: str, texts: list[str], max_tokens: int) -> list[str]:
 
 
 def cached_reference(model_dir: str, texts: list[str], max_tokens: int,
-                     cache: Path | None) -> list[str]:
+                     cache: Path | None, endpoint: str = "chat") -> list[str]:
     key = {"model": str(Path(model_dir).resolve()), "prompts": texts, "max_tokens": max_tokens}
+    if endpoint != "chat":  # keys of chat references recorded before stay valid
+        key["endpoint"] = endpoint
     if cache is not None and cache.is_file():
         saved = json.loads(cache.read_text())
         if saved.get("key") == key:
             return saved["answers"]
-    answers = reference(model_dir, texts, max_tokens)
+    answers = reference(model_dir, texts, max_tokens, endpoint)
     if cache is not None:
         cache.write_text(json.dumps({"key": key, "answers": answers}, indent=1) + "\n")
     return answers
 
 
-def server_answers(base_url: str, texts: list[str], max_tokens: int) -> list[str]:
+def server_answers(base_url: str, texts: list[str], max_tokens: int,
+                   endpoint: str = "chat") -> list[str]:
     model = httpx.get(base_url + "/models", timeout=30).json()["data"][0]["id"]
     out = []
     for text in texts:
-        reply = httpx.post(base_url + "/chat/completions", timeout=300, json={
-            "model": model, "messages": [{"role": "user", "content": text}],
-            "max_tokens": max_tokens, "temperature": 0})
-        reply.raise_for_status()
-        out.append(reply.json()["choices"][0]["message"]["content"] or "")
+        if endpoint == "chat":
+            reply = httpx.post(base_url + "/chat/completions", timeout=300, json={
+                "model": model, "messages": [{"role": "user", "content": text}],
+                "max_tokens": max_tokens, "temperature": 0})
+            reply.raise_for_status()
+            out.append(reply.json()["choices"][0]["message"]["content"] or "")
+        else:
+            reply = httpx.post(base_url + "/completions", timeout=300, json={
+                "model": model, "prompt": text, "max_tokens": max_tokens, "temperature": 0})
+            reply.raise_for_status()
+            out.append(reply.json()["choices"][0]["text"] or "")
     return out
 
 
@@ -96,18 +128,22 @@ def compare(model_dir: str, ref: list[str], got: list[str]) -> dict:
 
 
 def measure(base_url: str, model_dir: str, n: int, max_tokens: int,
-            cache: Path | None) -> dict:
+            cache: Path | None, endpoint: str = "chat") -> dict:
     texts = prompts(n)
-    ref = cached_reference(model_dir, texts, max_tokens, cache)
-    result = compare(model_dir, ref, server_answers(base_url, texts, max_tokens))
+    ref = cached_reference(model_dir, texts, max_tokens, cache, endpoint)
+    result = compare(model_dir, ref, server_answers(base_url, texts, max_tokens, endpoint))
     result["max_tokens"] = max_tokens
+    result["endpoint"] = endpoint
     return result
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--base-url", default=None, help="the server to compare (OpenAI API)")
-    p.add_argument("--model", default=str(Path.home() / ".cache/gapserve/SmolLM2-135M-Instruct"))
+    p.add_argument("--model", default=str(Path.home() / ".cache/gapserve/SmolLM2-135M-Instruct"),
+                   help="a checkpoint directory, or gapserve's view directory of a GGUF")
+    p.add_argument("--endpoint", choices=("chat", "completions"), default="chat",
+                   help="completions: the essay prompts as plain text (no chat template)")
     p.add_argument("--prompts", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--reference-cache", type=Path, default=None)
@@ -116,12 +152,12 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.reference_only:
         cached_reference(args.model, prompts(args.prompts), args.max_tokens,
-                         args.reference_cache)
+                         args.reference_cache, args.endpoint)
         return 0
     if args.base_url is None:
         p.error("--base-url is needed unless --reference-only")
     result = measure(args.base_url, args.model, args.prompts, args.max_tokens,
-                     args.reference_cache)
+                     args.reference_cache, args.endpoint)
     json.dump(result, sys.stdout, indent=1)
     print()
     return 0

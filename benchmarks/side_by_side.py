@@ -13,8 +13,20 @@ next to fp32: `gapserve-bf16` and `vllm-bf16` (--dtype bfloat16), `gapserve-int8
 (--quantization int8: int8 weights for steps of a few tokens, fp32 for wider ones),
 `llamacpp-q8_0` (a Q8_0 GGUF of the same checkpoint).
 
+Same GGUF on both sides: `--model file.gguf` serves gapserve from the file (`gapserve`
+row: `--dtype float32`, the exact dequantized path; `gapserve-quantized`: no --dtype,
+the file's own path, which for a quantized GGUF is the quantized kernels) and, unless
+--llama-gguf names another, llama-server from the same file. The agreement reference
+is then transformers' `from_pretrained(dir, gguf_file=...)` load of that file, in
+float32 (dequantized).
+
+A model without a chat template (a base model's GGUF) is driven through
+/v1/completions: `--endpoint auto` (the default) picks chat when the model has a
+template and completions otherwise, for the readiness check, the workload and the
+agreement prompts alike (the essay prompt as plain text).
+
 Each repeat starts every listed server in turn (its own process group, log under
---log-dir), waits until a one-token chat request succeeds, runs serve_bench.py at
+--log-dir), waits until a one-token request (--endpoint) succeeds, runs serve_bench.py at
 --concurrency (64 essay requests, 128 tokens, greedy, EOS ignored) and one at a time
 (--single-requests), reads its process tree's peak memory (VmHWM), then stops it; so
 slow drifts of the machine hit every server alike. The table gives medians over the
@@ -55,13 +67,16 @@ TICKS = os.sysconf("SC_CLK_TCK")
 # a build for this CPU first: the wheel's generic binary dies of SIGILL on Q8_0 here
 LLAMA_SERVERS = ("/opt/peers/llama-native/build/bin/llama-server",
                  "/opt/peers/llama/bin/llama-server")
-SERVERS = ("gapserve", "gapserve-steps8", "gapserve-bf16", "gapserve-int8",
+LLAMA_F32_GGUF = "/opt/peers/llama/models/SmolLM2-135M-Instruct-f32.gguf"
+SERVERS = ("gapserve", "gapserve-quantized", "gapserve-steps8", "gapserve-bf16", "gapserve-int8",
            "gapserve-int8-steps8", "gapserve-ngram", "gapserve-int8draft", "vllm",
            "vllm-bf16", "vllm-default", "llamacpp", "llamacpp-q8_0", "llamacpp-ngram",
            "llamacpp-draft")
 # each gapserve row against the peers' rows of the same kind: fp32 against fp32, and
 # best dtype against best dtype
 PAIRS = {"gapserve": ("vllm", "vllm-default", "llamacpp"),
+         # the file's own (quantized) path against llama-server on the same file
+         "gapserve-quantized": ("llamacpp", "gapserve"),
          "gapserve-steps8": ("vllm", "llamacpp"),
          "gapserve-bf16": ("vllm-bf16", "llamacpp-q8_0"),
          "gapserve-int8": ("vllm", "vllm-bf16", "llamacpp-q8_0"),
@@ -83,9 +98,10 @@ def server_commands(args: argparse.Namespace) -> dict[str, dict]:
     kv_bytes = int(args.kv_cache_gib * GIB)
     cores = os.cpu_count() or 1
 
-    def gapserve(dtype: str, *extra: str) -> dict:
+    def gapserve(dtype: str | None, *extra: str) -> dict:
+        dtype_flag = ["--dtype", dtype] if dtype else []  # None: the file's own path
         return {"argv": [sys.executable, "-m", "gapserve", "serve", "--model", args.model,
-                         "--dtype", dtype, *extra, "--kv-cache-memory", str(kv_bytes),
+                         *dtype_flag, *extra, "--kv-cache-memory", str(kv_bytes),
                          "--http-port", str(args.port), "--grpc-port", str(args.port + 51),
                          "--scheduler-port", str(args.port + 52), "--worker-port",
                          str(args.port + 53), "--scheduler-metrics-port", "0",
@@ -104,6 +120,7 @@ def server_commands(args: argparse.Namespace) -> dict[str, dict]:
 
     return {
         "gapserve": gapserve("float32"), "gapserve-bf16": gapserve("bfloat16"),
+        "gapserve-quantized": gapserve(None),
         "gapserve-steps8": gapserve("float32", *STEPS8),
         # int8 weights for steps of at most 32 tokens, fp32 for wider ones
         "gapserve-int8": gapserve("float32", "--quantization", "int8"),
@@ -134,14 +151,19 @@ def llama_server_spec(args: argparse.Namespace, gguf: str, *extra: str) -> dict:
         "argv": [args.llama_server, "-m", gguf, "--host", "127.0.0.1",
                  "--port", str(args.port + 200), "-a", Path(args.model).name,
                  "-np", str(slots), "-c", str(slots * slot_ctx), "-cb",
-                 "-t", threads, "-tb", threads, "--device", "none", "--no-webui", *extra],
+                 "-t", threads, "-tb", threads, "--device", "none", "--no-webui",
+                 *args.llama_arg, *extra],
         "env": {}, "port": args.port + 200,
-        "kv_bytes": llama_kv_bytes(args.model, slots * slot_ctx)}
+        "kv_bytes": llama_kv_bytes(args.model_dir, slots * slot_ctx)}
 
 
-def llama_kv_bytes(model_dir: str, ctx_tokens: int) -> int | None:
+def llama_kv_bytes(model_dir: str | None, ctx_tokens: int) -> int | None:
     """Size of llama-server's KV cache: K and V for every layer and token, f16 (its
-    default cache type); None when the checkpoint's config cannot be read."""
+    default cache type, every layer full: an upper bound for a sliding-window model,
+    whose window layers llama-server keeps shorter); None when the checkpoint's
+    config cannot be read."""
+    if model_dir is None:  # a GGUF whose view is not built yet (resolve_model_dir)
+        return None
     try:
         cfg = json.loads((Path(model_dir) / "config.json").read_text())
         head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
@@ -184,17 +206,35 @@ def _children_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def wait_ready(base_url: str, proc: subprocess.Popen, timeout_s: float) -> None:
-    """Until one short chat request succeeds (a 503 while loading does not count)."""
+def has_chat_template(model_dir: str | Path) -> bool:
+    """Whether a checkpoint (or GGUF view) directory carries a chat template, read where
+    the frontend reads it (frontend_svc/request/tokenizer.py)."""
+    path = Path(model_dir)
+    if (path / "chat_template.jinja").is_file():
+        return True
+    try:
+        config = json.loads((path / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return bool(config.get("chat_template"))
+
+
+def wait_ready(base_url: str, proc: subprocess.Popen, timeout_s: float,
+               endpoint: str = "chat") -> None:
+    """Until one short request to the benchmark's endpoint succeeds (a 503 while
+    loading does not count)."""
     deadline = time.monotonic() + timeout_s
-    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    if endpoint == "chat":
+        path, body = "/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}
+    else:
+        path, body = "/completions", {"prompt": "hi"}
+    body["max_tokens"] = 1
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"the server exited with code {proc.returncode}")
         try:
             model = httpx.get(base_url + "/models", timeout=5).json()["data"][0]["id"]
-            reply = httpx.post(base_url + "/chat/completions", json={"model": model, **body},
-                               timeout=60)
+            reply = httpx.post(base_url + path, json={"model": model, **body}, timeout=60)
             if reply.status_code == 200:
                 return
         except (httpx.HTTPError, ValueError, KeyError, IndexError):
@@ -228,7 +268,8 @@ def bench(base_url: str, pid: int, concurrency: int, num_requests: int, warmup: 
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "report.json"
         argv = [sys.executable, str(HERE / "serve_bench.py"), "--base-url", base_url,
-                "--workload", "essay", "--num-requests", str(num_requests),
+                "--workload", "essay", "--endpoint", args.endpoint,
+                "--num-requests", str(num_requests),
                 "--concurrency", str(concurrency), "--max-tokens", str(args.max_tokens),
                 "--ignore-eos", "--temperature", "0", "--warmup", str(warmup),
                 "--json", str(out), "--quiet"]
@@ -266,7 +307,7 @@ def run_server(name: str, spec: dict, args: argparse.Namespace, repeat: int,
                                 stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT)
     try:
         started = time.monotonic()
-        wait_ready(base_url, proc, args.startup_timeout)
+        wait_ready(base_url, proc, args.startup_timeout, args.endpoint)
         print(f"{name}: ready after {time.monotonic() - started:.0f} s", file=sys.stderr)
         result = {"command": " ".join(spec["argv"]), "env": spec["env"],
                   "load_avg_1m_before": os.getloadavg()[0]}
@@ -284,8 +325,8 @@ def run_server(name: str, spec: dict, args: argparse.Namespace, repeat: int,
             import greedy_agreement
 
             result["agreement"] = greedy_agreement.measure(
-                base_url, args.model, args.agreement_prompts, args.agreement_tokens,
-                reference_cache(args))
+                base_url, args.model_dir, args.agreement_prompts, args.agreement_tokens,
+                reference_cache(args), args.endpoint)
         return result
     finally:
         stop(proc)
@@ -396,15 +437,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=3,
                    help="alternations of the whole list; the table gives medians and ranges")
     p.add_argument("--model", default=str(Path.home() / ".cache/gapserve/SmolLM2-135M-Instruct"),
-                   help="the float32 checkpoint directory every server loads")
+                   help="the float32 checkpoint directory every server loads, or a GGUF "
+                        "file that gapserve and (by default) llama-server both serve")
     p.add_argument("--vllm-python", default="/opt/peers/vllm-venv/bin/python")
     p.add_argument("--llama-server", default=str(next(
         (b for b in LLAMA_SERVERS if Path(b).is_file()), LLAMA_SERVERS[-1])),
                    help="llama.cpp's llama-server binary (docs/benchmarks.md: how to get it); "
                         "default: a native build if there is one, else the wheel's")
-    p.add_argument("--llama-gguf",
-                   default="/opt/peers/llama/models/SmolLM2-135M-Instruct-f32.gguf",
-                   help="fp32 GGUF of the same checkpoint as --model, for llama-server")
+    p.add_argument("--llama-gguf", default=None,
+                   help="the GGUF llama-server serves (default: --model when it is a GGUF, "
+                        f"else {LLAMA_F32_GGUF}, fp32 of the same checkpoint)")
+    p.add_argument("--llama-arg", action="append", default=[], metavar="ARG",
+                   help="one more argument for every llama-server row (repeatable; e.g. "
+                        "--llama-arg=-nr where its AMX kernels die of SIGILL in a VM)")
     p.add_argument("--llama-gguf-q8",
                    default="/opt/peers/llama/models/SmolLM2-135M-Instruct-q8_0.gguf",
                    help="Q8_0 GGUF of the same checkpoint, for llamacpp-q8_0")
@@ -412,6 +457,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="gapserve's HTTP port (its inner services +51..+53); vLLM's +100, "
                         "llama-server's +200")
     p.add_argument("--kv-cache-gib", type=float, default=1.0)
+    p.add_argument("--endpoint", choices=("auto", "chat", "completions"), default="auto",
+                   help="API the readiness check, workload and agreement use; auto: chat "
+                        "when the model has a chat template, else completions")
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--single-requests", type=int, default=6)
     p.add_argument("--max-tokens", type=int, default=128)
@@ -435,7 +483,26 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if not args.kv_cache_gib > 0:
         p.error("--kv-cache-gib must be positive")
     args.server_names = names
+    args.model_is_gguf = args.model.endswith(".gguf")
+    if args.llama_gguf is None:
+        args.llama_gguf = args.model if args.model_is_gguf else LLAMA_F32_GGUF
+    # where config, tokenizer and chat template are read: for a GGUF, its view
+    # directory (resolve_model_dir, run by main), the one gapserve itself serves
+    args.model_dir = None if args.model_is_gguf else args.model
     return args
+
+
+def resolve_model_dir(args: argparse.Namespace) -> None:
+    """args.model_dir for a GGUF --model: gapserve's view directory of the file
+    (shared/model_files/gguf_model.py: its config, tokenizer and gguf_source.json),
+    built once, as `gapserve serve --model file.gguf` does; and args.endpoint for auto."""
+    if args.model_dir is None:
+        sys.path.insert(0, str(ROOT))
+        from shared.model_files.default_model import resolve_model
+
+        args.model_dir = str(resolve_model(args.model))
+    if args.endpoint == "auto":
+        args.endpoint = "chat" if has_chat_template(args.model_dir) else "completions"
 
 
 def cpu_info() -> tuple[str, list[str]]:
@@ -450,17 +517,20 @@ def cpu_info() -> tuple[str, list[str]]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    resolve_model_dir(args)
     specs = server_commands(args)
     cpu, _ = cpu_info()
     results = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="minutes"),
                "machine": f"{os.cpu_count()} cores, {cpu}", "model": args.model,
+               "llama_gguf": args.llama_gguf, "endpoint": args.endpoint,
                "kv_cache_gib": args.kv_cache_gib, "repeats": args.repeats, "servers": {}}
     if args.agreement_prompts:  # transformers' answers once, in a process that then exits
         Path(args.log_dir).mkdir(parents=True, exist_ok=True)
         subprocess.run([sys.executable, str(HERE / "greedy_agreement.py"), "--reference-only",
-                        "--model", args.model, "--prompts", str(args.agreement_prompts),
-                        "--max-tokens", str(args.agreement_tokens), "--reference-cache",
-                        str(reference_cache(args))], check=True,
+                        "--model", args.model_dir, "--prompts", str(args.agreement_prompts),
+                        "--max-tokens", str(args.agreement_tokens), "--endpoint",
+                        args.endpoint, "--reference-cache", str(reference_cache(args))],
+                       check=True,
                        env=dict(os.environ, OMP_NUM_THREADS=str(os.cpu_count() or 1)))
     for repeat in range(args.repeats):
         for name in args.server_names:

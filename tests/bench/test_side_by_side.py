@@ -78,7 +78,8 @@ def test_a_table_without_servers_says_so():
 @pytest.mark.parametrize("argv", [["--servers", "gapserve,tgi"], ["--servers", "llama.cpp"],
                                   ["--servers", "vllm,vllm"], ["--concurrency", "0"],
                                   ["--single-requests", "0"], ["--kv-cache-gib", "0"],
-                                  ["--repeats", "0"], ["--agreement-prompts", "-1"]])
+                                  ["--repeats", "0"], ["--agreement-prompts", "-1"],
+                                  ["--endpoint", "responses"]])
 def test_bad_arguments_exit_with_a_usage_error(argv):
     with pytest.raises(SystemExit) as exc:
         sbs.parse_args(argv)
@@ -196,3 +197,58 @@ def test_a_server_that_died_during_the_run_reports_its_own_error_not_the_stop():
     proc.wait(timeout=30)
     sbs.stop(proc)  # its process group is gone: nothing to stop, no ProcessLookupError
     assert proc.returncode == 4
+
+
+def test_a_gguf_model_is_served_by_gapserve_and_llama_server_from_the_same_file():
+    args = sbs.parse_args(["--model", "/m/smol.Q4_1.gguf", "--llama-server", "/bin/llama-server"])
+    specs = sbs.server_commands(args)
+    assert specs["llamacpp"]["argv"][specs["llamacpp"]["argv"].index("-m") + 1] \
+        == "/m/smol.Q4_1.gguf"
+    exact, quantized = specs["gapserve"]["argv"], specs["gapserve-quantized"]["argv"]
+    for argv in (exact, quantized):
+        assert argv[argv.index("--model") + 1] == "/m/smol.Q4_1.gguf"
+    # float32: the exact dequantized path; no --dtype: the file's own (quantized) path
+    assert exact[exact.index("--dtype") + 1] == "float32" and "--dtype" not in quantized
+    i = exact.index("--dtype")
+    assert exact[:i] + exact[i + 2:] == quantized
+    # a named --llama-gguf still wins; a checkpoint directory keeps the fp32 default
+    other = sbs.parse_args(["--model", "/m/smol.Q4_1.gguf", "--llama-gguf", "/m/q8.gguf"])
+    assert other.llama_gguf == "/m/q8.gguf"
+    assert sbs.parse_args([]).llama_gguf == sbs.LLAMA_F32_GGUF
+
+
+def test_the_quantized_row_is_compared_with_llama_server_and_the_exact_path():
+    results = _results()
+    results["servers"]["gapserve-quantized"] = {"runs": [_run(300.0, 50.0)]}
+    results["servers"]["llamacpp"] = {"runs": [_run(200.0, 40.0, kv=None)]}
+    table = sbs.markdown(results)
+    assert "gapserve-quantized / llamacpp, medians: 1.50x at 64 concurrent, 1.25x single" \
+        in table
+    assert "gapserve-quantized / gapserve, medians: 1.20x at 64 concurrent, 2.00x single" \
+        in table
+
+
+def test_auto_endpoint_is_completions_for_a_model_without_a_chat_template(tmp_path):
+    base, chat, inline = tmp_path / "base", tmp_path / "chat", tmp_path / "inline"
+    for d in (base, chat, inline):
+        d.mkdir()
+    (base / "tokenizer_config.json").write_text('{"bos_token": "<bos>"}')
+    (chat / "chat_template.jinja").write_text("{{ messages }}")
+    (inline / "tokenizer_config.json").write_text('{"chat_template": "{{ messages }}"}')
+    chosen = {}
+    for d in (base, chat, inline):
+        args = sbs.parse_args(["--model", str(d)])
+        sbs.resolve_model_dir(args)
+        chosen[d.name] = args.endpoint
+    assert chosen == {"base": "completions", "chat": "chat", "inline": "chat"}
+    args = sbs.parse_args(["--model", str(base), "--endpoint", "chat"])  # a flag wins
+    sbs.resolve_model_dir(args)
+    assert args.endpoint == "chat"
+
+
+def test_llama_arg_reaches_every_llama_server_row_and_no_other():
+    specs = sbs.server_commands(sbs.parse_args(["--llama-arg=-nr", "--llama-arg=-fa"]))
+    for name in ("llamacpp", "llamacpp-q8_0", "llamacpp-ngram", "llamacpp-draft"):
+        argv = specs[name]["argv"]
+        assert argv[argv.index("-nr") + 1] == "-fa"
+    assert "-nr" not in specs["gapserve"]["argv"] and "-nr" not in specs["vllm"]["argv"]
