@@ -122,10 +122,17 @@ def _subtitle(report: dict) -> str:
 
 
 def newest_report(results: Path = RESULTS) -> Path:
-    """The side_by_side report with the latest recorded date (names sort by day only)."""
-    reports = sorted(results.glob("side_by_side-*.json"))
+    """The side_by_side report with the latest recorded date (names sort by day only)
+    among those the chart is about: gapserve beside both vLLM and llama-server (the
+    same-GGUF reports against llama-server alone have their own tables in
+    docs/benchmarks.md)."""
+    def full(path: Path) -> bool:
+        servers = json.loads(path.read_text()).get("servers", {})
+        return "gapserve" in servers and "vllm" in servers and "llamacpp" in servers
+    reports = [p for p in sorted(results.glob("side_by_side-*.json")) if full(p)]
     if not reports:
-        raise FileNotFoundError(f"no side_by_side-*.json in {results}")
+        raise FileNotFoundError(f"no side_by_side-*.json with gapserve, vllm and llamacpp "
+                                f"in {results}")
     return max(reports, key=lambda p: (json.loads(p.read_text()).get("date", ""), p.name))
 
 

@@ -263,12 +263,12 @@ def stack_memory_now(pid: int, kv_from: str | None, kv_bytes: int | None) -> dic
 
 
 def bench(base_url: str, pid: int, concurrency: int, num_requests: int, warmup: int,
-          args: argparse.Namespace) -> dict:
+          args: argparse.Namespace, endpoint: str = "chat") -> dict:
     """One serve_bench run as a child process; its JSON report plus machine load."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "report.json"
         argv = [sys.executable, str(HERE / "serve_bench.py"), "--base-url", base_url,
-                "--workload", "essay", "--endpoint", args.endpoint,
+                "--workload", "essay", "--endpoint", endpoint,
                 "--num-requests", str(num_requests),
                 "--concurrency", str(concurrency), "--max-tokens", str(args.max_tokens),
                 "--ignore-eos", "--temperature", "0", "--warmup", str(warmup),
@@ -313,7 +313,7 @@ def run_server(name: str, spec: dict, args: argparse.Namespace, repeat: int,
                   "load_avg_1m_before": os.getloadavg()[0]}
         for key, conc, num, warm in (("concurrent", args.concurrency, args.concurrency, 2),
                                      ("single", 1, args.single_requests, 1)):
-            report = bench(base_url, proc.pid, conc, num, warm, args)
+            report = bench(base_url, proc.pid, conc, num, warm, args, args.endpoint)
             report["memory"] = stack_memory_now(proc.pid, spec.get("kv_from"),
                                                 spec.get("kv_bytes"))
             result[key] = report
