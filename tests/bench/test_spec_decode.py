@@ -38,6 +38,12 @@ def test_each_row_is_its_servers_plain_command_with_its_speculation_flags():
     assert draft[draft.index("--spec-type") + 1] == "draft-simple"
 
 
+def test_llama_arg_reaches_each_llama_server_row_only():
+    specs = sd.server_commands(sd.parse_args(["--llama-arg=-nr"]))
+    for name, spec in specs.items():
+        assert ("-nr" in spec["argv"]) == name.startswith("llamacpp"), name
+
+
 def test_llama_servers_acceptance_is_summed_from_its_log_lines():
     log = ("I slot print_timing: id  0 | task 2 | draft acceptance = 0.61458 (   59 accepted "
            "/    96 generated), mean len = 30.50\nother\n"
