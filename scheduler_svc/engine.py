@@ -30,6 +30,7 @@ import structlog
 
 from scheduler_svc.backoff import Backoff, BurstLog
 from scheduler_svc.core.request import Request
+from scheduler_svc.core.scheduler import pool_refusal
 from scheduler_svc.core.in_flight import WorkerOutputError
 from shared.request_limits import token_ids_problem
 from shared.types import (FinishReason, InvalidRequestError, ModelInfo,
@@ -561,7 +562,8 @@ class Engine:
                 self._inbox.clear()
             self._apply(commands)
             try:
-                self._executor.reconnect(self._reconnect_timeout_s)
+                info = self._executor.reconnect(self._reconnect_timeout_s,
+                                                accept=self._refusal_after_loss)
                 break
             except WorkerLost as e:
                 wait = self._backoff.next()
@@ -572,6 +574,7 @@ class Engine:
                     log.warning("worker_reconnect_failed", error=str(e), retry_in_s=wait,
                                 failed_rounds=n)
         self.num_worker_reconnects += 1
+        self._adopt_pool(info)
         before, self.worker_addresses = self.worker_addresses, list(
             getattr(self._executor, "addresses", []))
         failover = self.worker_addresses != before  # a spare took over
@@ -587,6 +590,29 @@ class Engine:
                  isolating=[r.req_id for r in self._scheduler.failures.suspects])
         self._set_workers_connected(True)
         return True
+
+    def _refusal_after_loss(self, info: ModelInfo) -> str | None:
+        """Why workers back after a loss cannot take over what they lost, or None: they
+        must take every length this scheduler admits, and their KV pool, whatever its
+        size, the longest request (Scheduler.resize_kv_pool adopts it)."""
+        cfg = self._scheduler.config
+        if info.max_model_len < cfg.max_model_len:
+            return (f"their max_model_len {info.max_model_len} is below the scheduler's "
+                    f"{cfg.max_model_len}")
+        refusal = pool_refusal(cfg, info.num_kv_blocks)
+        return None if refusal is None else f"their KV pool: {refusal}"
+
+    def _adopt_pool(self, info: ModelInfo) -> None:
+        """Workers back with a KV pool of another size (sized from the memory free at
+        their start): the scheduler's pool, emptied by the loss, takes that size."""
+        before = self.model_info.num_kv_blocks
+        if info.num_kv_blocks != before:
+            self._scheduler.resize_kv_pool(info.num_kv_blocks)
+            log.warning("kv_pool_resized", num_kv_blocks=info.num_kv_blocks,
+                        was=before, waiting=len(self._scheduler.waiting))
+            if self._tel is not None:
+                self._tel.refresh(self._scheduler.stats())
+        self.model_info = info
 
     def _set_workers_connected(self, connected: bool) -> None:
         self.workers_connected = connected

@@ -13,7 +13,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import grpc
 
@@ -33,6 +33,10 @@ log = get_logger(service="scheduler")
 # what a group that replaces a lost one must share with it: the core was built on it
 _SAME = ("model_name", "num_kv_blocks", "block_size", "vocab_size", "max_num_batched_tokens",
          "speculative_config")
+# what a group coming back after a loss must still share with the lost one: all of it
+# but the KV pool's size, which a worker sizes from the memory free at its start
+# (the scheduler adopts another size: Scheduler.resize_kv_pool, docs/resilience.md)
+_SAME_AFTER_LOSS = tuple(f for f in _SAME if f != "num_kv_blocks")
 
 
 class WorkerGroup:
@@ -146,18 +150,21 @@ class WorkerGroup:
         if not self._closing and generation == self.generation and self._on_lost is not None:
             self._on_lost(generation, error)
 
-    def reconnect(self, timeout_s: float) -> ModelInfo:
+    def reconnect(self, timeout_s: float,
+                  accept: Callable[[ModelInfo], str | None] | None = None) -> ModelInfo:
         """Drop the current streams and connect afresh: the active group first (a
         restarted worker comes back on its address), then each spare once, in order.
-        A group must be the one the scheduler was built for (another model or KV
-        pool would break the core). A dead group costs about timeout_s: its first
-        rank that does not answer ends its try.
+        A group must be the same model, block size, vocabulary, step budget and
+        speculation the scheduler was built for (another would break the core); what
+        may differ (the KV pool's size, max_model_len) it may take if accept(info)
+        gives no reason against it (None: they must be the same too). A dead
+        group costs about timeout_s: its first rank that does not answer ends its try.
         Raises WorkerLost if none answered; the caller backs off and calls again."""
         self._end_streams()
         tried = []
         for index in [(self.active + i) % len(self.groups) for i in range(len(self.groups))]:
             try:
-                info = self._check_group(index, timeout_s)
+                info = self._check_group(index, timeout_s, accept)
             except grpc.RpcError as e:  # not up (yet): a dead address, a loading worker
                 tried.append(f"{self._name(index)}: {e.code().name}: {e.details()}")
             except ConfigError as e:  # up, but it cannot take over
@@ -177,7 +184,8 @@ class WorkerGroup:
                 return info
         raise WorkerLost("no worker group answered: " + "; ".join(tried))
 
-    def _check_group(self, index: int, timeout_s: float) -> ModelInfo:
+    def _check_group(self, index: int, timeout_s: float,
+                     accept: Callable[[ModelInfo], str | None] | None) -> ModelInfo:
         old = self.model_info
         try:
             info = self._handshake_group(index, timeout_s,
@@ -186,9 +194,16 @@ class WorkerGroup:
             if e.code() != grpc.StatusCode.FAILED_PRECONDITION:
                 raise
             raise ConfigError(e.details()) from None  # e.g. sized for another step budget
-        if old is not None and any(getattr(info, f) != getattr(old, f) for f in _SAME):
+        if old is not None and any(getattr(info, f) != getattr(old, f) for f in _SAME_AFTER_LOSS):
             raise ConfigError(f"not the workers that were lost: they report {info}, the "
                               f"scheduler was built for {old}")
+        if old is None:
+            return info
+        if accept is None and info.num_kv_blocks != old.num_kv_blocks:
+            raise ConfigError(f"a KV pool of {info.num_kv_blocks} blocks, the lost workers "
+                              f"had {old.num_kv_blocks}")
+        if accept is not None and (why := accept(info)) is not None:
+            raise ConfigError(why)
         return info
 
     def _activate(self, index: int, tried: list[str]) -> None:

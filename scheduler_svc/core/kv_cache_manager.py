@@ -35,6 +35,15 @@ class KVCacheManager:
         self.lookback = lookback
         self.num_window_freed_blocks = 0  # cumulative: blocks freed behind a window
 
+    def resize(self, num_blocks: int) -> None:
+        """A new, empty pool of num_blocks (the workers' KV was lost with them); only
+        when no request holds a block. Recorded events carry over to the listeners."""
+        if self.req_to_blocks:
+            raise RuntimeError(f"cannot resize the KV pool while {len(self.req_to_blocks)} "
+                               "requests hold blocks")
+        events, self.pool = self.pool.events, BlockPool(num_blocks)
+        self.pool.events = events
+
     @property
     def num_free_blocks(self) -> int:
         return self.pool.num_free_blocks

@@ -32,30 +32,38 @@ from shared.types import (
 )
 
 
-class Scheduler:
-    def __init__(self, config: SchedulerConfig, num_blocks: int) -> None:
-        config.validate()
-        if num_blocks < 2:
-            raise ConfigError(f"the KV pool needs at least 2 blocks (block 0 is reserved), "
-                              f"got {num_blocks}")
-        # The longest request keeps KV for max_model_len - 1 tokens (its last token is
-        # sampled, never computed), or with a sliding window its window and one chunk;
-        # if that cannot fit, it could never finish.
-        spec = config.speculative_config
-        lookback = spec.num_speculative_tokens if spec else 0
-        need = max_blocks_per_request(config.max_model_len, config.block_size,
-                                      config.sliding_window, config.max_num_batched_tokens,
-                                      lookback)
-        if need > num_blocks - 1:
-            raise ConfigError(
-                f"max_model_len {config.max_model_len} needs {need} KV blocks of "
+def pool_refusal(config: SchedulerConfig, num_blocks: int) -> str | None:
+    """Why a KV pool of num_blocks cannot serve this configuration, or None. The
+    longest request keeps KV for max_model_len - 1 tokens (its last token is sampled,
+    never computed), or with a sliding window its window and one chunk; if that
+    cannot fit, it could never finish."""
+    if num_blocks < 2:
+        return f"the KV pool needs at least 2 blocks (block 0 is reserved), got {num_blocks}"
+    spec = config.speculative_config
+    lookback = spec.num_speculative_tokens if spec else 0
+    need = max_blocks_per_request(config.max_model_len, config.block_size,
+                                  config.sliding_window, config.max_num_batched_tokens,
+                                  lookback)
+    if need > num_blocks - 1:
+        return (f"max_model_len {config.max_model_len} needs {need} KV blocks of "
                 f"{config.block_size} tokens" + (
                     f" (its {config.sliding_window}-token window and a chunk of "
                     f"{config.max_num_batched_tokens})" if need < -(-(
                         config.max_model_len - 1) // config.block_size) else "")
                 + f", but the pool has only {num_blocks - 1}; lower max_model_len or give "
                 f"the workers more memory")
+    return None
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, num_blocks: int) -> None:
+        config.validate()
+        refusal = pool_refusal(config, num_blocks)
+        if refusal is not None:
+            raise ConfigError(refusal)
         self.config = config
+        spec = config.speculative_config
+        lookback = spec.num_speculative_tokens if spec else 0  # rejected draft slots
         self.kv = KVCacheManager(num_blocks, config.block_size, config.max_model_len,
                                  config.enable_prefix_caching, config.sliding_window,
                                  lookback)
@@ -463,6 +471,17 @@ class Scheduler:
         self.kv.pool.forget_cached()
         self.grammar.requeue_all(self.requests.values())  # their compiled grammars are gone
         return [r.req_id for r in running]
+
+    def resize_kv_pool(self, num_blocks: int) -> None:
+        """Workers that came back after a loss with a pool of another size (one sized
+        from the memory free at its start: docs/resilience.md): take it, since the
+        loss emptied ours (requeue_all_for_recompute). Raises ConfigError if it
+        cannot serve the configuration (pool_refusal)."""
+        refusal = pool_refusal(self.config, num_blocks)
+        if refusal is not None:
+            raise ConfigError(refusal)
+        self.kv.resize(num_blocks)
+        self._stats.num_total_blocks = num_blocks
 
     def step_failed(self, step_id: int, error: str) -> list[tuple[str, str]]:
         """The workers answered a step with an error (docs/resilience.md): every later
