@@ -42,9 +42,10 @@ def _model_dir(gguf: str | None) -> Path:
 
 def matmul_weights(model_dir: Path):
     """(quantized weights, fp32 copies) of every matmul and the vocabulary projection."""
+    from worker_svc.model import llama
     from worker_svc.model.config import load_model_config
     from worker_svc.model.loading.gguf_quantized import load_quantized_weights
-    w = load_quantized_weights(model_dir, load_model_config(model_dir))
+    w = load_quantized_weights(model_dir, load_model_config(model_dir), llama)
     quant = [getattr(lw, n) for lw in w.layers for n in MATMULS] + [w.lm_head]
     return quant, [q.dequantize() for q in quant]
 

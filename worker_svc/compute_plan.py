@@ -224,7 +224,7 @@ def build_plan(config: WorkerConfig, device: torch.device, model_cfg, *, biases:
     screen = (small == "plain" and not tp and config.cpu_argmax_screen
               and model_cfg.hidden_size % small_linear.GROUP == 0)
     weights, weight_types = "float", ""
-    if _quantized_path(config, cpu, c_layers, kernels, gguf_types, family):
+    if _quantized_path(config, cpu, kernels, gguf_types):
         # every step on the blocks: no float copy to prepack, screen or hand to oneDNN
         weights = "gguf_quantized"
         weight_types = "+".join(sorted(gguf_types, key=lambda k: -gguf_types[k]))
@@ -254,22 +254,20 @@ def build_plan(config: WorkerConfig, device: torch.device, model_cfg, *, biases:
 QUANT_MAX_ROWS = 1 << 30
 
 
-def _quantized_path(config: WorkerConfig, cpu: bool, c_layers: bool,
-                    kernels: Kernels | None, gguf_types: dict[str, int] | None,
-                    family: str) -> bool:
+def _quantized_path(config: WorkerConfig, cpu: bool, kernels: Kernels | None,
+                    gguf_types: dict[str, int] | None) -> bool:
     """Whether a GGUF's quantized blocks are served as they are. The default for a
     file with quantized matmul tensors; --dtype float32 (or any float --dtype) keeps
-    the exact dequantized path. Where the kernel cannot serve it (a GPU, another family's
-    torch layers, tensor parallelism, no compiler), the exact path serves, and a
-    warning says why."""
+    the exact dequantized path. Every family with GGUF input takes it (the llama
+    family's C layers and the torch layers alike call the kernel). Where the kernel
+    cannot serve it (a GPU, tensor parallelism, no compiler), the exact path serves,
+    and a warning says why."""
     from worker_svc.model.cpu.quant_weights import FLOAT_TYPES
     if not gguf_types or not set(gguf_types) - FLOAT_TYPES or config.dtype != "auto":
         return False
     why = None
     if not cpu:
         why = "the quantized kernel is a CPU kernel"
-    elif not c_layers:
-        why = f"model family {family!r} runs torch layers; the kernel serves the llama family"
     elif config.tensor_parallel_size > 1:
         why = "tensor parallelism splits float weights"
     elif config.quantization is not None:

@@ -94,7 +94,7 @@ class ModelRunner:
             if config.load_format == "dummy":  # never split: refused with tensor parallelism
                 weights = dummy_weights(cfg, act_dtype, self.device, seed=config.seed)
             elif plan.weights == "gguf_quantized":  # a GGUF's blocks as they are
-                weights = load_quantized_weights(self.model_dir, cfg)
+                weights = load_quantized_weights(self.model_dir, cfg, module)
             else:
                 weights = module.load_weights(self.model_dir, cfg, act_dtype, self.device,
                                               self.plan, matmul_dtype=self.dtype)

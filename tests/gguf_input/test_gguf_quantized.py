@@ -50,17 +50,10 @@ def _teacher_forced(runner, prompt: list[int], tokens: list[int]) -> list[torch.
     return out
 
 
-@pytest.mark.parametrize("kind", [T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K,
-                                  T.Q6_K, T.Q2_K], ids=lambda k: k.name)
-def test_quantized_path_agrees_with_the_exact_path_step_by_step(tmp_path, kind):
-    path = _gguf(tmp_path, "llama", kind)
-    exact, quant = _runner(path, dtype="float32"), _runner(path)
-    assert "weights=" not in exact.compute_plan.summary()
-    assert f"weights=gguf_quantized:{kind.name}" in quant.compute_plan.summary()
-    assert isinstance(quant.model.w.layers[0].qkv, QuantWeight)
-    assert quant.compute_plan.layer_loop == "c_loop"  # decode steps: the C layer loop
+def _agree_step_by_step(quant, exact) -> None:
+    """The exact path's greedy continuation, step by step, fed to the quantized one:
+    every step's logits within BOUND and the same greedy token."""
     prompt = [t % 261 for t in _prompt(0, 40)]
-    # the exact path's greedy continuation, step by step; then fed to the quantized one
     state = _state(prompt)
     steps, tokens = [_chunk_logits(exact, state, len(prompt))], []
     for _ in range(DECODE_STEPS):
@@ -71,3 +64,42 @@ def test_quantized_path_agrees_with_the_exact_path_step_by_step(tmp_path, kind):
     for i, (g, w) in enumerate(zip(got, steps)):
         assert _relative_error(g, w) < BOUND, f"step {i}"
         assert torch.equal(g.argmax(-1), w.argmax(-1)), f"step {i}: greedy token differs"
+
+
+@pytest.mark.parametrize("kind", [T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q4_K, T.Q5_K,
+                                  T.Q6_K, T.Q2_K], ids=lambda k: k.name)
+def test_quantized_path_agrees_with_the_exact_path_step_by_step(tmp_path, kind):
+    path = _gguf(tmp_path, "llama", kind)
+    exact, quant = _runner(path, dtype="float32"), _runner(path)
+    assert "weights=" not in exact.compute_plan.summary()
+    assert f"weights=gguf_quantized:{kind.name}" in quant.compute_plan.summary()
+    assert isinstance(quant.model.w.layers[0].qkv, QuantWeight)
+    assert quant.compute_plan.layer_loop == "c_loop"  # decode steps: the C layer loop
+    _agree_step_by_step(quant, exact)
+
+
+# one type each (the kernel's types are all covered above): the families' own parts
+# are what is checked here - Gemma's scaled embedding, 1 + w norms and tied head,
+# Qwen3's q/k norms, Phi-3's fused qkv/gate_up rows, Qwen3-MoE's per-expert weights.
+# A router's near-tie flips an expert as a logits' near-tie flips a greedy token: the
+# Q8_0 tiny Qwen3-MoE has one (top-2 probabilities 2e-7 apart on this prompt), Q5_1's
+# closest is 5e-4, far above what the order of sums moves.
+@pytest.mark.parametrize("arch,kind", [("gemma3", T.Q4_K), ("gemma2", T.Q8_0),
+                                       ("qwen3", T.Q5_0), ("phi3", T.Q4_1),
+                                       ("qwen3moe", T.Q5_1)],
+                         ids=["gemma3-Q4_K", "gemma2-Q8_0", "qwen3-Q5_0", "phi3-Q4_1",
+                              "qwen3moe-Q5_1"])
+def test_torch_layer_families_take_the_quantized_path_and_agree_with_the_exact_one(
+        tmp_path, arch, kind):
+    path = _gguf(tmp_path, arch, kind)
+    exact, quant = _runner(path, dtype="float32"), _runner(path)
+    assert f"weights=gguf_quantized:{kind.name}" in quant.compute_plan.summary()
+    assert not quant.compute_plan.c_layers  # the torch layers call the kernel
+    w = quant.model.w
+    assert isinstance(w.embed, QuantWeight) and isinstance(w.layers[0].qkv, QuantWeight)
+    assert isinstance(w.layers[0].o_proj, QuantWeight)
+    mlp = w.layers[0].mlp
+    assert all(isinstance(t, QuantWeight) for t in
+               ([mlp.gate_up[0], mlp.down[0]] if arch == "qwen3moe" else [mlp.gate_up, mlp.down]))
+    assert quant.weight_bytes < exact.weight_bytes / 2  # held as blocks, not fp32
+    _agree_step_by_step(quant, exact)

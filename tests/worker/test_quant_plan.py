@@ -1,7 +1,7 @@
 """Which path a GGUF takes (worker_svc/compute_plan.py, _quantized_path): quantized
-types take the quantized path by default; a float --dtype, a float-only file, a family
-without the C layers, tensor parallelism, --quantization or a missing kernel keep the
-exact path, each saying why."""
+types take the quantized path by default, in every family (the torch-layer ones too);
+a float --dtype, a float-only file, tensor parallelism, --quantization or a missing
+kernel keep the exact path, each saying why."""
 
 from __future__ import annotations
 
@@ -40,10 +40,17 @@ def test_a_quantized_gguf_takes_the_quantized_path_for_every_step():
     assert "weights=gguf_quantized:Q4_1+Q8_0" in p.summary()
 
 
+@pytest.mark.parametrize("family", ["gemma", "qwen3", "qwen3_moe", "phi3"])
+def test_the_torch_layer_families_take_the_quantized_path_too(family):
+    p = plan(shape=FamilyShape(family=family))
+    assert (p.weights, p.weight_types) == ("gguf_quantized", "Q4_1+Q8_0")
+    assert not p.c_layers and p.layer_loop != "c_loop"
+    assert "weights=gguf_quantized:Q4_1+Q8_0" in p.summary()
+
+
 @pytest.mark.parametrize("case", [
     dict(dtype="float32"), dict(dtype="bfloat16"), dict(gguf_types={"F16": 10}),
-    dict(gguf_types=None), dict(shape=FamilyShape(family="gemma")),
-    dict(kernels=ALL), dict(quantization="int8")], ids=str)
+    dict(gguf_types=None), dict(kernels=ALL), dict(quantization="int8")], ids=str)
 def test_the_exact_path_serves_otherwise(case):
     p = plan(**case)
     assert p.weights == "float" and p.small_batch != "quant"

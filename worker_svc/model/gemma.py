@@ -63,9 +63,10 @@ class GemmaWeights(torch_decoder.TorchWeights):
     post_ffn_norms: list = field(default_factory=list)
 
 
-def load_weights(model_dir, cfg, dtype, device, shard=None, matmul_dtype=None):
+def load_weights(model_dir, cfg, dtype, device, shard=None, matmul_dtype=None,
+                 slices=CheckpointSlices):
     base = torch_decoder.load_weights(model_dir, cfg, dtype, device, shard, matmul_dtype,
-                                      PACKED_MODULES_MAPPING)
+                                      PACKED_MODULES_MAPPING, slices)
     with TensorReader() as reader:  # the norms are whole on every rank
         ck = CheckpointSlices(model_dir, cfg, shard or whole_plan(cfg), reader, dtype, device)
         pre, post = ([ck.take(f"model.layers.{i}.{n}.weight") for i in range(cfg.num_layers)]

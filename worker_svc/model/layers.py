@@ -12,13 +12,19 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from worker_svc.model.cpu import quant_weights
+from worker_svc.model.cpu.quant_weights import QuantWeight
+
 
 # ---------------------------------------------------------------- matmul and norms
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
            ) -> torch.Tensor:
     """F.linear, or oneDNN's on a weight prepacked by cpu_dtype; with bf16 weights under
-    fp32 activations the input is rounded to bf16 and the output widened back."""
+    fp32 activations the input is rounded to bf16 and the output widened back; a GGUF's
+    blocks (QuantWeight) through the quantized kernel, for any number of rows."""
+    if isinstance(weight, QuantWeight):
+        return quant_weights.load()(x, weight, bias)
     if weight.is_mkldnn:  # prepacked by cpu_dtype: oneDNN's own layout
         return torch.ops.mkldnn._linear_pointwise(x.to(weight.dtype), weight, bias, "none",
                                                   [], "").to(x.dtype)
@@ -137,7 +143,9 @@ def vocab_parallel_embed(input_ids: torch.Tensor, table: torch.Tensor, dtype, tp
                          ) -> torch.Tensor:
     """Embeddings in the activation dtype; under tensor parallelism each rank looks up
     the ids in its rows (tp.plan.vocab), zeros elsewhere, and the sum over ranks is
-    exact (one nonzero term per element)."""
+    exact (one nonzero term per element). A GGUF's blocks: their rows widened by id."""
+    if isinstance(table, QuantWeight):  # held on one rank only (gguf_quantized.py)
+        return quant_weights.load().gather(table, input_ids).to(dtype)
     if tp is None:
         return F.embedding(input_ids, table).to(dtype)
     start, stop = tp.plan.vocab
@@ -178,8 +186,10 @@ class MoeWeights:
     """One MoE layer as a rank holds it: the whole router, and its experts
     [first, first + len) whole (experts are split across tensor-parallel ranks)."""
     router: torch.Tensor  # [num_experts, hidden]
-    gate_up: torch.Tensor  # [local experts, 2 * intermediate, hidden]: [gate; up] rows
-    down: torch.Tensor  # [local experts, hidden, intermediate]
+    # [local experts, 2 * intermediate, hidden]: [gate; up] rows (a GGUF's blocks: a
+    # list of one QuantWeight per expert, indexed alike)
+    gate_up: torch.Tensor | list[QuantWeight]
+    down: torch.Tensor | list[QuantWeight]  # [local experts, hidden, intermediate]
     first: int  # the global id of this rank's first expert
     # the shared expert ([gate; up], down, gate [1, hidden]), held whole by the rank
     # with expert 0 (a partial sum like the rest); None without one or on other ranks
@@ -214,7 +224,7 @@ def moe(x: torch.Tensor, w: MoeWeights, spec: MoeSpec, act=silu_and_mul,
     starts = [0]
     for c in counts:
         starts.append(starts[-1] + c)
-    for local in range(w.gate_up.shape[0]):
+    for local in range(len(w.gate_up)):
         e = w.first + local
         if counts[e] == 0:
             continue

@@ -18,7 +18,8 @@ from worker_svc.model.cpu import cpu_dtype, decode_layers, fused_ops, quant_weig
 from worker_svc.model.cpu.quant_weights import QuantWeight
 from worker_svc.model import layers
 from worker_svc.model.config import ModelConfig, layer_windows, require_silu
-from worker_svc.model.loading.weights import ModelWeights, load_weights as _load_weights
+from worker_svc.model.loading.weights import (CheckpointSlices, ModelWeights,
+                                              load_weights as _load_weights)
 
 # model_type -> whether q/k/v projections carry a bias regardless of config flags
 QKV_BIAS = {"llama": False, "mistral": False, "qwen2": True}
@@ -36,10 +37,12 @@ def configure(hf, cfg: ModelConfig) -> ModelConfig:
 
 
 def load_weights(model_dir, cfg: ModelConfig, dtype: torch.dtype, device: torch.device,
-                 shard=None, matmul_dtype: torch.dtype | None = None) -> ModelWeights:
+                 shard=None, matmul_dtype: torch.dtype | None = None,
+                 slices=CheckpointSlices) -> ModelWeights:
     """In the activation dtype; the runner's cpu_dtype.prepare_matmul_weights makes the
-    matmul copies (bf16, prepacked, int8) the compute plan asks for."""
-    return _load_weights(model_dir, cfg, dtype, device, shard)
+    matmul copies (bf16, prepacked, int8) the compute plan asks for. slices: how the
+    checkpoint is read (gguf_quantized.QuantizedSlices: a GGUF's blocks kept)."""
+    return _load_weights(model_dir, cfg, dtype, device, shard, slices)
 
 
 class DecoderModel:

@@ -5,6 +5,7 @@ checkpoints name an expert's gate, down and up projections w1, w2 and w3."""
 from __future__ import annotations
 
 from worker_svc.model import torch_decoder
+from worker_svc.model.loading.weights import CheckpointSlices
 from worker_svc.model.config import ModelConfig, require_silu
 from worker_svc.model.layers import MoeSpec
 
@@ -25,9 +26,10 @@ def configure(hf, cfg: ModelConfig) -> ModelConfig:
     return cfg
 
 
-def load_weights(model_dir, cfg, dtype, device, shard=None, matmul_dtype=None):
+def load_weights(model_dir, cfg, dtype, device, shard=None, matmul_dtype=None,
+                 slices=CheckpointSlices):
     return torch_decoder.load_weights(model_dir, cfg, dtype, device, shard, matmul_dtype,
-                                      PACKED_MODULES_MAPPING)
+                                      PACKED_MODULES_MAPPING, slices)
 
 
 Model = torch_decoder.TorchDecoder

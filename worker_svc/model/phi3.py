@@ -14,6 +14,7 @@ request and position, whatever the chunking (layers.longrope_rows; docs/models.m
 from __future__ import annotations
 
 from worker_svc.model import torch_decoder
+from worker_svc.model.loading.weights import CheckpointSlices
 from worker_svc.model.config import ModelConfig, require_silu
 
 PACKED_MODULES_MAPPING = torch_decoder.LLAMA_NAMES
@@ -33,9 +34,10 @@ def configure(hf, cfg: ModelConfig) -> ModelConfig:
     return cfg
 
 
-def load_weights(model_dir, cfg, dtype, device, shard=None, matmul_dtype=None):
+def load_weights(model_dir, cfg, dtype, device, shard=None, matmul_dtype=None,
+                 slices=CheckpointSlices):
     return torch_decoder.load_weights(model_dir, cfg, dtype, device, shard, matmul_dtype,
-                                      PACKED_MODULES_MAPPING)
+                                      PACKED_MODULES_MAPPING, slices)
 
 
 Model = torch_decoder.TorchDecoder

@@ -6,6 +6,7 @@ derives them: from max_window_layers on) attend within sliding_window."""
 from __future__ import annotations
 
 from worker_svc.model import torch_decoder
+from worker_svc.model.loading.weights import CheckpointSlices
 from worker_svc.model.config import ModelConfig, require_silu
 
 PACKED_MODULES_MAPPING = {**torch_decoder.LLAMA_NAMES,
@@ -34,9 +35,10 @@ def sliding_layers(hf, cfg: ModelConfig) -> None:
         cfg.sliding_layers = tuple(t == "sliding_attention" for t in types)
 
 
-def load_weights(model_dir, cfg, dtype, device, shard=None, matmul_dtype=None):
+def load_weights(model_dir, cfg, dtype, device, shard=None, matmul_dtype=None,
+                 slices=CheckpointSlices):
     return torch_decoder.load_weights(model_dir, cfg, dtype, device, shard, matmul_dtype,
-                                      PACKED_MODULES_MAPPING)
+                                      PACKED_MODULES_MAPPING, slices)
 
 
 Model = torch_decoder.TorchDecoder

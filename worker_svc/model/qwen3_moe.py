@@ -7,6 +7,7 @@ use_sliding_window every layer attends within sliding_window (transformers' rule
 from __future__ import annotations
 
 from worker_svc.model import torch_decoder
+from worker_svc.model.loading.weights import CheckpointSlices
 from worker_svc.model.config import ModelConfig, require_silu
 from worker_svc.model.layers import MoeSpec
 from worker_svc.model.qwen3 import PACKED_MODULES_MAPPING as QWEN3_NAMES
@@ -47,9 +48,10 @@ def sparse_layers(hf, num_layers: int, num_experts: int) -> tuple[bool, ...]:
                  for i in range(num_layers))
 
 
-def load_weights(model_dir, cfg, dtype, device, shard=None, matmul_dtype=None):
+def load_weights(model_dir, cfg, dtype, device, shard=None, matmul_dtype=None,
+                 slices=CheckpointSlices):
     return torch_decoder.load_weights(model_dir, cfg, dtype, device, shard, matmul_dtype,
-                                      PACKED_MODULES_MAPPING)
+                                      PACKED_MODULES_MAPPING, slices)
 
 
 Model = torch_decoder.TorchDecoder

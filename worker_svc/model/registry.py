@@ -9,9 +9,10 @@ below. The module defines, in this order of use:
   typed fields on ModelConfig: qkv_bias, qk_norm, moe, ...) from the transformers
   config `hf` into `cfg` (already holding the shared ones: sizes, heads, RoPE, EOS)
   and raises ValueError naming what it cannot run (a field, a value, an option).
-- `load_weights(model_dir, cfg, dtype, device, shard, matmul_dtype) -> weights`:
+- `load_weights(model_dir, cfg, dtype, device, shard, matmul_dtype, slices) -> weights`:
   this rank's slice of the checkpoint (worker_svc/parallel/shard.py), read through
-  weights.CheckpointSlices. The checkpoint-name -> fused-weight table is a module
+  `slices` (weights.CheckpointSlices; gguf_quantized.QuantizedSlices keeps a GGUF's
+  matmul weights as its blocks, the quantized path). The checkpoint-name -> fused-weight table is a module
   constant beside it (`PACKED_MODULES_MAPPING`, as nano-vllm's: which tensors stack
   into which fused matmul, e.g. qkv <- q_proj, k_proj, v_proj).
 - `Model(cfg, weights, backend, max_positions, plan, tp)`: `forward(input_ids,

@@ -68,15 +68,18 @@ LLAMA_NAMES: dict[str, tuple[str, ...]] = {
 
 def load_weights(model_dir: Path, cfg: ModelConfig, dtype: torch.dtype, device: torch.device,
                  shard: ShardPlan | None, matmul_dtype: torch.dtype | None,
-                 names: dict[str, tuple[str, ...]]) -> TorchWeights:
+                 names: dict[str, tuple[str, ...]],
+                 slices: type[CheckpointSlices] = CheckpointSlices) -> TorchWeights:
     """This rank's weights (`cfg` the whole model's): norms in the activation dtype
     `dtype`, matmul weights in `matmul_dtype` (bf16 on CPU stays bf16, as cpu_dtype's).
     `names` is the family's PACKED_MODULES_MAPPING (LLAMA_NAMES' keys, plus q_norm and
-    k_norm, and router, expert_gate_up and expert_down for routed-experts layers)."""
+    k_norm, and router, expert_gate_up and expert_down for routed-experts layers).
+    slices: how the checkpoint is read (gguf_quantized.QuantizedSlices keeps a GGUF's
+    matmul weights as its blocks)."""
     shard = shard or whole_plan(cfg)
     mm = matmul_dtype or dtype
     with TensorReader() as reader:
-        ck = CheckpointSlices(model_dir, cfg, shard, reader, dtype, device)
+        ck = slices(model_dir, cfg, shard, reader, dtype, device)
         check_shapes(model_dir, ck.entries, expected_shapes(cfg, names))
 
         def w(prefix: str, key: str) -> list[str]:
@@ -148,15 +151,23 @@ def expected_shapes(cfg: ModelConfig, names: dict[str, tuple[str, ...]]
 def _experts(ck: CheckpointSlices, p: str, names, cfg: ModelConfig, shard: ShardPlan,
              dtype: torch.dtype) -> MoeWeights:
     """The router whole and this rank's experts whole, each expert's [gate; up] read
-    into its slice of one [local experts, 2 * intermediate, hidden] tensor."""
+    into its slice of one [local experts, 2 * intermediate, hidden] tensor (a list of
+    per-expert QuantWeights when the slices hold a GGUF's blocks)."""
     first, stop = shard.experts
     inter, hidden = cfg.moe.intermediate_size, cfg.hidden_size
-    gate_up = torch.empty(stop - first, 2 * inter, hidden, dtype=dtype, device=ck.device)
-    down = torch.empty(stop - first, hidden, inter, dtype=dtype, device=ck.device)
-    for j, e in enumerate(range(first, stop)):
-        ck.fused([f"{p}{n.format(e=e)}.weight" for n in names["expert_gate_up"]],
-                 whole=True, out=gate_up[j])
-        ck.fused([f"{p}{names['expert_down'][0].format(e=e)}.weight"], whole=True, out=down[j])
+    gate_up_names = [[f"{p}{n.format(e=e)}.weight" for n in names["expert_gate_up"]]
+                     for e in range(first, stop)]
+    down_names = [[f"{p}{names['expert_down'][0].format(e=e)}.weight"]
+                  for e in range(first, stop)]
+    if ck.holds_blocks:
+        gate_up = [ck.fused(n, whole=True) for n in gate_up_names]
+        down = [ck.fused(n, whole=True) for n in down_names]
+    else:
+        gate_up = torch.empty(stop - first, 2 * inter, hidden, dtype=dtype, device=ck.device)
+        down = torch.empty(stop - first, hidden, inter, dtype=dtype, device=ck.device)
+        for j in range(stop - first):
+            ck.fused(gate_up_names[j], whole=True, out=gate_up[j])
+            ck.fused(down_names[j], whole=True, out=down[j])
     shared = {}
     if cfg.moe.shared_intermediate_size and first == 0:  # Qwen2-MoE's shared expert
         shared = dict(

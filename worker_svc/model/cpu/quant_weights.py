@@ -10,8 +10,10 @@ matmul, for any number of rows. `gather` widens rows by index (the embedding loo
 of a quantized token_embd).
 
 QuantLinear is called where the small-batch kernel is (small_linear.SmallLinear hands
-a QuantWeight here) and the C layer loop calls `quant_linear` in small_linear_q8's
-place (decode_layers.py): same signature, the descriptor where the int8 rows would be.
+a QuantWeight here), where the torch-layer families' layers.linear meets one (and
+layers.vocab_parallel_embed calls `gather`), and the C layer loop calls `quant_linear`
+in small_linear_q8's place (decode_layers.py): same signature, the descriptor where
+the int8 rows would be.
 """
 
 from __future__ import annotations

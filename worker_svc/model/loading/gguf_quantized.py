@@ -1,16 +1,19 @@
-"""A GGUF's llama-family weights on the quantized path: every matmul weight and the
-embedding kept as the file's blocks (model/cpu/quant_weights.QuantWeight), norms as
-float32 (they are F32 in the file). No value is widened at load: a load is a read of
+"""A GGUF's weights on the quantized path: every matmul weight and the embedding kept
+as the file's blocks (model/cpu/quant_weights.QuantWeight), norms and the MoE router
+as the exact path's float32. No matmul value is widened at load: a load is a read of
 the file's bytes, not a dequantization.
 
-The names, the q/k row order and the checks are the exact path's (CheckpointSlices
-over gguf_tensors' entries); only the matmul tensors take another road. A tensor of a
-type the kernel does not read (Q2_K, Q3_K) is widened to an F32 segment here, through
-the exact path's dequantization: served right, at fp32's size (the start log counts it).
+There is no second loader: each family's own `load_weights` reads the file through
+QuantizedSlices, the exact path's CheckpointSlices (same names, q/k row order, checks,
+Gemma's 1 + w norm fix-up) whose matmul reads (`fused`, `columns`, `embed_and_head`)
+return QuantWeights. A tensor of a type the kernel does not read (Q2_K, Q3_K) is
+widened to an F32 segment here, through the exact path's dequantization: served
+right, at fp32's size (the start log counts it).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -18,11 +21,9 @@ import torch
 
 from worker_svc.model.config import ModelConfig
 from worker_svc.model.cpu.quant_weights import TYPES, QuantWeight, concat
-from worker_svc.model.loading.checkpoint_checks import check_checkpoint
 from worker_svc.model.loading.gguf_tensors import dequantized, quantized_rows
-from worker_svc.model.loading.safetensors_io import TensorEntry, TensorReader
-from worker_svc.model.loading.weights import CheckpointSlices, LayerWeights, ModelWeights
-from worker_svc.parallel.shard import whole_plan
+from worker_svc.model.loading.safetensors_io import TensorEntry
+from worker_svc.model.loading.weights import CheckpointSlices
 
 
 def _quant(e: TensorEntry) -> QuantWeight:
@@ -37,43 +38,60 @@ def _quant(e: TensorEntry) -> QuantWeight:
     return QuantWeight(((kind, torch.from_numpy(rows)),), int(e.shape[1]))
 
 
-def load_quantized_weights(model_dir: Path, cfg: ModelConfig) -> ModelWeights:
-    """The whole model (one rank) with QuantWeights where the exact path has fp32."""
-    with TensorReader() as reader:
-        ck = CheckpointSlices(model_dir, cfg, whole_plan(cfg), reader, torch.float32,
-                              torch.device("cpu"))
-        check_checkpoint(model_dir, cfg, ck.entries)
-        q = lambda name: _quant(ck.entry(name))  # noqa: E731
-        layers = []
-        for i in range(cfg.num_layers):
-            p = f"model.layers.{i}."
-            a, m = p + "self_attn.", p + "mlp."
-            layers.append(LayerWeights(
-                input_norm=ck.take(p + "input_layernorm.weight"),
-                qkv=concat([q(a + "q_proj.weight"), q(a + "k_proj.weight"),
-                            q(a + "v_proj.weight")]),
-                qkv_bias=ck.fused_bias([a + "q_proj.bias", a + "k_proj.bias",
-                                        a + "v_proj.bias"]),
-                o_proj=q(a + "o_proj.weight"), o_bias=ck.maybe(a + "o_proj.bias"),
-                post_norm=ck.take(p + "post_attention_layernorm.weight"),
-                gate_up=concat([q(m + "gate_proj.weight"), q(m + "up_proj.weight")]),
-                gate_up_bias=ck.fused_bias([m + "gate_proj.bias", m + "up_proj.bias"]),
-                down=q(m + "down_proj.weight"), down_bias=ck.maybe(m + "down_proj.bias")))
-        embed = q("model.embed_tokens.weight")
-        lm_head = embed if cfg.tie_word_embeddings or "lm_head.weight" not in ck \
-            else q("lm_head.weight")
-        final_norm = ck.take("model.norm.weight")
-    return ModelWeights(embed=embed, layers=layers, final_norm=final_norm, lm_head=lm_head)
+class QuantizedSlices(CheckpointSlices):
+    """CheckpointSlices of one whole rank whose matmul weights are QuantWeights: a 2-D
+    tensor read by `fused`, `columns` or `embed_and_head` stays the file's blocks;
+    everything `take` reads (norms, q/k norms, the router) and biases stay float."""
+    holds_blocks = True
+
+    def __init__(self, model_dir, cfg, plan, reader, dtype, device) -> None:
+        if not plan.whole or device.type != "cpu":  # the compute plan never asks this
+            raise ValueError("a GGUF's blocks are held on one CPU rank only")
+        super().__init__(model_dir, cfg, plan, reader, torch.float32, device)
+
+    def fused(self, names, dtype=None, whole=False, out=None):
+        parts = [self.entry(n, whole) for n in names]
+        if out is not None or len(parts[0].shape) != 2:  # a bias, or a float target
+            return super().fused(names, dtype, whole, out)
+        return concat([_quant(p) for p in parts])
+
+    def columns(self, name, start, stop, dtype=None):
+        return _quant(self.entry(name))  # one rank: every column
+
+    def embed_and_head(self, tie, dtype=None):
+        embed = _quant(self.entry("model.embed_tokens.weight"))
+        if tie or "lm_head.weight" not in self.entries:
+            if not tie:
+                raise KeyError(f"checkpoint in {self.model_dir} lacks lm_head.weight (untied)")
+            return embed, embed
+        return embed, _quant(self.entry("lm_head.weight"))
 
 
-def held_types(weights: ModelWeights) -> dict[str, int]:
-    """GGUF type -> bytes held in it, over every quantized weight (the start log's)."""
+def load_quantized_weights(model_dir: Path, cfg: ModelConfig, module):
+    """The whole model (one rank) as the family `module` holds it, with QuantWeights
+    where its exact path has float matmul weights."""
+    return module.load_weights(model_dir, cfg, torch.float32, torch.device("cpu"),
+                               slices=QuantizedSlices)
+
+
+def held_types(weights) -> dict[str, int]:
+    """GGUF type -> bytes held in it, over every quantized weight (the start log's),
+    of any family's weights: QuantWeights found through dataclass fields and lists."""
     seen: dict[int, tuple[str, int]] = {}
-    for w in [weights.embed, weights.lm_head, *(getattr(lw, n) for lw in weights.layers
-                                                 for n in ("qkv", "o_proj", "gate_up", "down"))]:
-        for kind, data in w.segments:
-            seen[id(data)] = (kind, data.numel())
+
+    def visit(obj) -> None:
+        if isinstance(obj, QuantWeight):
+            for kind, data in obj.segments:
+                seen[id(data)] = (kind, data.numel())
+        elif isinstance(obj, (list, tuple)):
+            for item in obj:
+                visit(item)
+        elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+            for f in dataclasses.fields(obj):
+                visit(getattr(obj, f.name))
+    visit(weights)
     out: dict[str, int] = {}
     for kind, n in seen.values():
         out[kind] = out.get(kind, 0) + n
     return out
+

@@ -16,7 +16,9 @@ order (dequantize to float32, then fix up), so the values are bit-equal to its l
 
 from __future__ import annotations
 
+import functools
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -64,26 +66,22 @@ _BLOCK_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)$")
 
 def gguf_entries(path: Path, head_dim: int) -> dict[str, TensorEntry]:
     """Every tensor of the GGUF under our names (checked: architecture and types)."""
-    from gguf import GGUFReader
-
-    arch = check_gguf(path)
+    arch, tensors = _listing(path)
     block, permute, norm_offset = TABLES[arch]
-    reader = GGUFReader(str(path))
     entries: dict[str, TensorEntry] = {}
-    for t in reader.tensors:
-        shape = tuple(int(d) for d in reversed(t.shape))  # GGUF lists dims inner-first
-        kind = t.tensor_type.name
+    for t in tensors:
+        shape, kind = t.shape, t.kind
         if kind not in SUPPORTED_TYPES:  # check_gguf refused it already; belt and braces
             raise GGUFError(f"{path}: tensor {t.name} has GGUF type {kind}")
-        base = dict(path=path, dtype=f"GGUF_{kind}", ggml_type=int(t.tensor_type))
+        base = dict(path=path, dtype=f"GGUF_{kind}", ggml_type=t.ggml_type)
         m = _BLOCK_NAME.match(t.name)
         if m and m.group(2) in _EXPERTS and arch == "qwen3moe":
-            per = int(t.n_bytes) // shape[0]  # each expert's rows are contiguous bytes
+            per = t.n_bytes // shape[0]  # each expert's rows are contiguous bytes
             for e in range(shape[0]):
                 name = f"model.layers.{m.group(1)}." + _EXPERTS[m.group(2)].format(e=e) \
                     + "." + m.group(3)
                 entries[name] = TensorEntry(name=name, shape=shape[1:],
-                                            offset=int(t.data_offset) + e * per,
+                                            offset=t.data_offset + e * per,
                                             nbytes=per, **base)
             continue
         if m:
@@ -101,12 +99,43 @@ def gguf_entries(path: Path, head_dim: int) -> dict[str, TensorEntry]:
         rope = head_dim if permute and name.endswith(("q_proj.weight", "k_proj.weight")) \
             else 0
         offset = norm_offset if name.endswith("norm.weight") else 0.0
-        entries[name] = TensorEntry(name=name, shape=shape, offset=int(t.data_offset),
-                                    nbytes=int(t.n_bytes), rope_head_dim=rope,
+        entries[name] = TensorEntry(name=name, shape=shape, offset=t.data_offset,
+                                    nbytes=t.n_bytes, rope_head_dim=rope,
                                     norm_offset=offset, **base)
     log.info("gguf_tensors_listed", gguf=str(path), architecture=arch,
              tensors=len(entries), types=sorted({e.dtype for e in entries.values()}))
     return entries
+
+
+@dataclass(frozen=True, slots=True)
+class _Tensor:
+    name: str
+    shape: tuple[int, ...]  # ours: outer dimension first
+    kind: str  # GGUF type name
+    ggml_type: int
+    data_offset: int
+    n_bytes: int
+
+
+def _listing(path: Path) -> tuple[str, tuple[_Tensor, ...]]:
+    """(architecture, tensors) of the file, checked (check_gguf): parsed once per
+    process and file version, as the compute plan, the loader and a family's second
+    read (Gemma's feed-forward norms) all list it."""
+    st = Path(path).stat()
+    return _parsed(Path(path), st.st_size, st.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=4)
+def _parsed(path: Path, size: int, mtime_ns: int) -> tuple[str, tuple[_Tensor, ...]]:
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(path))
+    arch = check_gguf(path, reader)
+    return arch, tuple(
+        _Tensor(name=t.name, shape=tuple(int(d) for d in reversed(t.shape)),  # inner-first
+                kind=t.tensor_type.name, ggml_type=int(t.tensor_type),
+                data_offset=int(t.data_offset), n_bytes=int(t.n_bytes))
+        for t in reader.tensors)
 
 
 def raw_blocks(entry: TensorEntry, raw: np.ndarray) -> tuple[np.ndarray, int]:
@@ -119,12 +148,10 @@ def raw_blocks(entry: TensorEntry, raw: np.ndarray) -> tuple[np.ndarray, int]:
 def matmul_types(path: Path) -> dict[str, int]:
     """GGUF type name -> bytes of the file's 2-D tensors (matmul weights and the
     embedding) of that type: what the compute plan reads to choose the path."""
-    from gguf import GGUFReader
-
     out: dict[str, int] = {}
-    for t in GGUFReader(str(path)).tensors:
+    for t in _listing(path)[1]:
         if len(t.shape) >= 2:
-            out[t.tensor_type.name] = out.get(t.tensor_type.name, 0) + int(t.n_bytes)
+            out[t.kind] = out.get(t.kind, 0) + t.n_bytes
     return out
 
 

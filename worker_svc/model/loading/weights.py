@@ -169,7 +169,9 @@ class CheckpointSlices:
     Every family's checkpoint comes through here: a quantized one's linears are
     dequantized by its method (worker_svc/model/quantization/) or refused by name,
     leftover quantized tensors are refused (checkpoint_checks), and a tensor taken must
-    be a float dtype."""
+    be a float dtype. (loading/gguf_quantized.QuantizedSlices: the same, its matmul
+    weights kept as a GGUF's blocks.)"""
+    holds_blocks = False  # matmul weights read as QuantWeights (gguf_quantized.py)
 
     def __init__(self, model_dir: Path, cfg: ModelConfig, plan: ShardPlan,
                  reader: TensorReader, dtype: torch.dtype, device: torch.device) -> None:
@@ -279,13 +281,14 @@ class CheckpointSlices:
 
 
 def load_weights(model_dir: Path, cfg: ModelConfig, dtype: torch.dtype,
-                 device: torch.device, plan: ShardPlan | None = None) -> ModelWeights:
+                 device: torch.device, plan: ShardPlan | None = None,
+                 slices: type[CheckpointSlices] = CheckpointSlices) -> ModelWeights:
     """Llama, Mistral and Qwen2's fused weights (CheckpointSlices): this rank's slices
     with a tensor-parallel plan (see worker_svc.parallel.shard); `cfg` is the whole
-    model's."""
+    model's. slices: gguf_quantized.QuantizedSlices keeps a GGUF's blocks."""
     plan = plan or whole_plan(cfg)
     with TensorReader() as reader:
-        ck = CheckpointSlices(model_dir, cfg, plan, reader, dtype, device)
+        ck = slices(model_dir, cfg, plan, reader, dtype, device)
         check_checkpoint(model_dir, cfg, ck.entries)  # quantized, non-float or misshapen
         layers = []
         for i in range(cfg.num_layers):
