@@ -456,10 +456,17 @@ static inline void dot_rows(const float *x, int64_t x_stride, int nb, const floa
  * Q5_0), each block widened into two registers and multiplied in at once, without
  * the round trip through the fp32 row (the widening of dequant_row_simd, the sums in
  * dot_rows' order, so the same bits). type and nb are constants at each call. */
+/* an fp16 scale converted by the CPU into all 16 lanes: f16()'s value for every finite
+ * one (a NaN stays a NaN), without its branches on the hot path */
+static inline __m512 f16_splat(const uint8_t *p)
+{
+    return _mm512_cvtph_ps(_mm256_set1_epi16((short)u16(p)));
+}
+
 static inline __attribute__((always_inline)) void widen32(int type, const uint8_t *src,
                                                           __m512 *w0, __m512 *w1)
 {
-    const __m512 d = _mm512_set1_ps(f16(u16(src)));
+    const __m512 d = f16_splat(src);
     if (type == T_Q8_0) {
         *w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
                   _mm_loadu_si128((const __m128i *)(src + 2)))), d);
@@ -469,7 +476,7 @@ static inline __attribute__((always_inline)) void widen32(int type, const uint8_
     }
     __m512i lo, hi;
     if (type == T_Q4_1) {
-        const __m512 m = _mm512_set1_ps(f16(u16(src + 2)));
+        const __m512 m = f16_splat(src + 2);
         nibbles(src + 4, &lo, &hi);
         *w0 = _mm512_add_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(lo)), m);
         *w1 = _mm512_add_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(hi)), m);
