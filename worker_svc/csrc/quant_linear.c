@@ -474,18 +474,23 @@ static inline __attribute__((always_inline)) void widen32(int type, const uint8_
                   _mm_loadu_si128((const __m128i *)(src + 18)))), d);
         return;
     }
-    __m512i lo, hi;
-    if (type == T_Q4_1) {
-        const __m512 m = f16_splat(src + 2);
-        nibbles(src + 4, &lo, &hi);
-        *w0 = _mm512_add_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(lo)), m);
-        *w1 = _mm512_add_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(hi)), m);
+    if (type == T_Q4_1 || type == T_Q4_0) {
+        /* a 4-bit block has 16 possible values: computed once (the same products, so
+         * the same bits) and looked up by each nibble (vpermps reads an index's low 4
+         * bits, so the low nibble needs no mask): fewer ops than widening 32 values */
+        const __m512 k = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        const __m512 table = type == T_Q4_1
+            ? _mm512_add_ps(_mm512_mul_ps(d, k), f16_splat(src + 2))
+            : _mm512_mul_ps(d, _mm512_sub_ps(k, _mm512_set1_ps(8.0f)));
+        const __m512i v = _mm512_cvtepu8_epi32(
+            _mm_loadu_si128((const __m128i *)(src + (type == T_Q4_1 ? 4 : 2))));
+        *w0 = _mm512_permutexvar_ps(v, table);
+        *w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table);
         return;
     }
-    const __m512i off = _mm512_set1_epi32(type == T_Q4_0 ? 8 : 16);
-    if (type == T_Q4_0) {
-        nibbles(src + 2, &lo, &hi);
-    } else {  /* Q5_0 */
+    __m512i lo, hi;
+    const __m512i off = _mm512_set1_epi32(16);
+    {  /* Q5_0 */
         uint32_t qh;
         memcpy(&qh, src + 2, 4);
         nibbles(src + 6, &lo, &hi);
