@@ -148,7 +148,11 @@ def summarize(t0: float, arrivals, timings: list[StepTimings]) -> RunResult:
         worker_idle_share=float(idle.sum() / wall_ms) if wall_ms > 0 else 0.0,
         num_steps=len(timings), num_output_tokens=num_tokens, wall_s=end - t0,
         extra={"worker_busy_ms_mean": float(np.mean(
-            [t.prepare_ms + t.forward_ms + t.sample_ms for t in timings]))})
+            [t.prepare_ms + t.forward_ms + t.sample_ms for t in timings])),
+            # the step's parts: what an inter-token latency beyond them is spent outside
+            **{f"worker_{part}_ms_mean": float(np.mean([getattr(t, f"{part}_ms")
+                                                       for t in timings]))
+               for part in ("prepare", "forward", "sample")}})
 
 
 def run_mode(args, address: str, worker: subprocess.Popen, async_scheduling: bool,
@@ -224,10 +228,13 @@ def main(argv=None) -> int:
           f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
           f"load average {os.getloadavg()[0]:.1f}")
     print(f"{'mode':6} {'tok/s':>8} {'ITL ms':>8} {'idle mean ms':>13} {'idle p99 ms':>12} "
-          f"{'idle share':>11} {'steps':>6}")
+          f"{'idle share':>11} {'steps':>6} {'prepare ms':>11} {'forward ms':>11} "
+          f"{'sample ms':>10}")
     for m, r in results.items():
+        parts = [r.extra[f"worker_{part}_ms_mean"] for part in ("prepare", "forward", "sample")]
         print(f"{m:6} {r.tokens_per_s:8.1f} {r.mean_itl_ms:8.1f} {r.worker_idle_ms_mean:13.2f} "
-              f"{r.worker_idle_ms_p99:12.2f} {r.worker_idle_share:11.2%} {r.num_steps:6d}")
+              f"{r.worker_idle_ms_p99:12.2f} {r.worker_idle_share:11.2%} {r.num_steps:6d} "
+              f"{parts[0]:11.2f} {parts[1]:11.2f} {parts[2]:10.2f}")
     return 0
 
 

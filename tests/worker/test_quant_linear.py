@@ -73,6 +73,22 @@ def test_matmul_is_dequantize_then_matmul_up_to_sum_order(kind, rows):
     assert bool(((got - exact).abs() <= bound(x, torch.from_numpy(ref))).all())
 
 
+@pytest.mark.parametrize("kind", ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q6_K"))
+def test_a_token_rows_output_bits_do_not_depend_on_the_rows_beside_it(kind):
+    """A lone stream's pass (1-2 rows, weight rows taken 8 at a time), the few-row
+    pass and the wide tiles sum each output in one order: a request's logits do not
+    change with the batch it shares a step with. 70 weight rows: groups of 8 and a
+    tail; a second segment of another type: groups that straddle it."""
+    w = concat([weight(kind, 70, 512, seed=1)[0], weight("Q8_0", 13, 512, seed=2)[0]])
+    x = torch.randn(40, 512, generator=torch.Generator().manual_seed(3))
+    kernel = quant_weights.load()
+    alone = torch.cat([kernel(x[r:r + 1], w) for r in range(4)])
+    for rows in (2, 3, 8, 9, 40):
+        got = kernel(x[:rows], w)[:4]
+        assert torch.equal(got[:min(rows, 4)].view(torch.int32),
+                           alone[:min(rows, 4)].view(torch.int32)), rows
+
+
 def test_strided_rows_and_bias():
     w, ref = weight("Q4_1", 16, 256)
     big = torch.randn(4, 300)

@@ -34,6 +34,8 @@ enum { T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q
 #define QK_K 256
 #define MAX_SEGMENTS 8
 
+/* weight rows a lone stream's pass takes at once (dot_fused32_rows) */
+#define OUT_ROWS 8
 #if defined(__AVX512F__)
 #define ROWS_PER_PASS 8
 #else
@@ -454,10 +456,17 @@ static inline void dot_rows(const float *x, int64_t x_stride, int nb, const floa
  * Q5_0), each block widened into two registers and multiplied in at once, without
  * the round trip through the fp32 row (the widening of dequant_row_simd, the sums in
  * dot_rows' order, so the same bits). type and nb are constants at each call. */
+/* an fp16 scale converted by the CPU into all 16 lanes: f16()'s value for every finite
+ * one (a NaN stays a NaN), without its branches on the hot path */
+static inline __m512 f16_splat(const uint8_t *p)
+{
+    return _mm512_cvtph_ps(_mm256_set1_epi16((short)u16(p)));
+}
+
 static inline __attribute__((always_inline)) void widen32(int type, const uint8_t *src,
                                                           __m512 *w0, __m512 *w1)
 {
-    const __m512 d = _mm512_set1_ps(f16(u16(src)));
+    const __m512 d = f16_splat(src);
     if (type == T_Q8_0) {
         *w0 = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
                   _mm_loadu_si128((const __m128i *)(src + 2)))), d);
@@ -465,18 +474,23 @@ static inline __attribute__((always_inline)) void widen32(int type, const uint8_
                   _mm_loadu_si128((const __m128i *)(src + 18)))), d);
         return;
     }
-    __m512i lo, hi;
-    if (type == T_Q4_1) {
-        const __m512 m = _mm512_set1_ps(f16(u16(src + 2)));
-        nibbles(src + 4, &lo, &hi);
-        *w0 = _mm512_add_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(lo)), m);
-        *w1 = _mm512_add_ps(_mm512_mul_ps(d, _mm512_cvtepi32_ps(hi)), m);
+    if (type == T_Q4_1 || type == T_Q4_0) {
+        /* a 4-bit block has 16 possible values: computed once (the same products, so
+         * the same bits) and looked up by each nibble (vpermps reads an index's low 4
+         * bits, so the low nibble needs no mask): fewer ops than widening 32 values */
+        const __m512 k = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        const __m512 table = type == T_Q4_1
+            ? _mm512_add_ps(_mm512_mul_ps(d, k), f16_splat(src + 2))
+            : _mm512_mul_ps(d, _mm512_sub_ps(k, _mm512_set1_ps(8.0f)));
+        const __m512i v = _mm512_cvtepu8_epi32(
+            _mm_loadu_si128((const __m128i *)(src + (type == T_Q4_1 ? 4 : 2))));
+        *w0 = _mm512_permutexvar_ps(v, table);
+        *w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(v, 4), table);
         return;
     }
-    const __m512i off = _mm512_set1_epi32(type == T_Q4_0 ? 8 : 16);
-    if (type == T_Q4_0) {
-        nibbles(src + 2, &lo, &hi);
-    } else {  /* Q5_0 */
+    __m512i lo, hi;
+    const __m512i off = _mm512_set1_epi32(16);
+    {  /* Q5_0 */
         uint32_t qh;
         memcpy(&qh, src + 2, 4);
         nibbles(src + 6, &lo, &hi);
@@ -519,6 +533,72 @@ static inline __attribute__((always_inline)) void dot_fused32(
     case 7: dot_fused32(T, SIZE, row, x, x_stride, 7, in, y, y_stride); return 1;          \
     default: dot_fused32(T, SIZE, row, x, x_stride, 8, in, y, y_stride); return 1;         \
     }
+
+/* A lone stream's pass (one or two token rows): OUT_ROWS consecutive weight rows at
+ * once. dot_fused32 on one row is a single chain of dependent multiply-adds (two a
+ * block, each waiting for the last: FMA latency, not bandwidth, bound it); OUT_ROWS
+ * independent chains keep both FMA ports busy, and each x block is loaded once for
+ * all of them. Each output's sum runs in dot_fused32's order: the same bits. */
+static inline __attribute__((always_inline)) void dot_fused32_rows(
+    int type, int64_t size, const uint8_t *row, int64_t row_bytes, const float *x,
+    int64_t x_stride, int nb, int64_t in, float *y, int64_t y_stride)
+{
+    __m512 acc[2][OUT_ROWS];
+#pragma GCC unroll 16
+    for (int k = 0; k < nb * OUT_ROWS; k++)
+        acc[k / OUT_ROWS][k % OUT_ROWS] = _mm512_setzero_ps();
+    /* the next group's rows (the next bytes in memory) fetched while these compute:
+     * rows are a few hundred bytes, too short for the hardware prefetcher to ramp up,
+     * and a weight read from DRAM on demand stalled the pass about half its time */
+    const char *next = (const char *)(row + OUT_ROWS * row_bytes);
+    const int64_t lines = (OUT_ROWS * row_bytes + 63) / 64, blocks = in / QK;
+    const int64_t per_block = (lines + blocks - 1) / blocks;
+    for (int64_t i = 0, off = 0, pf = 0; i < in; i += QK, off += size) {
+        for (int64_t p = 0; p < per_block; p++, pf += 64)
+            _mm_prefetch(next + pf, _MM_HINT_T0);
+        __m512 x0[2], x1[2];
+#pragma GCC unroll 2
+        for (int b = 0; b < nb; b++) {
+            x0[b] = _mm512_loadu_ps(x + b * x_stride + i);
+            x1[b] = _mm512_loadu_ps(x + b * x_stride + i + 16);
+        }
+#pragma GCC unroll 8
+        for (int k = 0; k < OUT_ROWS; k++) {
+            __m512 w0, w1;
+            widen32(type, row + k * row_bytes + off, &w0, &w1);
+#pragma GCC unroll 2
+            for (int b = 0; b < nb; b++) {
+                acc[b][k] = _mm512_fmadd_ps(w0, x0[b], acc[b][k]);
+                acc[b][k] = _mm512_fmadd_ps(w1, x1[b], acc[b][k]);
+            }
+        }
+    }
+    for (int b = 0; b < nb; b++)
+        for (int k = 0; k < OUT_ROWS; k++)
+            y[b * y_stride + k] = _mm512_reduce_add_ps(acc[b][k]);
+}
+
+#define FUSED_ROWS_NB(T, SIZE)                                                            \
+    if (nb == 1)                                                                          \
+        dot_fused32_rows(T, SIZE, row, row_bytes, x, x_stride, 1, in, y, y_stride);        \
+    else                                                                                  \
+        dot_fused32_rows(T, SIZE, row, row_bytes, x, x_stride, 2, in, y, y_stride);        \
+    return 1;
+
+/* 1 if OUT_ROWS weight rows of this type (row_bytes apart) took the fused pass for
+ * nb (1 or 2) token rows, 0 for the one-row passes */
+static int fused_rows_pass(int type, const uint8_t *row, int64_t row_bytes, const float *x,
+                           int64_t x_stride, int nb, int64_t in, float *y, int64_t y_stride)
+{
+    switch (type) {
+    case T_Q8_0: FUSED_ROWS_NB(T_Q8_0, 34)
+    case T_Q4_0: FUSED_ROWS_NB(T_Q4_0, 18)
+    case T_Q4_1: FUSED_ROWS_NB(T_Q4_1, 20)
+    case T_Q5_0: FUSED_ROWS_NB(T_Q5_0, 22)
+    default: return 0;
+    }
+}
+#undef FUSED_ROWS_NB
 
 /* 1 if this type took the fused pass, 0 for the widened-row path */
 static int fused_pass(int type, const uint8_t *row, const float *x, int64_t x_stride,
@@ -653,19 +733,36 @@ int quant_linear(const float *x, int64_t x_stride, int64_t rows, const int64_t *
         }
         if (!wide) {
 #pragma omp for schedule(static)
-            for (int64_t o = 0; o < out; o++) {
+            for (int64_t og = 0; og < (out + OUT_ROWS - 1) / OUT_ROWS; og++) {
                 if (w == NULL)
                     continue;
-                int type;
-                const uint8_t *src = row_of(seg, nseg, o, &type);
+                const int64_t o0 = og * OUT_ROWS, o1 = o0 + OUT_ROWS < out ? o0 + OUT_ROWS : out;
 #if defined(__AVX512F__)
-                /* one pass (a few rows): the blocks straight into the sums */
-                if (rows <= ROWS_PER_PASS
-                    && fused_pass(type, src, x, x_stride, (int)rows, in, y + o, out))
-                    continue;
+                /* a lone stream: OUT_ROWS weight rows of one segment at once */
+                if (rows <= 2 && o1 - o0 == OUT_ROWS) {
+                    int s = 0;
+                    while (s + 1 < nseg && o0 >= seg[s + 1].first)
+                        s++;
+                    if (o1 <= seg[s].first + seg[s].rows
+                        && fused_rows_pass(seg[s].type,
+                                           seg[s].data + (o0 - seg[s].first) * seg[s].row_bytes,
+                                           seg[s].row_bytes, x, x_stride, (int)rows, in,
+                                           y + o0, out))
+                        continue;
+                }
 #endif
-                quant_dequant_row(type, src, in, w);
-                all_rows(x, x_stride, rows, w, in, y + o, out);
+                for (int64_t o = o0; o < o1; o++) {
+                    int type;
+                    const uint8_t *src = row_of(seg, nseg, o, &type);
+#if defined(__AVX512F__)
+                    /* one pass (a few rows): the blocks straight into the sums */
+                    if (rows <= ROWS_PER_PASS
+                        && fused_pass(type, src, x, x_stride, (int)rows, in, y + o, out))
+                        continue;
+#endif
+                    quant_dequant_row(type, src, in, w);
+                    all_rows(x, x_stride, rows, w, in, y + o, out);
+                }
             }
         }
 #if defined(__AVX512F__)
