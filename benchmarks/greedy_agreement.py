@@ -48,6 +48,19 @@ def load_model(model_dir: str):
                                                 dtype=torch.float32).eval()
 
 
+def prompt_ids(tok, text: str, endpoint: str = "chat") -> list[int]:
+    """The prompt's token ids as the servers build them: the chat template with the
+    generation prompt, or the plain text with the tokenizer's special tokens."""
+    if endpoint == "chat":
+        ids = tok.apply_chat_template([{"role": "user", "content": text}],
+                                      add_generation_prompt=True)
+    else:
+        ids = tok(text)
+    if not isinstance(ids, list):  # transformers 5 returns a BatchEncoding
+        ids = ids["input_ids"]
+    return list(ids)
+
+
 def reference(model_dir: str, texts: list[str], max_tokens: int,
               endpoint: str = "chat") -> list[str]:
     """transformers' greedy answers in float32 (EOS ends an answer, as for the servers)."""
@@ -59,13 +72,7 @@ def reference(model_dir: str, texts: list[str], max_tokens: int,
     out = []
     with torch.inference_mode():
         for text in texts:
-            if endpoint == "chat":
-                ids = tok.apply_chat_template([{"role": "user", "content": text}],
-                                              add_generation_prompt=True, return_tensors="pt")
-            else:
-                ids = tok(text, return_tensors="pt")
-            if not isinstance(ids, torch.Tensor):  # transformers 5 returns a BatchEncoding
-                ids = ids["input_ids"]
+            ids = torch.tensor([prompt_ids(tok, text, endpoint)])
             gen = model.generate(ids, max_new_tokens=max_tokens, do_sample=False,
                                  attention_mask=torch.ones_like(ids))
             out.append(tok.decode(gen[0, ids.shape[1]:], skip_special_tokens=True))

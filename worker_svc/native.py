@@ -6,7 +6,7 @@ library built earlier (e.g. at image build time) loads without a compiler.
 
 Each source builds for an ISA level ("variant"): a baseline every x86-64 CPU of the
 last 15 years runs (x86-64-v2), AVX2 + FMA, AVX-512. At run time the best variant
-this CPU supports is used: built if a compiler is there, else the best one already
+this CPU supports (or, with GAPSERVE_CPU_ISA set, the best up to that level) is used: built if a compiler is there, else the best one already
 built (the image ships the baseline and every level up to its build CPU's), so an
 image moved to another CPU runs the C kernels at that CPU's best prebuilt level
 instead of falling back to torch. `build` returns None only when no usable variant exists or can be
@@ -26,6 +26,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from shared import config
 
 SOURCE_DIR = Path(__file__).parent / "csrc"
 # -O3; no trapping math and no errno: lets loops with float compares and exp vectorize.
@@ -74,6 +75,21 @@ def supported_variants(features: frozenset[str] | None = None) -> list[Variant]:
     return [v for v in all_variants() if v.needs <= features]
 
 
+def usable_variants(features: frozenset[str] | None = None,
+                    environ: dict[str, str] | None = None) -> list[Variant]:
+    """supported_variants, from the level GAPSERVE_CPU_ISA names down when it is set
+    (shared/config.py): a CPU with AVX-512 then runs, e.g., the AVX2 code."""
+    supported = supported_variants(features)
+    cap = config.cpu_isa(environ)
+    if cap is None:
+        return supported
+    names = [v.name for v in all_variants()]
+    if cap not in names:
+        raise ValueError(f"{config.CPU_ISA_ENV}={cap!r} is not one of {', '.join(names)}")
+    allowed = {v.name for v in all_variants()[names.index(cap):]}
+    return [v for v in supported if v.name in allowed]
+
+
 def library_path(name: str, variant: Variant, extra_flags: tuple[str, ...] = ()) -> Path:
     """Where csrc/<name>.c built for `variant` lives: the name hashes the source,
     csrc's headers and the flags."""
@@ -114,13 +130,15 @@ def compile_variant(name: str, variant: Variant,
 def build(name: str, extra_flags: tuple[str, ...] = ()) -> Path | None:
     """The library of csrc/<name>.c for the best variant this CPU runs: that one
     (built if needed and a compiler is there), else the best one already built."""
-    supported = supported_variants()
+    supported = usable_variants()
     if not supported:
         log.warning("C kernel %s: this CPU lacks even the baseline ISA; torch path", name)
         return None
     best = compile_variant(name, supported[0], extra_flags)
     if best is not None:
-        log.info("C kernel %s: %s build", name, supported[0].name)
+        capped = config.cpu_isa() is not None and supported[0] != supported_variants()[0]
+        log.log(logging.WARNING if capped else logging.INFO, "C kernel %s: %s build%s", name,
+                supported[0].name, f" ({config.CPU_ISA_ENV} caps it)" if capped else "")
         return best
     for variant in supported[1:]:
         path = library_path(name, variant, extra_flags)

@@ -252,3 +252,26 @@ def test_llama_arg_reaches_every_llama_server_row_and_no_other():
         argv = specs[name]["argv"]
         assert argv[argv.index("-nr") + 1] == "-fa"
     assert "-nr" not in specs["gapserve"]["argv"] and "-nr" not in specs["vllm"]["argv"]
+
+
+def test_the_q8_0_row_serves_llama_servers_q8_0_file_on_gapserves_quantized_path():
+    args = sbs.parse_args(["--llama-gguf-q8", "/m/smol-q8_0.gguf"])
+    specs = sbs.server_commands(args)
+    ours, theirs = specs["gapserve-q8_0"]["argv"], specs["llamacpp-q8_0"]["argv"]
+    assert ours[ours.index("--model") + 1] == theirs[theirs.index("-m") + 1] \
+        == "/m/smol-q8_0.gguf"
+    assert "--dtype" not in ours  # the file's own path: its quantized kernels
+    results = _results()
+    results["servers"]["gapserve-q8_0"] = {"runs": [_run(300.0, 60.0)]}
+    assert "gapserve-q8_0 / llamacpp-q8_0, medians: 1.50x at 64 concurrent, 1.50x single" \
+        in sbs.markdown(results)
+
+
+def test_each_row_shows_its_logprob_gap_beside_its_greedy_agreement():
+    results = _results()
+    results["servers"]["gapserve-bf16"]["logprob_gap"] = {
+        "tokens": 512, "mean_abs_diff": 0.01234, "max_abs_diff": 2.2e-6, "top1_agreement": 0.99}
+    rows = {line.split(" | ")[0]: line for line in sbs.markdown(results).splitlines()
+            if line.startswith("| ")}
+    assert "| 0.012 / 2.2e-06, top-1 99.0% of 512 |" in rows["| gapserve-bf16"]
+    assert rows["| gapserve"].count(" | - | ") == 1  # measured nothing: a dash

@@ -62,3 +62,25 @@ def test_without_a_compiler_and_without_a_build_it_says_the_torch_path_runs(tmp_
     with caplog.at_level(logging.WARNING, logger=native.__name__):
         assert native.build("paged_decode", cpu_kernel.FLAGS) is None
     assert "torch path" in caplog.text
+
+
+def test_gapserve_cpu_isa_caps_the_level_and_refuses_a_name_it_does_not_know():
+    names = lambda env: [v.name for v in native.usable_variants(AVX512, env)]  # noqa: E731
+    assert names({}) == ["avx512", "avx2", "x86-64-v2"]
+    assert names({"GAPSERVE_CPU_ISA": "avx2"}) == ["avx2", "x86-64-v2"]
+    assert names({"GAPSERVE_CPU_ISA": "x86-64-v2"}) == ["x86-64-v2"]
+    # a cap above the CPU's level changes nothing: it is a ceiling, not a demand
+    assert [v.name for v in native.usable_variants(AVX2, {"GAPSERVE_CPU_ISA": "avx512"})] \
+        == ["avx2", "x86-64-v2"]
+    with pytest.raises(ValueError, match="GAPSERVE_CPU_ISA='avx3' is not one of avx512, avx2"):
+        native.usable_variants(AVX512, {"GAPSERVE_CPU_ISA": "avx3"})
+
+
+def test_a_capped_build_runs_the_capped_level_and_says_so(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("GAPSERVE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("GAPSERVE_CPU_ISA", "x86-64-v2")
+    monkeypatch.setattr(native, "_cpu_features", lambda: AVX512)
+    with caplog.at_level(logging.INFO, logger=native.__name__):
+        path = native.build("decoder_ops", fused_ops.FLAGS)
+    assert path == native.library_path("decoder_ops", native.X86_VARIANTS[2], fused_ops.FLAGS)
+    assert "x86-64-v2 build (GAPSERVE_CPU_ISA caps it)" in caplog.text

@@ -370,86 +370,9 @@ int quant_dequant_row(int type, const uint8_t *src, int64_t in, float *dst)
     }
 }
 
-/* ---- dot products of nb rows of x with one widened weight row -------------------- */
+/* ---- dot products of nb rows of x with one widened weight row: row_dot.h ------- */
 
-#if defined(__AVX512F__)
-static inline __attribute__((always_inline)) void dot_rows(
-    const float *x, int64_t x_stride, int nb, const float *w, int64_t in, float *y,
-    int64_t y_stride)
-{
-    __m512 acc[ROWS_PER_PASS];
-#pragma GCC unroll 8
-    for (int b = 0; b < nb; b++)
-        acc[b] = _mm512_setzero_ps();
-    int64_t i = 0;
-    for (; i + 16 <= in; i += 16) {
-        const __m512 wv = _mm512_loadu_ps(w + i);
-#pragma GCC unroll 8
-        for (int b = 0; b < nb; b++)
-            acc[b] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + b * x_stride + i), acc[b]);
-    }
-    if (i < in) {  /* a block is 32 values: never taken, kept for safety */
-        const __mmask16 m = (__mmask16)((1u << (in - i)) - 1u);
-        const __m512 wv = _mm512_maskz_loadu_ps(m, w + i);
-        for (int b = 0; b < nb; b++)
-            acc[b] = _mm512_fmadd_ps(wv, _mm512_maskz_loadu_ps(m, x + b * x_stride + i),
-                                     acc[b]);
-    }
-    for (int b = 0; b < nb; b++)
-        y[b * y_stride] = _mm512_reduce_add_ps(acc[b]);
-}
-#elif defined(__AVX2__) && defined(__FMA__)
-static inline float hsum256(__m256 v)
-{
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
-static inline __attribute__((always_inline)) void dot_rows(
-    const float *x, int64_t x_stride, int nb, const float *w, int64_t in, float *y,
-    int64_t y_stride)
-{
-    __m256 lo[ROWS_PER_PASS], hi[ROWS_PER_PASS];
-#pragma GCC unroll 4
-    for (int b = 0; b < nb; b++)
-        lo[b] = hi[b] = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 16 <= in; i += 16) {
-        const __m256 w0 = _mm256_loadu_ps(w + i), w1 = _mm256_loadu_ps(w + i + 8);
-#pragma GCC unroll 4
-        for (int b = 0; b < nb; b++) {
-            lo[b] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + b * x_stride + i), lo[b]);
-            hi[b] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + b * x_stride + i + 8), hi[b]);
-        }
-    }
-    for (int b = 0; b < nb; b++) {
-        float acc = hsum256(_mm256_add_ps(lo[b], hi[b]));
-        for (int64_t t = i; t < in; t++)
-            acc += w[t] * x[b * x_stride + t];
-        y[b * y_stride] = acc;
-    }
-}
-#else
-static inline void dot_rows(const float *x, int64_t x_stride, int nb, const float *w,
-                            int64_t in, float *y, int64_t y_stride)
-{
-    for (int b = 0; b < nb; b++) {
-        const float *xb = x + b * x_stride;
-        float part[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
-        int64_t i = 0;
-        for (; i + 8 <= in; i += 8)
-            for (int k = 0; k < 8; k++)
-                part[k] += w[i + k] * xb[i + k];
-        float acc = ((part[0] + part[1]) + (part[2] + part[3]))
-            + ((part[4] + part[5]) + (part[6] + part[7]));
-        for (; i < in; i++)
-            acc += w[i] * xb[i];
-        y[b * y_stride] = acc;
-    }
-}
-#endif
+#include "row_dot.h"
 
 #if defined(__AVX512F__)
 /* A pass of up to ROWS_PER_PASS rows over a row of 32-value blocks (Q8_0, Q4_0, Q4_1,
@@ -621,16 +544,16 @@ static void all_rows(const float *x, int64_t x_stride, int64_t rows, const float
 {
     int64_t r = 0;
     for (; r + ROWS_PER_PASS <= rows; r += ROWS_PER_PASS)
-        dot_rows(x + r * x_stride, x_stride, ROWS_PER_PASS, w, in, y + r * out, out);
+        dot_rows(x + r * x_stride, x_stride, ROWS_PER_PASS, w, 0, in, y + r * out, out);
     switch (rows - r) {  /* constant row counts: the accumulators stay in registers */
-    case 1: dot_rows(x + r * x_stride, x_stride, 1, w, in, y + r * out, out); break;
-    case 2: dot_rows(x + r * x_stride, x_stride, 2, w, in, y + r * out, out); break;
-    case 3: dot_rows(x + r * x_stride, x_stride, 3, w, in, y + r * out, out); break;
+    case 1: dot_rows(x + r * x_stride, x_stride, 1, w, 0, in, y + r * out, out); break;
+    case 2: dot_rows(x + r * x_stride, x_stride, 2, w, 0, in, y + r * out, out); break;
+    case 3: dot_rows(x + r * x_stride, x_stride, 3, w, 0, in, y + r * out, out); break;
 #if ROWS_PER_PASS == 8
-    case 4: dot_rows(x + r * x_stride, x_stride, 4, w, in, y + r * out, out); break;
-    case 5: dot_rows(x + r * x_stride, x_stride, 5, w, in, y + r * out, out); break;
-    case 6: dot_rows(x + r * x_stride, x_stride, 6, w, in, y + r * out, out); break;
-    case 7: dot_rows(x + r * x_stride, x_stride, 7, w, in, y + r * out, out); break;
+    case 4: dot_rows(x + r * x_stride, x_stride, 4, w, 0, in, y + r * out, out); break;
+    case 5: dot_rows(x + r * x_stride, x_stride, 5, w, 0, in, y + r * out, out); break;
+    case 6: dot_rows(x + r * x_stride, x_stride, 6, w, 0, in, y + r * out, out); break;
+    case 7: dot_rows(x + r * x_stride, x_stride, 7, w, 0, in, y + r * out, out); break;
 #endif
     default: break;
     }
