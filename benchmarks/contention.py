@@ -9,8 +9,11 @@ decode steps of the default model at batch 1 and 8 (benchmarks/worker_step.py's
 Bench). Policies:
   current  the rule before: threads = usable cores, OpenMP's default wait policy
            (idle threads spin ~300,000 iterations before sleeping)
-  new      the worker's rule now: cpu_threads.wait_policy_env (PASSIVE) and
-           --cpu-threads 0, so the compute plan sizes threads by affinity and quota
+  new      the worker's rule now: cpu_threads.wait_policy_env (a 1,000-iteration
+           spin, then sleep) and --cpu-threads 0, so the compute plan sizes threads
+           by affinity and quota
+  passive  the rule of 2026-12-03: OMP_WAIT_POLICY=PASSIVE (sleep at once) and
+           --cpu-threads 0
   t1       one thread, default wait policy (for reference)
   spin     threads = usable cores, GOMP_SPINCOUNT=10000 (a short spin, for reference)
 Scenarios, run in turn in every repeat with the policies' order alternating:
@@ -55,6 +58,8 @@ def policy_env(policy: str, cores: int) -> tuple[dict[str, str], int]:
         return cpu_threads.wait_policy_env({}), 0
     if policy == "t1":
         return {}, 1
+    if policy == "passive":
+        return {"OMP_WAIT_POLICY": "PASSIVE"}, 0
     if policy == "spin":
         return {"GOMP_SPINCOUNT": "10000"}, cores
     raise SystemExit(f"unknown policy {policy!r}")
@@ -219,7 +224,7 @@ def table(runs, policies, scenarios, args) -> None:
 
     labels = {"alone": "alone", "burners": f"{args.burners} burners",
               "quota": f"quota {args.quota:g} CPU"}
-    print(f"\n{'scenario':14s} {'policy':8s} {'thr':>3s} {'wait policy':26s} "
+    print(f"\n{'scenario':14s} {'policy':8s} {'thr':>3s} {'wait policy':30s} "
           f"{'decode 1 ms (range)':>22s} {'x alone':>7s} {'decode 8 ms (range)':>22s} "
           f"{'x alone':>7s} {'load':>5s}")
     for scenario in scenarios:
@@ -235,7 +240,7 @@ def table(runs, policies, scenarios, args) -> None:
                 cells.append(f"{m:8.1f} ({lo:6.0f}-{hi:6.0f}) {ratio:>7s}")
             load = statistics.median(r["load_before"] for r in mine)
             print(f"{labels[scenario]:14s} {policy:8s} {mine[0]['threads']:3d} "
-                  f"{mine[0]['wait_policy'][:26]:26s} {cells[0]} {cells[1]} {load:5.1f}")
+                  f"{mine[0]['wait_policy'][:30]:30s} {cells[0]} {cells[1]} {load:5.1f}")
 
 
 if __name__ == "__main__":

@@ -1,12 +1,19 @@
 """The worker's CPU thread policy: how many threads compute, and how idle OpenMP
 threads wait (docs/worker.md, "Threads under contention"; benchmarks/contention.py).
 
-With OpenMP's default wait policy an idle thread spins on the core between parallel
-regions; when another process holds that core, the team's barrier waits for a
-thread the kernel has descheduled, and a 2-core worker's step went from ~30 ms to
-0.6-5 s beside other work. PASSIVE waits sleep instead, so contention slows a step
-in proportion to the CPU taken. libgomp reads OMP_WAIT_POLICY once, when it loads
-(with torch), so `apply_wait_policy` runs when worker_svc is imported, before torch.
+With OpenMP's default wait policy an idle thread spins ~300,000 iterations on its
+core between parallel regions; when another process holds that core, the team's
+barrier waits for a thread the kernel has descheduled, and a 2-core worker's step
+went from ~30 ms to 0.6-5 s beside other work. PASSIVE waits (sleep at once) cured
+that but cost a quiet machine dearly: a lone-stream step is ~150 back-to-back regions
+a few tens of microseconds each, and waking a sleeping thread for every one of them
+made the default model's step 19 ms with two threads against 8.3 with one and 5 with
+a short spin (benchmarks/quant_decode_step.py, docs/benchmarks-contention.md). So
+the worker spins briefly: SPIN_COUNT iterations (tens of microseconds) cover the gap
+between the regions of one step, and a thread still idle after that sleeps, so
+contention slows a step in proportion to the CPU taken. libgomp reads its variables
+once, when it loads (with torch), so `apply_wait_policy` runs when worker_svc is
+imported, before torch.
 
 This module imports no torch: it must run before torch is loaded.
 """
@@ -19,7 +26,7 @@ import sys
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 
-WAIT_POLICY = "PASSIVE"  # the worker's default; OMP_WAIT_POLICY or GOMP_SPINCOUNT override
+SPIN_COUNT = "1000"  # the worker's default; OMP_WAIT_POLICY or GOMP_SPINCOUNT override
 _OPERATOR_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
 
 # what apply_wait_policy found and did, for the compute plan's log line
@@ -27,11 +34,11 @@ applied_wait_policy = "unset"
 
 
 def wait_policy_env(environ: Mapping[str, str]) -> dict[str, str]:
-    """The OpenMP variables the worker sets: PASSIVE, unless the operator chose a wait
-    policy or spin count themselves (their choice stands)."""
+    """The OpenMP variables the worker sets: a short spin before sleeping, unless the
+    operator chose a wait policy or spin count themselves (their choice stands)."""
     if any(environ.get(v, "").strip() for v in _OPERATOR_VARIABLES):
         return {}
-    return {"OMP_WAIT_POLICY": WAIT_POLICY}
+    return {"GOMP_SPINCOUNT": SPIN_COUNT}
 
 
 def describe_wait_policy(environ: Mapping[str, str]) -> str:

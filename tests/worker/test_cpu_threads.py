@@ -1,6 +1,6 @@
 """The CPU thread policy as rules, without timing (worker_svc/cpu_threads.py): a cgroup
-CPU quota caps the thread count, idle OpenMP threads wait PASSIVE unless the operator
-chose, and the policy is set before torch loads and reported in the compute plan."""
+CPU quota caps the thread count, idle OpenMP threads spin briefly, then sleep, unless
+the operator chose, and the policy is set before torch loads and reported in the compute plan."""
 
 from __future__ import annotations
 
@@ -90,8 +90,9 @@ def test_no_cgroup_file_means_no_quota(tmp_path):
     assert cpu_threads.cpu_quota(tmp_path / "missing", tmp_path) is None
 
 
-def test_idle_threads_wait_passive_unless_the_operator_chose():
-    assert cpu_threads.wait_policy_env({}) == {"OMP_WAIT_POLICY": "PASSIVE"}
+def test_idle_threads_spin_briefly_then_sleep_unless_the_operator_chose():
+    assert cpu_threads.wait_policy_env({}) == {"GOMP_SPINCOUNT": "1000"}
+    assert cpu_threads.wait_policy_env({"OMP_WAIT_POLICY": "PASSIVE"}) == {}
     assert cpu_threads.wait_policy_env({"OMP_WAIT_POLICY": "active"}) == {}
     assert cpu_threads.wait_policy_env({"GOMP_SPINCOUNT": "10000"}) == {}
 
@@ -105,14 +106,17 @@ from worker_svc.compute_plan import build_plan
 from worker_svc.config import WorkerConfig
 shape = type("Shape", (), {"head_dim": 64, "hidden_size": 576})()
 plan = build_plan(WorkerConfig(), torch.device("cpu"), shape, biases=False)
-print(json.dumps({"env": os.environ.get("OMP_WAIT_POLICY"), "plan": plan.wait_policy,
+print(json.dumps({"env": [os.environ.get("OMP_WAIT_POLICY"), os.environ.get("GOMP_SPINCOUNT")],
+                  "plan": plan.wait_policy,
                   "fields": plan.log_fields()["wait_policy"]}))
 """
 
 
 @pytest.mark.parametrize("environ, env, shown", [
-    ({}, "PASSIVE", "OMP_WAIT_POLICY=PASSIVE"),
-    ({"OMP_WAIT_POLICY": "ACTIVE"}, "ACTIVE", "OMP_WAIT_POLICY=ACTIVE (operator's)"),
+    ({}, [None, "1000"], "default GOMP_SPINCOUNT=1000"),
+    ({"OMP_WAIT_POLICY": "ACTIVE"}, ["ACTIVE", None], "OMP_WAIT_POLICY=ACTIVE (operator's)"),
+    ({"OMP_WAIT_POLICY": "PASSIVE"}, ["PASSIVE", None],
+     "OMP_WAIT_POLICY=PASSIVE (operator's)"),
 ])
 def test_a_worker_process_sets_the_policy_before_torch_and_its_plan_reports_it(
         environ, env, shown):
