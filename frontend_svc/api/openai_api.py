@@ -276,7 +276,8 @@ def generation_router(fe: Frontend) -> APIRouter:
                 "model": fe.served_model_name,
                 "choices": [fmt.chat_choice(
                     i, states[k], inp.prompt_text,
-                    fmt.chat_logprobs(fe.tokenizer, states[k].choice.output_logprobs)
+                    fmt.chat_logprobs(fe.tokenizer, states[k].choice.output_logprobs,
+                                      req.return_tokens_as_token_ids)
                     if req.logprobs
                     else None, inp.tool_plan)
                     for i, k in enumerate(keep)],
@@ -289,7 +290,8 @@ def _completion_logprobs(fe: Frontend, req: CompletionRequest, state: OutputStre
                          echo_text: str | None) -> dict | None:
     if req.logprobs is None:
         return None
-    return fmt.CompletionLogprobs(fe.tokenizer, len(echo_text or "")).format(
+    return fmt.CompletionLogprobs(fe.tokenizer, len(echo_text or ""),
+                                  req.return_tokens_as_token_ids).format(
         state.choice.output_logprobs)
 
 
@@ -297,7 +299,8 @@ async def _completion_events(fe: Frontend, req: CompletionRequest, resp_id: str,
                              choices: list[Choice], echo: list[str | None],
                              prompt_lens: list[int], first, rest) -> AsyncIterator[str]:
     created, model = fmt.now(), fe.served_model_name
-    logprobs = ([fmt.CompletionLogprobs(fe.tokenizer, len(e or "")) for e in echo]
+    logprobs = ([fmt.CompletionLogprobs(fe.tokenizer, len(e or ""),
+                                        req.return_tokens_as_token_ids) for e in echo]
                 if req.logprobs is not None else None)
     states: dict[int, OutputStream] = {}
     pending_echo = {i: e for i, e in enumerate(echo) if e}
@@ -339,7 +342,9 @@ async def _chat_events(fe: Frontend, req: ChatCompletionRequest, resp_id: str,
             states[index] = state
             if not delta.text and not delta.finished and not delta.logprobs:
                 continue
-            lps = fmt.chat_logprobs(fe.tokenizer, delta.logprobs) if req.logprobs else None
+            lps = (fmt.chat_logprobs(fe.tokenizer, delta.logprobs,
+                                     req.return_tokens_as_token_ids)
+                   if req.logprobs else None)
             for chunk in _chat_delta_chunks(resp_id, created, model, index, delta, lps,
                                             parsers.get(index), plan):
                 yield fmt.sse(chunk)

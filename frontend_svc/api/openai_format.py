@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 
 from shared.types import TokenLogprobs
 
@@ -45,34 +46,47 @@ def usage_of(prompt_lens: list[int], states: list[OutputStream]) -> dict:
     return out
 
 
+def token_names(tokenizer: TextTokenizer, as_ids: bool = False) -> Callable[[int], str]:
+    """How logprobs name a token: its text, or with vLLM's `return_tokens_as_token_ids`
+    "token_id:<id>" (a token whose text is ambiguous or a partial UTF-8 sequence stays
+    identifiable)."""
+    return (lambda token_id: f"token_id:{token_id}") if as_ids else tokenizer.token_text
+
+
 class CompletionLogprobs:
     """The legacy completions logprobs object, built token by token; text_offset
-    keeps counting across stream chunks."""
+    keeps counting across stream chunks (offsets into the text, whatever names the
+    tokens carry)."""
 
-    __slots__ = ("tokenizer", "offset")
+    __slots__ = ("tokenizer", "offset", "name")
 
-    def __init__(self, tokenizer: TextTokenizer, offset: int = 0) -> None:
+    def __init__(self, tokenizer: TextTokenizer, offset: int = 0,
+                 as_ids: bool = False) -> None:
         self.tokenizer = tokenizer
         self.offset = offset
+        self.name = token_names(tokenizer, as_ids)
 
     def format(self, lps: list[TokenLogprobs]) -> dict:
-        text = self.tokenizer.token_text
+        name = self.name
         out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
         for lp in lps:
-            token = text(lp.token_id)
+            token = name(lp.token_id)
             out["tokens"].append(token)
             out["token_logprobs"].append(_lp(lp.logprob))
-            top = {text(i): _lp(p) for i, p in lp.top}
+            top = {name(i): _lp(p) for i, p in lp.top}
             top.setdefault(token, _lp(lp.logprob))
             out["top_logprobs"].append(top)
             out["text_offset"].append(self.offset)
-            self.offset += len(token)
+            self.offset += len(self.tokenizer.token_text(lp.token_id))
         return out
 
 
-def chat_logprobs(tokenizer: TextTokenizer, lps: list[TokenLogprobs]) -> dict:
+def chat_logprobs(tokenizer: TextTokenizer, lps: list[TokenLogprobs],
+                  as_ids: bool = False) -> dict:
+    name = token_names(tokenizer, as_ids)
+
     def entry(token_id: int, logprob: float) -> dict:
-        token = tokenizer.token_text(token_id)
+        token = name(token_id)
         return {"token": token, "logprob": _lp(logprob), "bytes": list(token.encode())}
 
     return {"content": [{**entry(lp.token_id, lp.logprob),

@@ -73,8 +73,6 @@ REFUSED: dict[str, Refusal] = {
     "spaces_between_special_tokens": Refusal(f"spaces_between_special_tokens=false "
                                              f"{_VLLM_ONLY}",
                                              lambda v: v is not None and v is not True),
-    "return_tokens_as_token_ids": Refusal(f"return_tokens_as_token_ids {_VLLM_ONLY}",
-                                          _truthy),
     "return_token_ids": Refusal(f"return_token_ids {_VLLM_ONLY}", _truthy),
     "kv_transfer_params": Refusal(f"kv_transfer_params {_VLLM_ONLY}"),
     "vllm_xargs": Refusal(f"vllm_xargs {_VLLM_ONLY}"),
@@ -157,6 +155,8 @@ class SamplingFields(BaseModel):
     priority: int = 0
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    # vLLM's: logprobs name each token "token_id:<id>" (openai_format.token_names)
+    return_tokens_as_token_ids: bool = False
     user: str | None = None
     # vLLM's: the response's id (openai_api.py response_ids); bounded, it is logged
     request_id: str | None = Field(default=None, min_length=1, max_length=MAX_REQUEST_ID_CHARS)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import concurrent.futures
 
+import json
+
 import httpx
 import pytest
 
@@ -135,6 +137,46 @@ def test_logprobs_are_returned_per_token(tiny_stack):
     for token, logprob, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs):
         assert logprob <= 0 and token in top and len(top) >= 2
         assert max(top.values()) == pytest.approx(logprob, abs=1e-4)  # greedy picks the top
+
+
+def test_return_tokens_as_token_ids_names_each_logprob_token_by_its_id(tiny_stack):
+    """vLLM's field: "token_id:<id>" where the text would be, on both endpoints,
+    streamed and not; the ids are the tokens the text came from, and text_offset
+    still counts characters of the text."""
+    tok = httpx.post(tiny_stack.http_url + "/tokenize",
+                     json={"prompt": "The quick brown fox", "add_special_tokens": False})
+    base = {"model": tiny_stack.served_model_name, "max_tokens": 5, "temperature": 0.0,
+            "ignore_eos": True}
+    plain = httpx.post(tiny_stack.http_url + "/v1/completions", timeout=60, json={
+        **base, "prompt": tok.json()["tokens"], "logprobs": 2}).json()["choices"][0]
+    as_ids = httpx.post(tiny_stack.http_url + "/v1/completions", timeout=60, json={
+        **base, "prompt": tok.json()["tokens"], "logprobs": 2,
+        "return_tokens_as_token_ids": True}).json()["choices"][0]
+    assert as_ids["text"] == plain["text"]
+    ids = [int(t.removeprefix("token_id:")) for t in as_ids["logprobs"]["tokens"]]
+    assert all(t.startswith("token_id:") for t in as_ids["logprobs"]["tokens"])
+    text = httpx.post(tiny_stack.http_url + "/detokenize", json={"tokens": ids}).json()
+    assert text["prompt"] == plain["text"]
+    assert as_ids["logprobs"]["token_logprobs"] == plain["logprobs"]["token_logprobs"]
+    assert as_ids["logprobs"]["text_offset"] == plain["logprobs"]["text_offset"]
+    for top in as_ids["logprobs"]["top_logprobs"]:
+        assert len(top) >= 2 and all(k.startswith("token_id:") for k in top)
+
+    chat = {**base, "messages": [{"role": "user", "content": "Hi"}], "logprobs": True,
+            "top_logprobs": 1, "return_tokens_as_token_ids": True}
+    whole = httpx.post(tiny_stack.http_url + "/v1/chat/completions", timeout=60,
+                       json=chat).json()["choices"][0]["logprobs"]["content"]
+    streamed = []
+    with httpx.stream("POST", tiny_stack.http_url + "/v1/chat/completions", timeout=60,
+                      json={**chat, "stream": True}) as reply:
+        for line in reply.iter_lines():
+            if line.startswith("data: {"):
+                lps = json.loads(line[6:])["choices"][0].get("logprobs")
+                streamed += (lps or {}).get("content") or []
+    assert [e["token"] for e in streamed] == [e["token"] for e in whole]
+    assert len(whole) == 5 and all(e["token"].startswith("token_id:") for e in whole)
+    assert all(bytes(e["bytes"]).decode() == e["token"] for e in whole)
+    assert all(t["token"].startswith("token_id:") for e in whole for t in e["top_logprobs"])
 
 
 def test_tokenize_and_detokenize_round_trip(tiny_stack):

@@ -73,6 +73,8 @@ HONOURED = {
     "seed": f"{OPENAI_API}:test_seeded_sampling_is_reproducible",
     "stop": f"{OPENAI_API}:test_stop_string_is_withheld_reported_and_ends_the_count",
     "logprobs": f"{OPENAI_API}:test_logprobs_are_returned_per_token",
+    "return_tokens_as_token_ids":
+        f"{OPENAI_API}:test_return_tokens_as_token_ids_names_each_logprob_token_by_its_id",
     "top_logprobs": f"{TRANSLATE}:test_chat_content_parts_are_joined_and_logprobs_translated",
     "logit_bias": "tests.integration.test_auth:test_logit_bias_steers_sampling_on_http_and_grpc",
     "cache_salt":
