@@ -35,7 +35,9 @@ import greedy_agreement  # noqa: E402
 def server_logprobs(base_url: str, texts: list[str], max_tokens: int,
                     endpoint: str = "chat") -> list[list[dict]]:
     """Per prompt, the greedy answer's tokens: {"token", "id" (None where the server
-    gives none), "logprob"}."""
+    gives none), "logprob"}. Asks for vLLM's `return_tokens_as_token_ids` (gapserve
+    and vLLM name each token "token_id:<id>" then; llama-server ignores the field and
+    gives its `id`), so no token is matched by its text."""
     model = httpx.get(base_url + "/models", timeout=30).json()["data"][0]["id"]
     out = []
     for text in texts:
@@ -46,7 +48,8 @@ def server_logprobs(base_url: str, texts: list[str], max_tokens: int,
         else:
             body, path = {"prompt": text, "logprobs": 1}, "/completions"
         reply = httpx.post(base_url + path, timeout=300, json={
-            "model": model, "max_tokens": max_tokens, "temperature": 0, **body})
+            "model": model, "max_tokens": max_tokens, "temperature": 0,
+            "return_tokens_as_token_ids": True, **body})
         reply.raise_for_status()
         out.append(parse_logprobs(reply.json()["choices"][0].get("logprobs")))
     return out
@@ -58,10 +61,16 @@ def parse_logprobs(logprobs: dict | None) -> list[dict]:
     if not logprobs:
         return []
     if "content" in logprobs:
-        return [{"token": e["token"], "id": e.get("id"), "logprob": e["logprob"]}
-                for e in logprobs["content"] or []]
-    return [{"token": t, "id": None, "logprob": lp}
+        return [{"token": e["token"], "id": e.get("id", _named_id(e["token"])),
+                 "logprob": e["logprob"]} for e in logprobs["content"] or []]
+    return [{"token": t, "id": _named_id(t), "logprob": lp}
             for t, lp in zip(logprobs["tokens"], logprobs["token_logprobs"])]
+
+
+def _named_id(token: str) -> int | None:
+    """The id in a "token_id:<id>" name (return_tokens_as_token_ids), else None."""
+    name, _, digits = token.partition("token_id:")
+    return int(digits) if not name and digits.isdigit() else None
 
 
 def token_ids(tokenizer, answer: list[dict]) -> list[int]:

@@ -45,6 +45,17 @@ def test_both_openai_logprob_shapes_are_read():
     assert gap_mod.parse_logprobs(None) == []
 
 
+def test_tokens_named_by_id_give_their_ids():
+    """return_tokens_as_token_ids' names, in both shapes; a text that only looks
+    like one stays a text."""
+    chat = {"content": [{"token": "token_id:42", "logprob": -0.5, "top_logprobs": []}]}
+    assert gap_mod.parse_logprobs(chat) == [{"token": "token_id:42", "id": 42,
+                                             "logprob": -0.5}]
+    legacy = {"tokens": ["token_id:7", "a token_id:8", "token_id:"],
+              "token_logprobs": [-0.5, -1.5, -2.0]}
+    assert [e["id"] for e in gap_mod.parse_logprobs(legacy)] == [7, None, None]
+
+
 def test_token_texts_map_to_the_one_id_that_decodes_to_them_and_stop_where_none_does():
     vocab = {"a": 0, "b": 1, "c": 2, "[UNK]": 3}
     tok = Tokenizer(WordLevel(vocab, unk_token="[UNK]"))
