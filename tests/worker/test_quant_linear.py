@@ -87,7 +87,8 @@ def test_matmul_is_dequantize_then_matmul_up_to_sum_order(kernel, kind, rows):
     assert bool(((got - exact).abs() <= bound(x, torch.from_numpy(ref))).all())
 
 
-@pytest.mark.parametrize("kind", ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q6_K"))
+@pytest.mark.parametrize("kind", ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K",
+                                  "Q6_K"))
 def test_a_token_rows_output_bits_do_not_depend_on_the_rows_beside_it(kernel, kind):
     """A lone stream's pass (1-2 rows, weight rows taken 8 at a time), the few-row
     pass and the wide tiles sum each output in one order: a request's logits do not

@@ -508,6 +508,111 @@ static inline __attribute__((always_inline)) void dot_fused32_rows(
         dot_fused32_rows(T, SIZE, row, row_bytes, x, x_stride, 2, in, y, y_stride);        \
     return 1;
 
+/* One group of a K-quant super-block's values, widened into registers as
+ * dequant_row_simd widens them (the same products), its 16-value chunks in memory
+ * order: Q4_K/Q5_K group j of 4 (two 32-value sub-blocks: 4 chunks), Q6_K group n of 2
+ * (128 values: 8 chunks). sb is the super-block. */
+static inline __attribute__((always_inline)) void widen_k_group(int type, const uint8_t *sb,
+                                                                int g, __m512 *w)
+{
+    if (type == T_Q6_K) {
+        const __m512i low4 = _mm512_set1_epi32(0xF), three = _mm512_set1_epi32(3),
+                      bias = _mm512_set1_epi32(32);
+        const uint8_t *ql = sb + 64 * g, *qh = sb + 128 + 32 * g;
+        const int8_t *sc = (const int8_t *)(sb + 192) + 8 * g;
+        const float d = f16(u16(sb + 208));
+        for (int h = 0; h < 2; h++) {
+            const int l = 16 * h;
+            const __m512i a = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(ql + l)));
+            const __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(ql + l + 32)));
+            const __m512i e = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(qh + l)));
+            const __m512i q1 = _mm512_sub_epi32(_mm512_or_si512(_mm512_and_si512(a, low4),
+                _mm512_slli_epi32(_mm512_and_si512(e, three), 4)), bias);
+            const __m512i q2 = _mm512_sub_epi32(_mm512_or_si512(_mm512_and_si512(c, low4),
+                _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(e, 2), three), 4)), bias);
+            const __m512i q3 = _mm512_sub_epi32(_mm512_or_si512(_mm512_srli_epi32(a, 4),
+                _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(e, 4), three), 4)), bias);
+            const __m512i q4 = _mm512_sub_epi32(_mm512_or_si512(_mm512_srli_epi32(c, 4),
+                _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(e, 6), three), 4)), bias);
+            w[h] = _mm512_mul_ps(_mm512_set1_ps(d * (float)sc[h]), _mm512_cvtepi32_ps(q1));
+            w[2 + h] = _mm512_mul_ps(_mm512_set1_ps(d * (float)sc[h + 2]), _mm512_cvtepi32_ps(q2));
+            w[4 + h] = _mm512_mul_ps(_mm512_set1_ps(d * (float)sc[h + 4]), _mm512_cvtepi32_ps(q3));
+            w[6 + h] = _mm512_mul_ps(_mm512_set1_ps(d * (float)sc[h + 6]), _mm512_cvtepi32_ps(q4));
+        }
+        return;
+    }
+    const int five = type == T_Q5_K;
+    const float d = f16(u16(sb)), dmin = f16(u16(sb + 2));
+    const uint8_t *scales = sb + 4, *qh = sb + 16;
+    const uint8_t *q = sb + (five ? 48 : 16) + 32 * g;
+    const __m512i sixteen = _mm512_set1_epi32(16);
+    uint8_t sc, mn;
+    scale_min_k4(2 * g, scales, &sc, &mn);
+    const __m512 d1 = _mm512_set1_ps(d * (float)sc), m1 = _mm512_set1_ps(dmin * (float)mn);
+    scale_min_k4(2 * g + 1, scales, &sc, &mn);
+    const __m512 d2 = _mm512_set1_ps(d * (float)sc), m2 = _mm512_set1_ps(dmin * (float)mn);
+    for (int h = 0; h < 2; h++) {  /* values 16h..16h+15 of each sub-block */
+        __m512i lo, hi;
+        nibbles(q + 16 * h, &lo, &hi);
+        if (five) {
+            const __m512i hb = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(qh + 16 * h)));
+            const __mmask16 mlo = _mm512_test_epi32_mask(hb, _mm512_set1_epi32(1 << (2 * g)));
+            const __mmask16 mhi = _mm512_test_epi32_mask(hb, _mm512_set1_epi32(2 << (2 * g)));
+            lo = _mm512_mask_add_epi32(lo, mlo, lo, sixteen);
+            hi = _mm512_mask_add_epi32(hi, mhi, hi, sixteen);
+        }
+        w[h] = _mm512_sub_ps(_mm512_mul_ps(d1, _mm512_cvtepi32_ps(lo)), m1);
+        w[2 + h] = _mm512_sub_ps(_mm512_mul_ps(d2, _mm512_cvtepi32_ps(hi)), m2);
+    }
+}
+
+/* dot_fused32_rows for the K-quants: OUT_ROWS weight rows at once, each widened a
+ * group at a time into registers (never through the fp32 row), the next rows
+ * prefetched. Each output's sum runs over the 16-value chunks in order, as dot_rows
+ * on the widened row: the same bits as the few-row and wide passes. */
+static inline __attribute__((always_inline)) void dot_k_rows(
+    int type, int64_t sb_bytes, const uint8_t *row, int64_t row_bytes, const float *x,
+    int64_t x_stride, int nb, int64_t in, float *y, int64_t y_stride)
+{
+    const int chunks = type == T_Q6_K ? 8 : 4, groups = QK_K / (16 * chunks);
+    __m512 acc[2][OUT_ROWS];
+#pragma GCC unroll 16
+    for (int k = 0; k < nb * OUT_ROWS; k++)
+        acc[k / OUT_ROWS][k % OUT_ROWS] = _mm512_setzero_ps();
+    const char *next = (const char *)(row + OUT_ROWS * row_bytes);
+    const int64_t steps = in / QK_K * groups, lines = (OUT_ROWS * row_bytes + 63) / 64;
+    const int64_t per_step = (lines + steps - 1) / steps;
+    int64_t pf = 0;
+    for (int64_t s = 0; s < in / QK_K; s++) {
+        for (int g = 0; g < groups; g++) {
+            for (int64_t p = 0; p < per_step; p++, pf += 64)
+                _mm_prefetch(next + pf, _MM_HINT_T0);
+            const float *xs = x + s * QK_K + g * 16 * chunks;
+#pragma GCC unroll 8
+            for (int k = 0; k < OUT_ROWS; k++) {
+                __m512 w[8];
+                widen_k_group(type, row + k * row_bytes + s * sb_bytes, g, w);
+#pragma GCC unroll 8
+                for (int c = 0; c < chunks; c++)
+#pragma GCC unroll 2
+                    for (int b = 0; b < nb; b++)
+                        acc[b][k] = _mm512_fmadd_ps(
+                            w[c], _mm512_loadu_ps(xs + b * x_stride + 16 * c), acc[b][k]);
+            }
+        }
+    }
+    for (int b = 0; b < nb; b++)
+        for (int k = 0; k < OUT_ROWS; k++)
+            y[b * y_stride + k] = _mm512_reduce_add_ps(acc[b][k]);
+}
+
+#define K_ROWS_NB(T, SIZE)                                                                \
+    if (nb == 1)                                                                          \
+        dot_k_rows(T, SIZE, row, row_bytes, x, x_stride, 1, in, y, y_stride);              \
+    else                                                                                  \
+        dot_k_rows(T, SIZE, row, row_bytes, x, x_stride, 2, in, y, y_stride);              \
+    return 1;
+
 /* 1 if OUT_ROWS weight rows of this type (row_bytes apart) took the fused pass for
  * nb (1 or 2) token rows, 0 for the one-row passes */
 static int fused_rows_pass(int type, const uint8_t *row, int64_t row_bytes, const float *x,
@@ -518,10 +623,14 @@ static int fused_rows_pass(int type, const uint8_t *row, int64_t row_bytes, cons
     case T_Q4_0: FUSED_ROWS_NB(T_Q4_0, 18)
     case T_Q4_1: FUSED_ROWS_NB(T_Q4_1, 20)
     case T_Q5_0: FUSED_ROWS_NB(T_Q5_0, 22)
+    case T_Q4_K: K_ROWS_NB(T_Q4_K, 144)
+    case T_Q5_K: K_ROWS_NB(T_Q5_K, 176)
+    case T_Q6_K: K_ROWS_NB(T_Q6_K, 210)
     default: return 0;
     }
 }
 #undef FUSED_ROWS_NB
+#undef K_ROWS_NB
 
 /* 1 if this type took the fused pass, 0 for the widened-row path */
 static int fused_pass(int type, const uint8_t *row, const float *x, int64_t x_stride,
