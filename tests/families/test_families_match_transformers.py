@@ -142,3 +142,17 @@ def test_a_shared_expert_held_by_the_first_rank_keeps_the_partial_sums_whole():
             w.router, w.gate_up[first:stop], w.down[first:stop], first,
             **(shared if first == 0 else {})), spec))
     torch.testing.assert_close(parts[0] + parts[1], whole)
+
+
+@pytest.mark.parametrize("shape", [(1, 640), (7, 640), (64, 1152), (3, 4, 256), (5, 1, 32)])
+def test_gemma_norm_has_the_reference_steps_bits(shape):
+    """Gemma's (1 + w) RMSNorm through the fused kernel gives the bits of transformers'
+    steps (normalize in fp32, then times 1 + w), at every shape a layer norms."""
+    g = torch.Generator().manual_seed(shape[0])
+    for scale in (1e-3, 1.0, 30.0):
+        x = torch.randn(shape, generator=g) * scale
+        w = torch.randn(shape[-1], generator=g) * 0.3
+        xf = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+        want = xf * (1.0 + w)
+        got = layers.rms_norm_one_plus(x, w, 1e-6)
+        assert torch.equal(got.view(torch.int32), want.view(torch.int32))
