@@ -90,6 +90,16 @@ class Replica:
         (--api-server-count, other Deployments) as its scheduler last reported."""
         return self.client.num_active + self.others
 
+    @property
+    def pool_blocks(self) -> int | None:
+        """The replica's KV pool in blocks: its last polled status's, which follows a
+        pool resized when a worker came back with another (scheduler.resize_kv_pool);
+        before the first poll, the handshake's model info; None when neither came."""
+        if self.status is not None and self.status.num_kv_blocks:
+            return self.status.num_kv_blocks
+        info = self.client.model_info
+        return info.num_kv_blocks if info is not None else None
+
     def polled(self, status: engine_pb2.EngineStatus, ours: int) -> None:
         """A status read while `ours` of this frontend's requests were open there."""
         self.status = status
@@ -268,10 +278,10 @@ class ReplicaSet:
         seen = []
         for r in candidates:
             size = r.kv.index.size(now) if r.kv else 0
-            info = r.client.model_info
+            pool = r.pool_blocks
             # the pool less what it caches (block 0 is the pool's own); unknown without
-            # the replica's events or handshake
-            room = max(info.num_kv_blocks - 1 - size, 0) if r.kv and info else None
+            # the replica's events or its pool's size
+            room = max(pool - 1 - size, 0) if r.kv and pool is not None else None
             seen.append(Candidate(r.index, r.load, r.kv.index.match(keys, now) if r.kv else 0,
                                   size, room))
         decision = self.router.choose(seen, len(prompt), self._block_size)

@@ -9,6 +9,8 @@ import time
 from frontend_svc.request.choice import Choice
 from frontend_svc.engine import replicas as replicas_mod
 
+from frontend_svc.engine.kv_index import KvIndex
+from frontend_svc.engine.kv_subscriber import KvSubscriber
 from frontend_svc.engine.replica_router import RoutingRule
 from frontend_svc.engine.replicas import ReplicaSet, merge_status
 from shared.proto import common_pb2, engine_pb2
@@ -231,3 +233,24 @@ def test_a_replica_that_never_joins_keeps_the_frontend_unready_only_for_the_grac
         assert replicas.ready
         await replicas.close()
     asyncio.run(body())
+
+
+def test_the_room_estimate_follows_a_replica_s_polled_pool_size():
+    """A replica whose scheduler took over a worker with another KV pool after a loss
+    (scheduler.resize_kv_pool) reports the new size in its status: the router's room
+    estimate reads it there, not the model info of when its session opened."""
+    async def body():
+        replicas = two_replicas(policy="kv-aware")
+        up(replicas, 0), up(replicas, 1)
+        for r in replicas.replicas:
+            r.kv = KvSubscriber("inproc://unused", None, KvIndex(INFO.block_size))
+        r0, r1 = replicas.replicas
+        _, _, seen = replicas._choose([1, 2, 3], replicas.replicas)
+        assert [c.room for c in seen] == [INFO.num_kv_blocks - 1] * 2  # the handshake's
+        r0.polled(engine_pb2.EngineStatus(num_kv_blocks=20), ours=0)  # resized to 20
+        r1.polled(engine_pb2.EngineStatus(num_kv_blocks=INFO.num_kv_blocks), ours=0)
+        _, _, seen = replicas._choose([1, 2, 3], replicas.replicas)
+        assert [c.room for c in seen] == [19, INFO.num_kv_blocks - 1]
+        await replicas.close()
+    asyncio.run(body())
+
