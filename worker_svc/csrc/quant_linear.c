@@ -106,6 +106,64 @@ static inline void nibbles(const uint8_t *q, __m512i *lo, __m512i *hi)
     *hi = _mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(v, 4), m));
 }
 
+/* One group of a K-quant super-block's values, widened into registers as
+ * dequant_row_simd widens them (the same products), its 16-value chunks in memory
+ * order: Q4_K/Q5_K group j of 4 (two 32-value sub-blocks: 4 chunks), Q6_K group n of 2
+ * (128 values: 8 chunks). sb is the super-block. */
+static inline __attribute__((always_inline)) void widen_k_group(int type, const uint8_t *sb,
+                                                                int g, __m512 *w)
+{
+    if (type == T_Q6_K) {
+        const __m512i low4 = _mm512_set1_epi32(0xF), three = _mm512_set1_epi32(3),
+                      bias = _mm512_set1_epi32(32);
+        const uint8_t *ql = sb + 64 * g, *qh = sb + 128 + 32 * g;
+        const int8_t *sc = (const int8_t *)(sb + 192) + 8 * g;
+        const float d = f16(u16(sb + 208));
+        for (int h = 0; h < 2; h++) {
+            const int l = 16 * h;
+            const __m512i a = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(ql + l)));
+            const __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(ql + l + 32)));
+            const __m512i e = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(qh + l)));
+            const __m512i q1 = _mm512_sub_epi32(_mm512_or_si512(_mm512_and_si512(a, low4),
+                _mm512_slli_epi32(_mm512_and_si512(e, three), 4)), bias);
+            const __m512i q2 = _mm512_sub_epi32(_mm512_or_si512(_mm512_and_si512(c, low4),
+                _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(e, 2), three), 4)), bias);
+            const __m512i q3 = _mm512_sub_epi32(_mm512_or_si512(_mm512_srli_epi32(a, 4),
+                _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(e, 4), three), 4)), bias);
+            const __m512i q4 = _mm512_sub_epi32(_mm512_or_si512(_mm512_srli_epi32(c, 4),
+                _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(e, 6), three), 4)), bias);
+            w[h] = _mm512_mul_ps(_mm512_set1_ps(d * (float)sc[h]), _mm512_cvtepi32_ps(q1));
+            w[2 + h] = _mm512_mul_ps(_mm512_set1_ps(d * (float)sc[h + 2]), _mm512_cvtepi32_ps(q2));
+            w[4 + h] = _mm512_mul_ps(_mm512_set1_ps(d * (float)sc[h + 4]), _mm512_cvtepi32_ps(q3));
+            w[6 + h] = _mm512_mul_ps(_mm512_set1_ps(d * (float)sc[h + 6]), _mm512_cvtepi32_ps(q4));
+        }
+        return;
+    }
+    const int five = type == T_Q5_K;
+    const float d = f16(u16(sb)), dmin = f16(u16(sb + 2));
+    const uint8_t *scales = sb + 4, *qh = sb + 16;
+    const uint8_t *q = sb + (five ? 48 : 16) + 32 * g;
+    const __m512i sixteen = _mm512_set1_epi32(16);
+    uint8_t sc, mn;
+    scale_min_k4(2 * g, scales, &sc, &mn);
+    const __m512 d1 = _mm512_set1_ps(d * (float)sc), m1 = _mm512_set1_ps(dmin * (float)mn);
+    scale_min_k4(2 * g + 1, scales, &sc, &mn);
+    const __m512 d2 = _mm512_set1_ps(d * (float)sc), m2 = _mm512_set1_ps(dmin * (float)mn);
+    for (int h = 0; h < 2; h++) {  /* values 16h..16h+15 of each sub-block */
+        __m512i lo, hi;
+        nibbles(q + 16 * h, &lo, &hi);
+        if (five) {
+            const __m512i hb = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(qh + 16 * h)));
+            const __mmask16 mlo = _mm512_test_epi32_mask(hb, _mm512_set1_epi32(1 << (2 * g)));
+            const __mmask16 mhi = _mm512_test_epi32_mask(hb, _mm512_set1_epi32(2 << (2 * g)));
+            lo = _mm512_mask_add_epi32(lo, mlo, lo, sixteen);
+            hi = _mm512_mask_add_epi32(hi, mhi, hi, sixteen);
+        }
+        w[h] = _mm512_sub_ps(_mm512_mul_ps(d1, _mm512_cvtepi32_ps(lo)), m1);
+        w[2 + h] = _mm512_sub_ps(_mm512_mul_ps(d2, _mm512_cvtepi32_ps(hi)), m2);
+    }
+}
+
 static int dequant_row_simd(int type, const uint8_t *src, int64_t in, float *dst)
 {
     switch (type) {
@@ -171,69 +229,25 @@ static int dequant_row_simd(int type, const uint8_t *src, int64_t in, float *dst
     }
     case T_Q4_K:
     case T_Q5_K: {
-        const int five = type == T_Q5_K;
-        const int64_t size = five ? 176 : 144;
-        const __m512i sixteen = _mm512_set1_epi32(16);
-        for (int64_t b = 0; b < in / QK_K; b++, src += size) {
-            const float d = f16(u16(src)), dmin = f16(u16(src + 2));
-            const uint8_t *scales = src + 4, *qh = src + 16;
-            const uint8_t *q = src + (five ? 48 : 16);
-            for (int j = 0; j < 4; j++, q += 32, dst += 64) {
-                uint8_t sc, mn;
-                scale_min_k4(2 * j, scales, &sc, &mn);
-                const __m512 d1 = _mm512_set1_ps(d * (float)sc), m1 = _mm512_set1_ps(dmin * (float)mn);
-                scale_min_k4(2 * j + 1, scales, &sc, &mn);
-                const __m512 d2 = _mm512_set1_ps(d * (float)sc), m2 = _mm512_set1_ps(dmin * (float)mn);
-                for (int h = 0; h < 2; h++) {  /* values 16h..16h+15 of each sub-block */
-                    __m512i lo, hi;
-                    nibbles(q + 16 * h, &lo, &hi);
-                    if (five) {
-                        const __m512i hb = _mm512_cvtepu8_epi32(
-                            _mm_loadu_si128((const __m128i *)(qh + 16 * h)));
-                        const __mmask16 mlo = _mm512_test_epi32_mask(hb, _mm512_set1_epi32(1 << (2 * j)));
-                        const __mmask16 mhi = _mm512_test_epi32_mask(hb, _mm512_set1_epi32(2 << (2 * j)));
-                        lo = _mm512_mask_add_epi32(lo, mlo, lo, sixteen);
-                        hi = _mm512_mask_add_epi32(hi, mhi, hi, sixteen);
-                    }
-                    _mm512_storeu_ps(dst + 16 * h,
-                                     _mm512_sub_ps(_mm512_mul_ps(d1, _mm512_cvtepi32_ps(lo)), m1));
-                    _mm512_storeu_ps(dst + 32 + 16 * h,
-                                     _mm512_sub_ps(_mm512_mul_ps(d2, _mm512_cvtepi32_ps(hi)), m2));
-                }
+        const int64_t size = type == T_Q5_K ? 176 : 144;
+        for (int64_t b = 0; b < in / QK_K; b++, src += size)
+            for (int j = 0; j < 4; j++, dst += 64) {  /* two sub-blocks: 4 chunks */
+                __m512 w[4];
+                widen_k_group(type, src, j, w);
+                for (int c = 0; c < 4; c++)
+                    _mm512_storeu_ps(dst + 16 * c, w[c]);
             }
-        }
         return 0;
     }
-    case T_Q6_K: {
-        const __m512i low4 = _mm512_set1_epi32(0xF), three = _mm512_set1_epi32(3),
-                      bias = _mm512_set1_epi32(32);
-        for (int64_t b = 0; b < in / QK_K; b++, src += 210) {
-            const uint8_t *ql = src, *qh = src + 128;
-            const int8_t *sc = (const int8_t *)(src + 192);
-            const float d = f16(u16(src + 208));
-            for (int n = 0; n < 2; n++, ql += 64, qh += 32, sc += 8, dst += 128) {
-                for (int h = 0; h < 2; h++) {  /* l = 16h .. 16h + 15: scale index h */
-                    const int l = 16 * h;
-                    const __m512i a = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(ql + l)));
-                    const __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(ql + l + 32)));
-                    const __m512i e = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(qh + l)));
-                    const __m512i q1 = _mm512_sub_epi32(_mm512_or_si512(_mm512_and_si512(a, low4),
-                        _mm512_slli_epi32(_mm512_and_si512(e, three), 4)), bias);
-                    const __m512i q2 = _mm512_sub_epi32(_mm512_or_si512(_mm512_and_si512(c, low4),
-                        _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(e, 2), three), 4)), bias);
-                    const __m512i q3 = _mm512_sub_epi32(_mm512_or_si512(_mm512_srli_epi32(a, 4),
-                        _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(e, 4), three), 4)), bias);
-                    const __m512i q4 = _mm512_sub_epi32(_mm512_or_si512(_mm512_srli_epi32(c, 4),
-                        _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(e, 6), three), 4)), bias);
-                    _mm512_storeu_ps(dst + l, _mm512_mul_ps(_mm512_set1_ps(d * (float)sc[h]), _mm512_cvtepi32_ps(q1)));
-                    _mm512_storeu_ps(dst + l + 32, _mm512_mul_ps(_mm512_set1_ps(d * (float)sc[h + 2]), _mm512_cvtepi32_ps(q2)));
-                    _mm512_storeu_ps(dst + l + 64, _mm512_mul_ps(_mm512_set1_ps(d * (float)sc[h + 4]), _mm512_cvtepi32_ps(q3)));
-                    _mm512_storeu_ps(dst + l + 96, _mm512_mul_ps(_mm512_set1_ps(d * (float)sc[h + 6]), _mm512_cvtepi32_ps(q4)));
-                }
+    case T_Q6_K:
+        for (int64_t b = 0; b < in / QK_K; b++, src += 210)
+            for (int n = 0; n < 2; n++, dst += 128) {  /* 128 values: 8 chunks */
+                __m512 w[8];
+                widen_k_group(T_Q6_K, src, n, w);
+                for (int c = 0; c < 8; c++)
+                    _mm512_storeu_ps(dst + 16 * c, w[c]);
             }
-        }
         return 0;
-    }
     default:
         return 1;  /* the portable code below */
     }
@@ -501,71 +515,6 @@ static inline __attribute__((always_inline)) void dot_fused32_rows(
             y[b * y_stride + k] = _mm512_reduce_add_ps(acc[b][k]);
 }
 
-#define FUSED_ROWS_NB(T, SIZE)                                                            \
-    if (nb == 1)                                                                          \
-        dot_fused32_rows(T, SIZE, row, row_bytes, x, x_stride, 1, in, y, y_stride);        \
-    else                                                                                  \
-        dot_fused32_rows(T, SIZE, row, row_bytes, x, x_stride, 2, in, y, y_stride);        \
-    return 1;
-
-/* One group of a K-quant super-block's values, widened into registers as
- * dequant_row_simd widens them (the same products), its 16-value chunks in memory
- * order: Q4_K/Q5_K group j of 4 (two 32-value sub-blocks: 4 chunks), Q6_K group n of 2
- * (128 values: 8 chunks). sb is the super-block. */
-static inline __attribute__((always_inline)) void widen_k_group(int type, const uint8_t *sb,
-                                                                int g, __m512 *w)
-{
-    if (type == T_Q6_K) {
-        const __m512i low4 = _mm512_set1_epi32(0xF), three = _mm512_set1_epi32(3),
-                      bias = _mm512_set1_epi32(32);
-        const uint8_t *ql = sb + 64 * g, *qh = sb + 128 + 32 * g;
-        const int8_t *sc = (const int8_t *)(sb + 192) + 8 * g;
-        const float d = f16(u16(sb + 208));
-        for (int h = 0; h < 2; h++) {
-            const int l = 16 * h;
-            const __m512i a = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(ql + l)));
-            const __m512i c = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(ql + l + 32)));
-            const __m512i e = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(qh + l)));
-            const __m512i q1 = _mm512_sub_epi32(_mm512_or_si512(_mm512_and_si512(a, low4),
-                _mm512_slli_epi32(_mm512_and_si512(e, three), 4)), bias);
-            const __m512i q2 = _mm512_sub_epi32(_mm512_or_si512(_mm512_and_si512(c, low4),
-                _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(e, 2), three), 4)), bias);
-            const __m512i q3 = _mm512_sub_epi32(_mm512_or_si512(_mm512_srli_epi32(a, 4),
-                _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(e, 4), three), 4)), bias);
-            const __m512i q4 = _mm512_sub_epi32(_mm512_or_si512(_mm512_srli_epi32(c, 4),
-                _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(e, 6), three), 4)), bias);
-            w[h] = _mm512_mul_ps(_mm512_set1_ps(d * (float)sc[h]), _mm512_cvtepi32_ps(q1));
-            w[2 + h] = _mm512_mul_ps(_mm512_set1_ps(d * (float)sc[h + 2]), _mm512_cvtepi32_ps(q2));
-            w[4 + h] = _mm512_mul_ps(_mm512_set1_ps(d * (float)sc[h + 4]), _mm512_cvtepi32_ps(q3));
-            w[6 + h] = _mm512_mul_ps(_mm512_set1_ps(d * (float)sc[h + 6]), _mm512_cvtepi32_ps(q4));
-        }
-        return;
-    }
-    const int five = type == T_Q5_K;
-    const float d = f16(u16(sb)), dmin = f16(u16(sb + 2));
-    const uint8_t *scales = sb + 4, *qh = sb + 16;
-    const uint8_t *q = sb + (five ? 48 : 16) + 32 * g;
-    const __m512i sixteen = _mm512_set1_epi32(16);
-    uint8_t sc, mn;
-    scale_min_k4(2 * g, scales, &sc, &mn);
-    const __m512 d1 = _mm512_set1_ps(d * (float)sc), m1 = _mm512_set1_ps(dmin * (float)mn);
-    scale_min_k4(2 * g + 1, scales, &sc, &mn);
-    const __m512 d2 = _mm512_set1_ps(d * (float)sc), m2 = _mm512_set1_ps(dmin * (float)mn);
-    for (int h = 0; h < 2; h++) {  /* values 16h..16h+15 of each sub-block */
-        __m512i lo, hi;
-        nibbles(q + 16 * h, &lo, &hi);
-        if (five) {
-            const __m512i hb = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(qh + 16 * h)));
-            const __mmask16 mlo = _mm512_test_epi32_mask(hb, _mm512_set1_epi32(1 << (2 * g)));
-            const __mmask16 mhi = _mm512_test_epi32_mask(hb, _mm512_set1_epi32(2 << (2 * g)));
-            lo = _mm512_mask_add_epi32(lo, mlo, lo, sixteen);
-            hi = _mm512_mask_add_epi32(hi, mhi, hi, sixteen);
-        }
-        w[h] = _mm512_sub_ps(_mm512_mul_ps(d1, _mm512_cvtepi32_ps(lo)), m1);
-        w[2 + h] = _mm512_sub_ps(_mm512_mul_ps(d2, _mm512_cvtepi32_ps(hi)), m2);
-    }
-}
-
 /* dot_fused32_rows for the K-quants: OUT_ROWS weight rows at once, each widened a
  * group at a time into registers (never through the fp32 row), the next rows
  * prefetched. Each output's sum runs over the 16-value chunks in order, as dot_rows
@@ -606,11 +555,12 @@ static inline __attribute__((always_inline)) void dot_k_rows(
             y[b * y_stride + k] = _mm512_reduce_add_ps(acc[b][k]);
 }
 
-#define K_ROWS_NB(T, SIZE)                                                                \
+/* FN (dot_fused32_rows or dot_k_rows) for type T of SIZE bytes a block, nb a constant */
+#define ROWS_NB(FN, T, SIZE)                                                              \
     if (nb == 1)                                                                          \
-        dot_k_rows(T, SIZE, row, row_bytes, x, x_stride, 1, in, y, y_stride);              \
+        FN(T, SIZE, row, row_bytes, x, x_stride, 1, in, y, y_stride);                     \
     else                                                                                  \
-        dot_k_rows(T, SIZE, row, row_bytes, x, x_stride, 2, in, y, y_stride);              \
+        FN(T, SIZE, row, row_bytes, x, x_stride, 2, in, y, y_stride);                     \
     return 1;
 
 /* 1 if OUT_ROWS weight rows of this type (row_bytes apart) took the fused pass for
@@ -619,18 +569,17 @@ static int fused_rows_pass(int type, const uint8_t *row, int64_t row_bytes, cons
                            int64_t x_stride, int nb, int64_t in, float *y, int64_t y_stride)
 {
     switch (type) {
-    case T_Q8_0: FUSED_ROWS_NB(T_Q8_0, 34)
-    case T_Q4_0: FUSED_ROWS_NB(T_Q4_0, 18)
-    case T_Q4_1: FUSED_ROWS_NB(T_Q4_1, 20)
-    case T_Q5_0: FUSED_ROWS_NB(T_Q5_0, 22)
-    case T_Q4_K: K_ROWS_NB(T_Q4_K, 144)
-    case T_Q5_K: K_ROWS_NB(T_Q5_K, 176)
-    case T_Q6_K: K_ROWS_NB(T_Q6_K, 210)
+    case T_Q8_0: ROWS_NB(dot_fused32_rows, T_Q8_0, 34)
+    case T_Q4_0: ROWS_NB(dot_fused32_rows, T_Q4_0, 18)
+    case T_Q4_1: ROWS_NB(dot_fused32_rows, T_Q4_1, 20)
+    case T_Q5_0: ROWS_NB(dot_fused32_rows, T_Q5_0, 22)
+    case T_Q4_K: ROWS_NB(dot_k_rows, T_Q4_K, 144)
+    case T_Q5_K: ROWS_NB(dot_k_rows, T_Q5_K, 176)
+    case T_Q6_K: ROWS_NB(dot_k_rows, T_Q6_K, 210)
     default: return 0;
     }
 }
-#undef FUSED_ROWS_NB
-#undef K_ROWS_NB
+#undef ROWS_NB
 
 /* 1 if this type took the fused pass, 0 for the widened-row path */
 static int fused_pass(int type, const uint8_t *row, const float *x, int64_t x_stride,
