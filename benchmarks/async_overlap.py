@@ -32,7 +32,8 @@ import numpy as np
 from scheduler_svc.core.config import SchedulerConfig
 from scheduler_svc.core.request import Request
 from scheduler_svc.core.scheduler import Scheduler
-from scheduler_svc.engine import CLOSED, Engine, Failure
+from scheduler_svc.engine import CLOSED, Engine
+from scheduler_svc.engine_errors import Failure
 from scheduler_svc.server import WorkerGroup
 from shared.types import ModelInfo, ModelRunnerOutput, SamplingParams, StepTimings
 

@@ -382,7 +382,8 @@ def overlap(args) -> dict:
 
 
 def _drain(session, n: int) -> dict:
-    from scheduler_svc.engine import CLOSED, Failure
+    from scheduler_svc.engine import CLOSED
+    from scheduler_svc.engine_errors import Failure
     arrivals, done = {}, 0
     while done < n:
         items = session.outbox.get()

@@ -16,7 +16,6 @@ the frontends as soon as its result arrives. Without it, one step is in flight
 
 from __future__ import annotations
 
-import enum
 import itertools
 import queue
 import threading
@@ -25,10 +24,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-import grpc
 import structlog
 
 from scheduler_svc.backoff import Backoff, BurstLog
+from scheduler_svc.engine_errors import (EngineFailed, ErrorCode, Failure, Overloaded,
+                                      WorkerDisagreement, WorkerLost, describe)
 from scheduler_svc.core.request import Request
 from scheduler_svc.core.scheduler import pool_refusal
 from scheduler_svc.core.in_flight import WorkerOutputError
@@ -49,41 +49,7 @@ class StepExecutor(Protocol):
         ...
 
 
-class ErrorCode(enum.Enum):
-    """Why a request ended without an output; the server maps it to a gRPC code."""
-
-    INVALID_ARGUMENT = "INVALID_ARGUMENT"
-    ALREADY_EXISTS = "ALREADY_EXISTS"
-    UNAVAILABLE = "UNAVAILABLE"
-    RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"
-    INTERNAL = "INTERNAL"  # it broke the workers' steps (docs/resilience.md)
-
-    @property
-    def status_code(self) -> grpc.StatusCode:
-        """The gRPC code of the same name, which every protocol's servicer answers."""
-        return grpc.StatusCode[self.value]
-
-
-@dataclass(slots=True)
-class Failure:
-    req_id: str
-    code: ErrorCode
-    message: str
-
-
 CLOSED = object()  # the last item of a session's outbox
-
-
-def describe(error: BaseException) -> str:
-    """One clean line for a client or a log: never the repr of a gRPC call object."""
-    code, details = getattr(error, "code", None), getattr(error, "details", None)
-    if callable(code) and callable(details):  # a grpc.RpcError
-        try:
-            return f"{code().name}: {details()}"
-        except Exception:  # noqa: BLE001 - not a finished call after all
-            pass
-    text = str(error).strip().splitlines()[0] if str(error).strip() else ""
-    return text if text and not text.startswith("<") else type(error).__name__
 
 
 @dataclass(slots=True, eq=False)
@@ -100,31 +66,6 @@ class Session:
 class EngineCounters:
     num_steps: int = 0
     num_forward_passes: int = 0  # > num_steps when multi-step decode ran
-
-
-class EngineFailed(RuntimeError):
-    """The worker group is gone; the scheduler cannot make progress any more."""
-
-
-class Overloaded(RuntimeError):
-    """The scheduler already holds its bound of open requests (every frontend's)."""
-
-
-class WorkerLost(EngineFailed):
-    """A worker's Step stream ended, or a step passed --step-timeout-s: the workers'
-    state is gone, and the engine recovers by recompute (docs/resilience.md)."""
-
-
-class WorkerDisagreement(WorkerLost):
-    """The workers' answer contradicts the scheduler (a stop decided otherwise, a token
-    count, another step): their state is not to be trusted, so the engine recovers as
-    from a lost worker: the streams are reopened (the worker drops its requests) and
-    every request is recomputed from the scheduler's tokens (docs/scheduling.md).
-    `sides` maps each request named to both sides' tokens."""
-
-    def __init__(self, message: str, sides: dict[str, dict] | None = None) -> None:
-        super().__init__(message)
-        self.sides = sides or {}
 
 
 class Engine:

@@ -23,8 +23,8 @@ from scheduler_svc.core.config import ConfigError, SchedulerConfig
 from scheduler_svc.core.request import Request
 from scheduler_svc.core.scheduler import Scheduler
 from scheduler_svc.metrics import REJECTED_FULL, SESSION_COALESCED_STEPS, SchedulerTelemetry
-from scheduler_svc.engine import (CLOSED, Engine, EngineFailed, ErrorCode, Failure, Overloaded,
-                                  Session, describe)
+from scheduler_svc.engine import CLOSED, Engine, Session
+from scheduler_svc.engine_errors import EngineFailed, ErrorCode, Failure, Overloaded, describe
 from scheduler_svc.kv_events import KVEventsConfig, start_publisher
 from scheduler_svc.vllm_engine import SERVICE_NAME as VLLM_ENGINE, VllmEngineServicer
 from scheduler_svc.vllm_engine_kv import Fanout, KvEventStreams

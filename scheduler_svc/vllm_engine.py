@@ -30,8 +30,8 @@ from smg_grpc_proto import vllm_engine_pb2 as pb
 from smg_grpc_proto import vllm_engine_pb2_grpc as pb_grpc
 from smg_grpc_proto.generated import common_pb2 as cpb
 
-from scheduler_svc.engine import CLOSED, Engine, EngineFailed, ErrorCode, Failure, Overloaded, \
-    describe
+from scheduler_svc.engine import CLOSED, Engine
+from scheduler_svc.engine_errors import EngineFailed, Failure, Overloaded, describe
 from scheduler_svc.metrics import REJECTED_FULL
 from scheduler_svc.vllm_engine_kv import ENDED, KvEventStreams
 from scheduler_svc.vllm_engine_request import (FINISH_REASONS, chunk, complete,

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 import grpc
 
 from scheduler_svc.core.config import ConfigError
-from scheduler_svc.engine import WorkerDisagreement, WorkerLost
+from scheduler_svc.engine_errors import WorkerDisagreement, WorkerLost
 from shared.wire.common import model_info_from_proto
 from shared.wire.worker import runner_output_from_proto, scheduler_output_to_proto
 from shared.arg_types import WorkerGroups, worker_groups

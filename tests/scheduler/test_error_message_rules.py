@@ -3,7 +3,7 @@
 
 import grpc
 
-from scheduler_svc.engine import describe
+from scheduler_svc.engine_errors import describe
 
 
 class FakeCallError(grpc.RpcError):

@@ -28,7 +28,7 @@ from frontend_svc.request.choice import Choice
 from frontend_svc.request.output_stream import OutputStream
 from frontend_svc.request.translate import GenerationInput, ModelLimits
 from scheduler_svc.core.stats import SchedulerStats
-from scheduler_svc.engine import ErrorCode, Failure
+from scheduler_svc.engine_errors import ErrorCode, Failure
 from scheduler_svc.server import EngineServicer, _response, engine_status
 from scheduler_svc.worker_group import WorkerGroup
 from shared.wire.common import model_info_to_proto, sampling_from_proto, sampling_to_proto

@@ -9,7 +9,8 @@ import asyncio
 import queue
 
 from frontend_svc.engine.engine_client import _drain
-from scheduler_svc.engine import CLOSED, ErrorCode, Failure
+from scheduler_svc.engine import CLOSED
+from scheduler_svc.engine_errors import ErrorCode, Failure
 from scheduler_svc.server import coalesce
 from shared.grpc_server import COALESCE_BYTES
 from shared.proto import common_pb2, engine_pb2

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from structlog.testing import capture_logs
 
-from scheduler_svc.engine import WorkerLost
+from scheduler_svc.engine_errors import WorkerLost
 from scheduler_svc.worker_group import WorkerGroup
 from shared import config
 from shared.arg_types import address_groups, worker_groups

@@ -12,7 +12,7 @@ import pytest
 import torch
 from prometheus_client import REGISTRY
 
-from scheduler_svc.engine import WorkerDisagreement, WorkerLost
+from scheduler_svc.engine_errors import WorkerDisagreement, WorkerLost
 from scheduler_svc.worker_group import WorkerGroup
 from shared.proto import worker_pb2
 from tests.wire.conftest import start_wire_stack
