@@ -9,11 +9,11 @@ that but cost a quiet machine dearly: a lone-stream step is ~150 back-to-back re
 a few tens of microseconds each, and waking a sleeping thread for every one of them
 made the default model's step 19 ms with two threads against 8.3 with one and 5 with
 a short spin (benchmarks/quant_decode_step.py, docs/benchmarks-contention.md). So
-the worker spins briefly: SPIN_COUNT iterations (~14 microseconds on the Xeon of
-those figures) cover the gap between the regions of one step of the C layer loop, and
+the worker spins briefly: SPIN_COUNT iterations (upward of 13 us on the Xeon of
+those figures: a pause there takes 12.7 ns) cover the gap between the regions of one step of the C layer loop, and
 a thread still idle after that sleeps, so contention slows a step in proportion to
-the CPU taken. (The torch-layer families' regions are 70-140 us apart: a spin that
-long is faster quiet but stalls beside other work, docs/benchmarks-contention.md,
+the CPU taken. (The torch-layer families' regions are further apart, ~70-140 us by a spin-count
+sweep: a spin that long is faster quiet but stalls beside other work, docs/benchmarks-contention.md,
 "Why not a longer spin".) libgomp reads its variables
 once, when it loads (with torch), so `apply_wait_policy` runs when worker_svc is
 imported, before torch.

@@ -58,26 +58,27 @@ class CompletionLogprobs:
     keeps counting across stream chunks (offsets into the text, whatever names the
     tokens carry)."""
 
-    __slots__ = ("tokenizer", "offset", "name")
+    __slots__ = ("tokenizer", "offset", "as_ids")
 
     def __init__(self, tokenizer: TextTokenizer, offset: int = 0,
                  as_ids: bool = False) -> None:
         self.tokenizer = tokenizer
         self.offset = offset
-        self.name = token_names(tokenizer, as_ids)
+        self.as_ids = as_ids
 
     def format(self, lps: list[TokenLogprobs]) -> dict:
-        name = self.name
+        name = token_names(self.tokenizer, self.as_ids)
         out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
         for lp in lps:
-            token = name(lp.token_id)
+            text = self.tokenizer.token_text(lp.token_id)
+            token = name(lp.token_id) if self.as_ids else text
             out["tokens"].append(token)
             out["token_logprobs"].append(_lp(lp.logprob))
             top = {name(i): _lp(p) for i, p in lp.top}
             top.setdefault(token, _lp(lp.logprob))
             out["top_logprobs"].append(top)
             out["text_offset"].append(self.offset)
-            self.offset += len(self.tokenizer.token_text(lp.token_id))
+            self.offset += len(text)
         return out
 
 
