@@ -19,6 +19,7 @@ from openai.types.chat import completion_create_params as chat_create_params
 
 from frontend_svc.api.protocol import (
     NO_EFFECT, REFUSED, ChatCompletionRequest, CompletionRequest)
+from tests.integration.test_resilience import wait_until
 
 COMPLETION = {"prompt": "The quick brown fox", "max_tokens": 4, "temperature": 0.0,
               "ignore_eos": True}
@@ -201,10 +202,14 @@ def test_request_id_names_the_response_as_vllm_s_does(tiny_stack):
     # the log line of a constrained request names it by that id
     post(tiny_stack, "/v1/completions", {**COMPLETION, "request_id": "rid-5",
                                          "structured_outputs": {"choice": ["p", "q"]}})
-    lines = [json.loads(line) for p in tiny_stack.log_dir.glob("frontend*.log")
-             for line in p.read_text(errors="replace").splitlines() if line.startswith("{")]
-    assert any(r.get("event") == "constrained request" and r.get("request_id") == "cmpl-rid-5"
-               for r in lines)
+    # the supervisor copies a service's output into its log file on its own thread:
+    # the line may land a moment after the response
+    def logged() -> bool:
+        lines = [json.loads(line) for p in tiny_stack.log_dir.glob("frontend*.log")
+                 for line in p.read_text(errors="replace").splitlines() if line.startswith("{")]
+        return any(r.get("event") == "constrained request"
+                   and r.get("request_id") == "cmpl-rid-5" for r in lines)
+    wait_until(logged, "the constrained request's log line", timeout_s=30)
     # the same id while a request of that id runs: both are served
     long = {**COMPLETION, "max_tokens": 480, "stream": True, "request_id": "same"}
     with httpx.stream("POST", url + "/v1/completions", json=long, timeout=120) as first:
