@@ -118,6 +118,26 @@ def test_sliding_window_hides_keys_a_window_or_more_behind_the_query(name, windo
         assert not torch.allclose(got, got_full)
 
 
+@pytest.mark.parametrize("window", [1, 5, 16, 17, 1000])
+@pytest.mark.parametrize("name", ["decodes_only", "many_decodes_split_across_threads"])
+def test_c_decode_kernel_takes_a_sliding_window_as_the_reference(name, window, decode_path):
+    """The window the C layer loops hand the kernel (Gemma 3's sliding layers): keys from
+    the window's first, mid-block included, against the reference's window."""
+    if decode_path.decode_kernel is None:
+        pytest.skip("the torch path has no C kernel")
+    q_lens, ctx_lens = CASES[name]
+    query, key, value, kv_cache, meta = random_case(len(name) + window, q_lens, ctx_lens,
+                                                    num_blocks=200)
+    decode_path.write_kv(key, value, kv_cache, meta.slot_mapping)
+    want = reference_attention(query, kv_cache, dataclasses.replace(meta), 0.35,
+                               window=window)
+    plan = torch_backend.decode_kernel_plan(meta, query.shape[1], kv_cache, 0.35,
+                                            decode_path.decode_kernel)
+    got = torch.full_like(query, float("nan"))
+    plan(query, kv_cache, got, window)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("window", [None, 5])
 @pytest.mark.parametrize("name", CASES)
 def test_soft_capped_scores_match_the_reference(name, window, decode_path):

@@ -31,7 +31,7 @@ def load() -> ctypes.CDLL | None:
     fn = lib.paged_decode_f32
     fn.argtypes = [_F32P, _I64, _I64, _F32P, _I64, _I64, _I64, _I64, _I64P, _I64, _I64P,
                    _I64P, _I64, ctypes.c_float, _F32P, _I64, _I64, _I64, _I64, _F32P, _I64,
-                   ctypes.c_int]
+                   _I64, ctypes.c_int]
     fn.restype = None
     return lib
 
@@ -53,11 +53,14 @@ class PagedDecode:
     step_args: tuple  # block_size .. scale, in the C signature's order
     tail_args: tuple  # begin .. num_threads
 
-    def __call__(self, query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor) -> None:
-        """Writes out[q_rows[i]] for each decode i."""
+    def __call__(self, query: torch.Tensor, kv_cache: torch.Tensor, out: torch.Tensor,
+                 window: int | None = None) -> None:
+        """Writes out[q_rows[i]] for each decode i; window: each query sees the keys at
+        most window - 1 positions behind it (None: all)."""
+        *head, threads = self.tail_args
         self.fn(query.data_ptr(), query.stride(0), query.stride(1), kv_cache.data_ptr(),
                 kv_cache.shape[1], *self.step_args, out.data_ptr(), out.stride(0),
-                out.stride(1), *self.tail_args)
+                out.stride(1), *head, window or 0, threads)
 
     def tables(self) -> tuple[int, ...]:
         """block_table, its row stride, seq_lens, q_rows, scratch, max_seq_len and the

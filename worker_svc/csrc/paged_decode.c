@@ -69,10 +69,12 @@ static inline void block_scores(const float *qh, const float *k_block, int64_t n
 
 /* o = sum_t p_t v_t over the sequence's blocks (p = sc * inv) */
 static void weighted_values(const float *v_cache, const int64_t *table, int64_t seq_len,
-                            int64_t block_size, int64_t slot_stride, int64_t block_stride,
-                            int64_t head_dim, const float *sc, float inv, float *o, float *a)
+                            int64_t start, int64_t block_size, int64_t slot_stride,
+                            int64_t block_stride, int64_t head_dim, const float *sc, float inv,
+                            float *o, float *a)
 {
     const int64_t num_seq_blocks = (seq_len + block_size - 1) / block_size;
+    const int64_t first_block = start / block_size;
 #if VEC_HEADS
     if (head_dim % 64 == 0) {  /* 64 dims a pass, their sums held in 8 registers */
         for (int64_t c = 0; c < head_dim; c += 64) {
@@ -80,11 +82,11 @@ static void weighted_values(const float *v_cache, const int64_t *table, int64_t 
 #pragma GCC unroll 8
             for (int j = 0; j < 8; j++)
                 acc[j] = _mm256_setzero_ps();
-            for (int64_t b = 0; b < num_seq_blocks; b++) {
+            for (int64_t b = first_block; b < num_seq_blocks; b++) {
                 const int64_t first = b * block_size;
                 const int64_t n = seq_len - first < block_size ? seq_len - first : block_size;
                 const float *v_block = v_cache + table[b] * block_stride + c;
-                for (int64_t t = 0; t < n; t++) {
+                for (int64_t t = start > first ? start - first : 0; t < n; t++) {
                     const __m256 p = _mm256_set1_ps(sc[first + t] * inv);
                     const float *v = v_block + t * slot_stride;
 #pragma GCC unroll 8
@@ -101,11 +103,11 @@ static void weighted_values(const float *v_cache, const int64_t *table, int64_t 
 #endif
     for (int64_t i = 0; i < head_dim; i++)
         a[i] = 0.0f;
-    for (int64_t b = 0; b < num_seq_blocks; b++) {
+    for (int64_t b = first_block; b < num_seq_blocks; b++) {
         const int64_t first = b * block_size;
         const int64_t n = seq_len - first < block_size ? seq_len - first : block_size;
         const float *v_block = v_cache + table[b] * block_stride;
-        for (int64_t t = 0; t < n; t++) {
+        for (int64_t t = start > first ? start - first : 0; t < n; t++) {
             const float *v = v_block + t * slot_stride;
             const float p = sc[first + t] * inv;
 #pragma omp simd
@@ -117,33 +119,36 @@ static void weighted_values(const float *v_cache, const int64_t *table, int64_t 
         o[i] = a[i];
 }
 
+/* keys [start, seq_len) of one sequence: start is 0, or where a sliding window begins
+ * (the keys behind it are never read: their blocks may be another request's now) */
 static void one_head(const float *qh, const float *kv_cache, const float *v_cache,
                      int64_t block_size, int64_t slot_stride, int64_t block_stride,
-                     int64_t head_dim, const int64_t *table, int64_t seq_len, float scale,
-                     float *o, float *sc, float *a)
+                     int64_t head_dim, const int64_t *table, int64_t seq_len, int64_t start,
+                     float scale, float *o, float *sc, float *a)
 {
     const int64_t num_seq_blocks = (seq_len + block_size - 1) / block_size;
-    for (int64_t b = 0; b < num_seq_blocks; b++) {
-        const int64_t first = b * block_size;
+    for (int64_t b = start / block_size; b < num_seq_blocks; b++) {
+        const int64_t first = b * block_size, lo = start > first ? start - first : 0;
         const int64_t n = seq_len - first < block_size ? seq_len - first : block_size;
-        block_scores(qh, kv_cache + table[b] * block_stride, n, slot_stride, head_dim,
-                     scale, sc + first);
+        block_scores(qh, kv_cache + table[b] * block_stride + lo * slot_stride, n - lo,
+                     slot_stride, head_dim, scale, sc + first + lo);
     }
     float max = -INFINITY, sum = 0.0f;
 #pragma omp simd reduction(max:max)
-    for (int64_t s = 0; s < seq_len; s++)
+    for (int64_t s = start; s < seq_len; s++)
         max = sc[s] > max ? sc[s] : max;
 #pragma omp simd reduction(+:sum)
-    for (int64_t s = 0; s < seq_len; s++) {
+    for (int64_t s = start; s < seq_len; s++) {
         sc[s] = exp_f32(sc[s] - max);
         sum += sc[s];
     }
-    weighted_values(v_cache, table, seq_len, block_size, slot_stride, block_stride, head_dim,
-                    sc, 1.0f / sum, o, a);
+    weighted_values(v_cache, table, seq_len, start, block_size, slot_stride, block_stride,
+                    head_dim, sc, 1.0f / sum, o, a);
 }
 
 /* Requests [begin, end) of the step; scratch holds num_threads * (max_seq_len +
- * head_dim) floats (each thread's scores and accumulator). */
+ * head_dim) floats (each thread's scores and accumulator). window: each query sees the
+ * keys at most window - 1 positions behind it (a sliding-window layer), 0 for all. */
 void paged_decode_f32(const float *query, int64_t q_tok_stride, int64_t q_head_stride,
                       const float *kv_cache, int64_t num_blocks, int64_t block_size,
                       int64_t num_kv_heads, int64_t head_dim,
@@ -151,7 +156,7 @@ void paged_decode_f32(const float *query, int64_t q_tok_stride, int64_t q_head_s
                       const int64_t *seq_lens, const int64_t *q_rows, int64_t num_heads,
                       float scale, float *out, int64_t o_tok_stride, int64_t o_head_stride,
                       int64_t begin, int64_t end, float *scratch, int64_t max_seq_len,
-                      int num_threads)
+                      int64_t window, int num_threads)
 {
     const int64_t group = num_heads / num_kv_heads;
     const int64_t slot_stride = num_kv_heads * head_dim;
@@ -175,8 +180,8 @@ void paged_decode_f32(const float *query, int64_t q_tok_stride, int64_t q_head_s
             one_head(query + q_rows[r] * q_tok_stride + hq * q_head_stride,
                      kv_cache + kvh * head_dim, v_cache + kvh * head_dim, block_size,
                      slot_stride, block_stride, head_dim, block_table + r * bt_stride,
-                     seq_lens[r], scale, out + q_rows[r] * o_tok_stride + hq * o_head_stride,
-                     sc, a);
+                     seq_lens[r], window > 0 && seq_lens[r] > window ? seq_lens[r] - window : 0,
+                     scale, out + q_rows[r] * o_tok_stride + hq * o_head_stride, sc, a);
         }
     }
 }
