@@ -75,6 +75,27 @@ def test_silu_mul_matches_torch_within_a_few_ulp_across_the_float_range(ops):
     assert torch.isfinite(got).all()
 
 
+def test_gelu_tanh_mul_matches_torch_within_a_few_ulp_across_the_float_range(ops):
+    """Gemma's GeGLU as the C loop computes it (g / (1 + e^-2u), the same function as
+    0.5 g (1 + tanh u)) against torch's F.gelu(approximate="tanh"): within a few ulp
+    where gelu is not small; where it tends to 0 (g below about -1) torch's 1 + tanh
+    cancels, and both sit within a few ulp of g of float64's value."""
+    g = torch.Generator().manual_seed(4)
+    gate = torch.cat([torch.randn(3, 2048, generator=g) * s for s in (0.01, 1.0, 4.0, 30.0)])
+    gate[0, :4] = torch.tensor([-200.0, 200.0, 0.0, -0.0])  # saturated exp, and zeros
+    up = torch.randn(gate.shape, generator=g)
+    got = ops.gelu_tanh_mul(torch.cat([gate, up], dim=1))
+    want = torch.nn.functional.gelu(gate, approximate="tanh") * up
+    exact = torch.nn.functional.gelu(gate.double(), approximate="tanh") * up.double()
+    assert torch.isfinite(got).all()
+    scale = (gate.abs() + 1e-3) * up.abs()
+    assert ((got - want).abs() <= 6e-7 * scale).all()
+    assert ((got.double() - exact).abs() <= 6e-7 * scale).all()
+    not_small = gate > -0.5
+    ulp_ok = (got - want).abs() <= 5e-7 * want.abs() + 1e-38
+    assert ulp_ok[not_small].float().mean() > 0.995
+
+
 def test_rope_is_bit_identical_to_the_reference_and_kv_lands_in_its_slots(ops):
     heads, kv_heads, hd, rows, block_size, num_blocks = 9, 3, 64, 6, 4, 5
     g = torch.Generator().manual_seed(2)

@@ -111,3 +111,24 @@ void silu_mul_f32(const float *restrict gate_up, float *restrict out, int64_t ro
             o[i] = g[i] / (1.0f + exp_f32(-g[i])) * u[i];
     }
 }
+
+/* out = gelu_tanh(gate) * up for gate_up rows [gate (inter) | up (inter)]: GeGLU with
+ * torch's tanh approximation, 0.5 g (1 + tanh(u)), u = sqrt(2 / pi) (g + 0.044715 g^3),
+ * computed as g / (1 + e^(-2u)) (the same function: 0.5 (1 + tanh(u)) is the logistic
+ * of 2u), so the exponential is exp_f32's and the loop vectorizes; within a few ulp of
+ * torch's F.gelu(approximate="tanh"). */
+void gelu_tanh_mul_f32(const float *restrict gate_up, float *restrict out, int64_t rows,
+                       int64_t inter)
+{
+    const float k0 = 0.7978845608028654f, k1 = 0.044715f;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *restrict g = gate_up + r * 2 * inter;
+        const float *restrict u = g + inter;
+        float *restrict o = out + r * inter;
+#pragma omp simd
+        for (int64_t i = 0; i < inter; i++) {
+            const float x = g[i], inner = k0 * (x + k1 * x * x * x);
+            o[i] = x / (1.0f + exp_f32(-2.0f * inner)) * u[i];
+        }
+    }
+}
