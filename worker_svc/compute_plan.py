@@ -84,7 +84,8 @@ class ComputePlan:
     family: str = "llama"  # the model's family module (model/registry.py)
     c_layers: bool = True  # its layers may take the C kernels (only the llama family)
     # some layers attend within a sliding window shorter than max_model_len: those take
-    # the backends' windowed path, never the C decode kernel or the C layer loop
+    # the backends' windowed path, never the C decode kernel or the llama C layer loop
+    # (Gemma 3's quantized C loop gives the decode kernel each layer's window)
     windowed: bool = False
     # "float": matmul weights as floats (a GGUF dequantized at load: the exact path);
     # "gguf_quantized": a GGUF's blocks held as they are and dequantized inside the
@@ -229,9 +230,14 @@ def build_plan(config: WorkerConfig, device: torch.device, model_cfg, *, biases:
         weights = "gguf_quantized"
         weight_types = "+".join(sorted(gguf_types, key=lambda k: -gguf_types[k]))
         small, small_rows, prepack, screen = "quant", QUANT_MAX_ROWS, False, False
-        decode_layers = (fused and attention == "c_decode_kernel" and config.cpu_decode_layers
+        # the llama family's C loop, or a torch family's own one over the blocks
+        # (registry.Family.quant_c_loop: Gemma 3), which takes sliding windows
+        own_loop = (c_path and kernels.fused_ops
+                    and model_cfg.head_dim <= fused_ops.MAX_HEAD_DIM
+                    and getattr(model_cfg, "model_type", None) in FAMILIES[family].quant_c_loop)
+        decode_layers = (attention == "c_decode_kernel" and config.cpu_decode_layers
                          and kernels.decode_layers and not tp and not biases
-                         and not windowed)
+                         and ((fused and not windowed) or own_loop))
     return ComputePlan(
         device=device, dtype=dtype, act_dtype=act_dtype, attention=attention,
         prepack=bool(prepack), fused_ops=bool(fused), decode_layers=bool(decode_layers),

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from gguf import GGMLQuantizationType as T
-from tests.gguf_input.test_gguf_models import _gguf
+from tests.gguf_input.test_gguf_models import _FAMILIES, _gguf
 from tests.worker.test_model_matches_transformers import (_chunk_logits, _prompt,
                                                           _relative_error, _state)
 from worker_svc.config import WorkerConfig
@@ -102,4 +102,33 @@ def test_torch_layer_families_take_the_quantized_path_and_agree_with_the_exact_o
     assert all(isinstance(t, QuantWeight) for t in
                ([mlp.gate_up[0], mlp.down[0]] if arch == "qwen3moe" else [mlp.gate_up, mlp.down]))
     assert quant.weight_bytes < exact.weight_bytes / 2  # held as blocks, not fp32
+    # Gemma 3's decode steps run its own C layer loop (with the window: tiny configs
+    # slide over 16 keys), the others their torch layers
+    assert quant.compute_plan.layer_loop == ("c_loop" if arch == "gemma3" else "torch")
     _agree_step_by_step(quant, exact)
+
+
+def test_gemma3_c_layer_loop_serves_sliding_and_global_layers_past_the_window(
+        tmp_path, monkeypatch):
+    """Six layers, as llama.cpp's gemma3 lays them out (five sliding, then a global
+    one; the GGUF holds only the window), decoded past the 16-key window: every decode
+    step runs the C loop (each layer its RoPE base and window) and agrees with the
+    exact path's torch layers; a step with a prefill runs the torch layers."""
+    monkeypatch.setitem(_FAMILIES, "gemma3", (*_FAMILIES["gemma3"][:2], dict(
+        _FAMILIES["gemma3"][2], num_hidden_layers=6)))
+    path = _gguf(tmp_path, "gemma3", T.Q8_0)
+    exact, quant = _runner(path, dtype="float32"), _runner(path)
+    assert quant.model.windows == [16] * 5 + [None]
+    calls = []
+    run = quant.model.decode_layers.run
+    monkeypatch.setattr(quant.model.decode_layers, "run",
+                        lambda x, *a: calls.append(x.shape[0]) or run(x, *a))
+    _agree_step_by_step(quant, exact)
+    assert calls == [1] * DECODE_STEPS
+
+
+def test_gemma2_keeps_its_torch_layers_on_the_quantized_path(tmp_path):
+    """Gemma 2 caps its attention scores, which the C loop does not: torch layers."""
+    quant = _runner(_gguf(tmp_path, "gemma2", T.Q8_0))
+    assert quant.compute_plan.weights == "gguf_quantized"
+    assert quant.compute_plan.layer_loop == "torch" and quant.model.decode_layers is None

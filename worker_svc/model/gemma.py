@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from worker_svc.model import layers, torch_decoder
+from worker_svc.model.cpu import decode_layers, fused_ops
 from worker_svc.model.config import ModelConfig
 from worker_svc.model.loading.safetensors_io import TensorReader
 from worker_svc.model.loading.weights import CheckpointSlices
@@ -96,16 +97,28 @@ class Model(torch_decoder.TorchDecoder):
         sliding = cfg.sliding_layers or (False,) * cfg.num_layers
         self.tables = [local, (self.cos, self.sin)]
         self.layer_table = [0 if s else 1 for s in sliding]
+        # decode steps on a GGUF's blocks: every layer in one C call (compute_plan.py)
+        self.decode_layers = None
+        if plan.decode_layers:
+            self.decode_layers = decode_layers.GemmaDecodeLayers.build(
+                cfg, weights.layers, (weights.pre_ffn_norms, weights.post_ffn_norms),
+                [self.tables[t] for t in self.layer_table], self.windows)
+            if self.decode_layers is None:
+                raise RuntimeError("the compute plan's C layer loop cannot take this model")
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[torch.Tensor], meta, logits_indices: torch.Tensor,
                 argmax_only: bool = False) -> torch.Tensor | None:
-        ropes = [(cos[positions].unsqueeze(1), sin[positions].unsqueeze(1))
-                 for cos, sin in self.tables]
         x = layers.vocab_parallel_embed(input_ids, self.w.embed, self.dtype, self.tp)
         x = x * self.embed_scale
-        for i, lw in enumerate(self.w.layers):
-            x = self.layer(i, lw, x, ropes[self.layer_table[i]], kv_caches[i], meta)
+        loop = self._decode_loop(input_ids, positions, meta, kv_caches)
+        if loop is not None:  # the loop below, in one C call
+            x += self.decode_layers.run(x, positions, meta.slot_mapping, kv_caches, loop)
+        else:
+            ropes = [(cos[positions].unsqueeze(1), sin[positions].unsqueeze(1))
+                     for cos, sin in self.tables]
+            for i, lw in enumerate(self.w.layers):
+                x = self.layer(i, lw, x, ropes[self.layer_table[i]], kv_caches[i], meta)
         x = layers.rms_norm_one_plus(x[logits_indices], self.w.final_norm,
                                      self.cfg.rms_norm_eps)
         logits = layers.gathered_logits(layers.linear(x, self.w.lm_head), self.tp,
@@ -113,6 +126,15 @@ class Model(torch_decoder.TorchDecoder):
         if logits is not None and self.final_softcap is not None:
             logits = torch.tanh(logits / self.final_softcap) * self.final_softcap
         return logits
+
+    def _decode_loop(self, input_ids, positions, meta, kv_caches):
+        """The step's C decode attention plan when the C layer loop takes this step
+        (every row a single-token decode), else None."""
+        plan = getattr(self.backend, "decode_kernel_plan", None)
+        if self.decode_layers is None or plan is None \
+                or not fused_ops.takes(input_ids, positions, meta.slot_mapping):
+            return None
+        return plan(meta, self.cfg.num_heads, kv_caches[0], self.scale)
 
     def layer(self, i: int, lw, x: torch.Tensor, rope, kv_cache: torch.Tensor,
               meta) -> torch.Tensor:

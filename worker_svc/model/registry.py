@@ -24,6 +24,8 @@ below. The module defines, in this order of use:
 the one-call layer loop, the small-batch matmul and its int8 copies) can run the
 family: only llama.py's DecoderModel (Llama, Mistral, Qwen2) takes them; every other
 family runs the torch path, and the compute plan refuses the C-only options for it.
+`Family.quant_c_loop` names the model types whose decode steps on a GGUF's blocks run
+a one-call C layer loop of their own (Gemma 3: decode_layers.GemmaDecodeLayers).
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ from dataclasses import dataclass
 class Family:
     name: str  # the module under worker_svc/model/
     c_kernels: bool  # llama.py's fast path with the C kernels (compute_plan.py)
+    # model types whose decode steps on a GGUF's blocks run the family's own one-call
+    # C layer loop (model/cpu/decode_layers.py; compute_plan.py)
+    quant_c_loop: tuple[str, ...] = ()
 
     def module(self):
         return importlib.import_module(f"worker_svc.model.{self.name}")
@@ -46,7 +51,7 @@ QWEN3 = Family("qwen3", c_kernels=False)
 QWEN3_MOE = Family("qwen3_moe", c_kernels=False)
 QWEN2_MOE = Family("qwen2_moe", c_kernels=False)
 MIXTRAL = Family("mixtral", c_kernels=False)
-GEMMA = Family("gemma", c_kernels=False)
+GEMMA = Family("gemma", c_kernels=False, quant_c_loop=("gemma3_text",))
 PHI3 = Family("phi3", c_kernels=False)
 
 # config.json's "architectures" entry -> the family that serves it
