@@ -624,18 +624,22 @@ static void all_rows(const float *x, int64_t x_stride, int64_t rows, const float
  * so an output has the same bits as on the narrow path. */
 #define W_TILE 4
 #define X_TILE 6
-static inline void tile_4x6(const float *x, int64_t x_stride, const float *w, int64_t in,
-                            float *y, int64_t out)
+/* nb (1..X_TILE, a constant at each call) token rows against the W_TILE widened rows */
+static inline __attribute__((always_inline)) void tile_4xn(
+    const float *x, int64_t x_stride, const float *w, int64_t in, float *y, int64_t out,
+    int nb)
 {
     __m512 acc[W_TILE][X_TILE];
+#pragma GCC unroll 4
     for (int k = 0; k < W_TILE; k++)
-        for (int b = 0; b < X_TILE; b++)
+#pragma GCC unroll 6
+        for (int b = 0; b < nb; b++)
             acc[k][b] = _mm512_setzero_ps();
     for (int64_t i = 0; i < in; i += 16) {
         const __m512 w0 = _mm512_loadu_ps(w + i), w1 = _mm512_loadu_ps(w + in + i),
                      w2 = _mm512_loadu_ps(w + 2 * in + i), w3 = _mm512_loadu_ps(w + 3 * in + i);
 #pragma GCC unroll 6
-        for (int b = 0; b < X_TILE; b++) {
+        for (int b = 0; b < nb; b++) {
             const __m512 xv = _mm512_loadu_ps(x + b * x_stride + i);
             acc[0][b] = _mm512_fmadd_ps(w0, xv, acc[0][b]);
             acc[1][b] = _mm512_fmadd_ps(w1, xv, acc[1][b]);
@@ -643,9 +647,30 @@ static inline void tile_4x6(const float *x, int64_t x_stride, const float *w, in
             acc[3][b] = _mm512_fmadd_ps(w3, xv, acc[3][b]);
         }
     }
-    for (int b = 0; b < X_TILE; b++)
+    for (int b = 0; b < nb; b++)
         for (int k = 0; k < W_TILE; k++)
             y[b * out + k] = _mm512_reduce_add_ps(acc[k][b]);
+}
+
+/* every row of x against W_TILE widened rows: X_TILE at a time, then the rest (64
+ * concurrent decodes leave 4) tiled too rather than one weight row at a time, which
+ * reloads x for each */
+static void tile_all_rows(const float *x, int64_t x_stride, int64_t rows, const float *w,
+                          int64_t in, float *y, int64_t out)
+{
+    int64_t r = 0;
+    for (; r + X_TILE <= rows; r += X_TILE)
+        tile_4xn(x + r * x_stride, x_stride, w, in, y + r * out, out, X_TILE);
+    x += r * x_stride;
+    y += r * out;
+    switch (rows - r) {
+    case 1: tile_4xn(x, x_stride, w, in, y, out, 1); break;
+    case 2: tile_4xn(x, x_stride, w, in, y, out, 2); break;
+    case 3: tile_4xn(x, x_stride, w, in, y, out, 3); break;
+    case 4: tile_4xn(x, x_stride, w, in, y, out, 4); break;
+    case 5: tile_4xn(x, x_stride, w, in, y, out, 5); break;
+    default: break;
+    }
 }
 #endif
 
@@ -759,13 +784,12 @@ int quant_linear(const float *x, int64_t x_stride, int64_t rows, const int64_t *
                     const uint8_t *src = row_of(seg, nseg, o + k, &type);
                     quant_dequant_row(type, src, in, w + k * in);
                 }
-                int64_t r = 0;
-                if (nw == W_TILE)
-                    for (; r + X_TILE <= rows; r += X_TILE)
-                        tile_4x6(x + r * x_stride, x_stride, w, in, y + r * out + o, out);
-                for (int k = 0; k < nw; k++)
-                    all_rows(x + r * x_stride, x_stride, rows - r, w + k * in, in,
-                             y + r * out + o + k, out);
+                if (nw == W_TILE) {
+                    tile_all_rows(x, x_stride, rows, w, in, y + o, out);
+                    continue;
+                }
+                for (int k = 0; k < nw; k++)  /* the last rows of the weight */
+                    all_rows(x, x_stride, rows, w + k * in, in, y + o + k, out);
             }
         }
 #endif
