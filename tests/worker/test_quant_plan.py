@@ -24,6 +24,7 @@ Q4_1 = {"Q4_1": 66_355_200, "Q8_0": 30_081_024}
 @dataclasses.dataclass
 class FamilyShape(Shape):
     family: str = "llama"
+    model_type: str = "llama"
 
 
 def plan(gguf_types=Q4_1, kernels=QUANT, shape=None, **config):
@@ -46,6 +47,22 @@ def test_the_torch_layer_families_take_the_quantized_path_too(family):
     assert (p.weights, p.weight_types) == ("gguf_quantized", "Q4_1+Q8_0")
     assert not p.c_layers and p.layer_loop != "c_loop"
     assert "weights=gguf_quantized:Q4_1+Q8_0" in p.summary()
+
+
+def test_gemma3_decodes_in_its_own_c_loop_sliding_windows_included():
+    """Gemma 3's quantized decode steps take decode_layers_gemma_f32, windows and all;
+    Gemma 2 (capped scores) and the switch keep its torch layers; so does the exact
+    path, whose torch layers hold float weights."""
+    gemma3 = FamilyShape(family="gemma", model_type="gemma3_text", head_dim=256)
+    for windowed in (False, True):
+        p = build_plan(WorkerConfig(), CPU, gemma3, biases=False, kernels=QUANT,
+                       usable_cores=2, environ={}, gguf_types=Q4_1, windowed=windowed)
+        assert p.layer_loop == "c_loop" and not p.c_layers and not p.fused_ops
+    assert plan(shape=dataclasses.replace(gemma3, model_type="gemma2")).layer_loop == "torch"
+    assert plan(shape=gemma3, cpu_decode_layers=False).layer_loop == "torch"
+    assert plan(shape=gemma3, dtype="float32").layer_loop == "torch"
+    assert plan(shape=gemma3, kernels=dataclasses.replace(QUANT, fused_ops=False)
+                ).layer_loop == "torch"
 
 
 @pytest.mark.parametrize("case", [

@@ -1,6 +1,8 @@
 """Gemma 2 and Gemma 3 (text): `gemma2`, `gemma3_text` and the text model of `gemma3`
 (Gemma3ForConditionalGeneration; weights.causal_lm_entries reads its
-`language_model` names), on the torch path (torch_decoder.py).
+`language_model` names), on the torch path (torch_decoder.py); Gemma 3's decode steps
+on a GGUF's blocks run one C call instead (model/cpu/decode_layers.GemmaDecodeLayers:
+the same layer, each norm's 1 + w added once, each layer's RoPE table and window).
 
 Where the layer differs from Llama's, each as transformers 5 computes it: RMSNorms
 that scale by (1 + w); the embedding scaled by sqrt(hidden_size) in the activation

@@ -14,6 +14,13 @@ decode attention kernel serving every row (all rows single-token decodes), no te
 parallelism and no matmul biases: the compute plan (worker_svc/compute_plan.py)
 decides that once at start. Anything else runs the Python loop, as does
 --no-cpu-decode-layers.
+
+GemmaDecodeLayers does the same for Gemma 3's layers on a GGUF's blocks (the torch
+path's family: there is no Python loop of C calls for it, so its output is its torch
+layers' to the fused ops' few ulp, not bit for bit; tests/gguf_input/
+test_gguf_quantized.py holds it to the exact path's logits). A lone Gemma 3 270M
+Q4_K_M step took 26.0 ms through the torch layers and 15.7 ms in one call (the Xeon
+VM, two threads): between the torch calls the OpenMP threads fell asleep.
 """
 
 from __future__ import annotations
