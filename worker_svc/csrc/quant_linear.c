@@ -252,6 +252,137 @@ static int dequant_row_simd(int type, const uint8_t *src, int64_t in, float *dst
         return 1;  /* the portable code below */
     }
 }
+#elif defined(__AVX2__) && defined(__FMA__)
+/* AVX2 + FMA widening, 8 values a vector, the same products in the same order as the
+ * portable code below (so the same bits). GCC leaves those loops scalar or nearly
+ * (the nibble and bit picking): a lone Q4_1 step of the default model took 31.8 ms
+ * on the AVX2 build against 5.4 on the AVX-512 one before this (Xeon VM). */
+static inline __m256i u8x8(const uint8_t *p)  /* 8 bytes widened to int32 lanes */
+{
+    return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+}
+
+static inline __m256i bits_at(uint32_t word, int first)  /* bits first..first+7, 0/1 */
+{
+    const __m256i shifts = _mm256_add_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+                                            _mm256_set1_epi32(first));
+    return _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)word), shifts),
+                            _mm256_set1_epi32(1));
+}
+
+static int dequant_row_simd(int type, const uint8_t *src, int64_t in, float *dst)
+{
+    const __m256i low4 = _mm256_set1_epi32(0xF);
+    switch (type) {
+    case T_Q8_0:
+        for (int64_t b = 0; b < in / QK; b++, src += 34, dst += QK) {
+            const __m256 d = _mm256_set1_ps(f16(u16(src)));
+            for (int c = 0; c < 4; c++) {
+                const __m256i q = _mm256_cvtepi8_epi32(
+                    _mm_loadl_epi64((const __m128i *)(src + 2 + 8 * c)));
+                _mm256_storeu_ps(dst + 8 * c, _mm256_mul_ps(_mm256_cvtepi32_ps(q), d));
+            }
+        }
+        return 0;
+    case T_Q4_0:
+    case T_Q4_1:
+    case T_Q5_0:
+    case T_Q5_1: {
+        const int with_min = type == T_Q4_1 || type == T_Q5_1;
+        const int five = type == T_Q5_0 || type == T_Q5_1;
+        const int64_t size = five ? (with_min ? 24 : 22) : (with_min ? 20 : 18);
+        const __m256i off = _mm256_set1_epi32(five ? 16 : 8);
+        for (int64_t b = 0; b < in / QK; b++, src += size, dst += QK) {
+            const __m256 d = _mm256_set1_ps(f16(u16(src)));
+            const __m256 m = _mm256_set1_ps(with_min ? f16(u16(src + 2)) : 0.0f);
+            uint32_t qh = 0;
+            if (five)
+                memcpy(&qh, src + (with_min ? 4 : 2), 4);
+            const uint8_t *q = src + (five ? (with_min ? 8 : 6) : (with_min ? 4 : 2));
+            for (int c = 0; c < 4; c++) {  /* values 8c..8c+7: lo nibbles, then hi */
+                const __m256i bytes = u8x8(q + 8 * (c & 1));
+                __m256i v = c < 2 ? _mm256_and_si256(bytes, low4) : _mm256_srli_epi32(bytes, 4);
+                if (five)
+                    v = _mm256_or_si256(v, _mm256_slli_epi32(bits_at(qh, 8 * c), 4));
+                __m256 w;
+                if (with_min)
+                    w = _mm256_add_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(v)), m);
+                else
+                    w = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_sub_epi32(v, off)));
+                _mm256_storeu_ps(dst + 8 * c, w);
+            }
+        }
+        return 0;
+    }
+    case T_Q4_K:
+    case T_Q5_K: {
+        const int five = type == T_Q5_K;
+        const int64_t size = five ? 176 : 144;
+        for (int64_t b = 0; b < in / QK_K; b++, src += size) {
+            const float d = f16(u16(src)), dmin = f16(u16(src + 2));
+            const uint8_t *scales = src + 4, *qh = src + 16;
+            const uint8_t *q = src + (five ? 48 : 16);
+            for (int j = 0; j < 4; j++, q += 32, dst += 64) {  /* two sub-blocks */
+                uint8_t sc, mn;
+                scale_min_k4(2 * j, scales, &sc, &mn);
+                const __m256 d1 = _mm256_set1_ps(d * (float)sc), m1 = _mm256_set1_ps(dmin * (float)mn);
+                scale_min_k4(2 * j + 1, scales, &sc, &mn);
+                const __m256 d2 = _mm256_set1_ps(d * (float)sc), m2 = _mm256_set1_ps(dmin * (float)mn);
+                for (int c = 0; c < 4; c++) {
+                    const __m256i bytes = u8x8(q + 8 * c);
+                    __m256i lo = _mm256_and_si256(bytes, low4), hi = _mm256_srli_epi32(bytes, 4);
+                    if (five) {
+                        const __m256i hb = u8x8(qh + 8 * c), one = _mm256_set1_epi32(1);
+                        lo = _mm256_or_si256(lo, _mm256_slli_epi32(_mm256_and_si256(
+                                 _mm256_srli_epi32(hb, 2 * j), one), 4));
+                        hi = _mm256_or_si256(hi, _mm256_slli_epi32(_mm256_and_si256(
+                                 _mm256_srli_epi32(hb, 2 * j + 1), one), 4));
+                    }
+                    _mm256_storeu_ps(dst + 8 * c, _mm256_sub_ps(
+                        _mm256_mul_ps(d1, _mm256_cvtepi32_ps(lo)), m1));
+                    _mm256_storeu_ps(dst + 32 + 8 * c, _mm256_sub_ps(
+                        _mm256_mul_ps(d2, _mm256_cvtepi32_ps(hi)), m2));
+                }
+            }
+        }
+        return 0;
+    }
+    case T_Q6_K: {
+        const __m256i three = _mm256_set1_epi32(3), bias = _mm256_set1_epi32(32);
+        for (int64_t b = 0; b < in / QK_K; b++, src += 210) {
+            const uint8_t *ql = src, *qh = src + 128;
+            const int8_t *sc = (const int8_t *)(src + 192);
+            const float d = f16(u16(src + 208));
+            for (int n = 0; n < 2; n++, ql += 64, qh += 32, sc += 8, dst += 128) {
+                for (int c = 0; c < 4; c++) {  /* l = 8c..8c+7 */
+                    const int is = c / 2;
+                    const __m256i a = u8x8(ql + 8 * c), e = u8x8(qh + 8 * c);
+                    const __m256i f = u8x8(ql + 32 + 8 * c);
+                    const __m256i q1 = _mm256_sub_epi32(_mm256_or_si256(_mm256_and_si256(a, low4),
+                        _mm256_slli_epi32(_mm256_and_si256(e, three), 4)), bias);
+                    const __m256i q2 = _mm256_sub_epi32(_mm256_or_si256(_mm256_and_si256(f, low4),
+                        _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(e, 2), three), 4)), bias);
+                    const __m256i q3 = _mm256_sub_epi32(_mm256_or_si256(_mm256_srli_epi32(a, 4),
+                        _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(e, 4), three), 4)), bias);
+                    const __m256i q4 = _mm256_sub_epi32(_mm256_or_si256(_mm256_srli_epi32(f, 4),
+                        _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(e, 6), three), 4)), bias);
+                    _mm256_storeu_ps(dst + 8 * c, _mm256_mul_ps(
+                        _mm256_set1_ps(d * (float)sc[is]), _mm256_cvtepi32_ps(q1)));
+                    _mm256_storeu_ps(dst + 32 + 8 * c, _mm256_mul_ps(
+                        _mm256_set1_ps(d * (float)sc[is + 2]), _mm256_cvtepi32_ps(q2)));
+                    _mm256_storeu_ps(dst + 64 + 8 * c, _mm256_mul_ps(
+                        _mm256_set1_ps(d * (float)sc[is + 4]), _mm256_cvtepi32_ps(q3)));
+                    _mm256_storeu_ps(dst + 96 + 8 * c, _mm256_mul_ps(
+                        _mm256_set1_ps(d * (float)sc[is + 6]), _mm256_cvtepi32_ps(q4)));
+                }
+            }
+        }
+        return 0;
+    }
+    default:
+        return 1;  /* the portable code below */
+    }
+}
 #endif
 
 /* One row of `in` values (a whole number of blocks) widened to fp32, as gguf.quants.
@@ -259,7 +390,7 @@ static int dequant_row_simd(int type, const uint8_t *src, int64_t in, float *dst
  * unknown type. */
 int quant_dequant_row(int type, const uint8_t *src, int64_t in, float *dst)
 {
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
     if (dequant_row_simd(type, src, in, dst) == 0)
         return 0;
 #endif
@@ -596,6 +727,30 @@ static int fused_pass(int type, const uint8_t *row, const float *x, int64_t x_st
 #undef FUSED_NB
 #endif
 
+#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
+/* A lone stream's pass on AVX2: one token row against 4 widened weight rows (w, `in`
+ * apart) at once, 8 independent chains of multiply-adds where dot_rows has 2 (FMA
+ * latency, not bandwidth, bound one row), x loaded once for the 4. Each output sums
+ * as dot_rows does (lo and hi halves of each 16, then hsum256(lo + hi)): the same bits
+ * as the few-row pass. `in` is a multiple of 32 (whole blocks). */
+static void dot_4_weight_rows(const float *x, const float *w, int64_t in, float *y)
+{
+    __m256 lo[4], hi[4];
+    for (int k = 0; k < 4; k++)
+        lo[k] = hi[k] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < in; i += 16) {
+        const __m256 x0 = _mm256_loadu_ps(x + i), x1 = _mm256_loadu_ps(x + i + 8);
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) {
+            lo[k] = _mm256_fmadd_ps(_mm256_loadu_ps(w + k * in + i), x0, lo[k]);
+            hi[k] = _mm256_fmadd_ps(_mm256_loadu_ps(w + k * in + i + 8), x1, hi[k]);
+        }
+    }
+    for (int k = 0; k < 4; k++)
+        y[k] = hsum256(_mm256_add_ps(lo[k], hi[k]));
+}
+#endif
+
 /* every row of x against one widened weight row, ROWS_PER_PASS rows at a time */
 static void all_rows(const float *x, int64_t x_stride, int64_t rows, const float *w,
                      int64_t in, float *y, int64_t out)
@@ -755,6 +910,28 @@ int quant_linear(const float *x, int64_t x_stride, int64_t rows, const int64_t *
                                            seg[s].row_bytes, x, x_stride, (int)rows, in,
                                            y + o0, out))
                         continue;
+                }
+#endif
+#if !defined(__AVX512F__) && defined(__AVX2__) && defined(__FMA__)
+                /* a lone stream: 4 weight rows widened into w, then dotted at once */
+                if (rows <= 2 && in % 32 == 0) {
+                    int64_t o = o0;
+                    for (; o + 4 <= o1; o += 4) {
+                        for (int k = 0; k < 4; k++) {
+                            int type;
+                            const uint8_t *src = row_of(seg, nseg, o + k, &type);
+                            quant_dequant_row(type, src, in, w + k * in);
+                        }
+                        for (int64_t b = 0; b < rows; b++)
+                            dot_4_weight_rows(x + b * x_stride, w, in, y + b * out + o);
+                    }
+                    for (; o < o1; o++) {  /* the weight's last rows */
+                        int type;
+                        const uint8_t *src = row_of(seg, nseg, o, &type);
+                        quant_dequant_row(type, src, in, w);
+                        all_rows(x, x_stride, rows, w, in, y + o, out);
+                    }
+                    continue;
                 }
 #endif
                 for (int64_t o = o0; o < o1; o++) {
