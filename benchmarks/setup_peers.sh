@@ -6,6 +6,7 @@
 #   bash benchmarks/setup_peers.sh            # vLLM CPU, llama-server (native), GGUFs
 #   PEERS_SKIP_VLLM=1 bash benchmarks/setup_peers.sh   # llama-server and GGUFs only
 #                                             # (spec_decode.py needs no vLLM)
+#   PEERS_AVX2=1 bash benchmarks/setup_peers.sh        # also llama-server's AVX2 build
 #
 # Needs the default model converted once (scripts/setup.sh does it) for the GGUFs.
 # The llama.cpp build compiles with both cores for 10-20 minutes: do not benchmark
@@ -93,5 +94,17 @@ if [ ! -x "$B/bin/llama-server" ] || [ "$(sed -n 's/^CMAKE_C_FLAGS:STRING=//p' "
         -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
         -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON
     cmake --build "$B" --target llama-server -j "$(nproc)"
+fi
+# with PEERS_AVX2=1: llama-server built for AVX2 only, so an AVX-512 machine can compare
+# both sides' AVX2 code (gapserve with GAPSERVE_CPU_ISA=avx2; side_by_side.py
+# --llama-server $P/llama-avx2/build/bin/llama-server; docs/benchmarks.md)
+if [ -n "${PEERS_AVX2:-}" ] && [ ! -x "$P/llama-avx2/build/bin/llama-server" ]; then
+    command -v ninja >/dev/null || pip install -q ninja
+    cmake -S "$LCPP" -B "$P/llama-avx2/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+        -DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON \
+        -DGGML_BMI2=ON -DGGML_AVX512=OFF -DGGML_AVX_VNNI=OFF \
+        -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF \
+        -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON
+    cmake --build "$P/llama-avx2/build" --target llama-server -j "$(nproc)"
 fi
 echo "peers ready under $P"
