@@ -140,13 +140,7 @@ class DecodeLayers:
         c, rows = self.cfg, residual.shape[0]
         kv0 = kv_caches[0]
         block_size, num_blocks = kv0.shape[2], kv0.shape[1]
-        nq = c.num_heads * c.head_dim
-        qkv_width = nq + 2 * c.num_kv_heads * c.head_dim
-        # one allocation, cut into the row-major buffers the loop writes
-        widths = (c.hidden_size, qkv_width, nq, c.hidden_size, 2 * c.intermediate_size,
-                  c.intermediate_size, c.hidden_size)
-        buf = torch.empty(rows * sum(widths))
-        h, qkv, att, o, gate_up, act, delta = buf.split([rows * w for w in widths])
+        h, qkv, att, o, gate_up, act, delta = _step_buffers(c, rows)
         attn = torch.tensor(plan.tables(), dtype=torch.int64)
         dims = torch.tensor([len(self._layers), c.hidden_size, c.num_heads, c.num_kv_heads,
                              c.head_dim, c.intermediate_size, cos.shape[0], num_blocks,
@@ -161,6 +155,15 @@ class DecodeLayers:
                       act.data_ptr(), delta.data_ptr())
         _raise_for(rc, rows, cos.shape[0], num_blocks * block_size)
         return delta.view(rows, c.hidden_size)
+
+
+def _step_buffers(c, rows: int) -> list[torch.Tensor]:
+    """h, qkv, att, o, gate_up, act and delta for a step of `rows` tokens: one
+    allocation, cut into the row-major buffers a C loop writes."""
+    nq = c.num_heads * c.head_dim
+    widths = (c.hidden_size, nq + 2 * c.num_kv_heads * c.head_dim, nq, c.hidden_size,
+              2 * c.intermediate_size, c.intermediate_size, c.hidden_size)
+    return torch.empty(rows * sum(widths)).split([rows * w for w in widths])
 
 
 def _kv_pointers(loop, kv_caches: list) -> torch.Tensor:
@@ -230,12 +233,7 @@ class GemmaDecodeLayers:
         c, rows = self.cfg, residual.shape[0]
         kv0 = kv_caches[0]
         block_size, num_blocks = kv0.shape[2], kv0.shape[1]
-        nq = c.num_heads * c.head_dim
-        qkv_width = nq + 2 * c.num_kv_heads * c.head_dim
-        widths = (c.hidden_size, qkv_width, nq, c.hidden_size, 2 * c.intermediate_size,
-                  c.intermediate_size, c.hidden_size)
-        buf = torch.empty(rows * sum(widths))
-        h, qkv, att, o, gate_up, act, delta = buf.split([rows * w for w in widths])
+        h, qkv, att, o, gate_up, act, delta = _step_buffers(c, rows)
         attn = torch.tensor(plan.tables(), dtype=torch.int64)
         dims = torch.tensor([len(self._keep[0]), c.hidden_size, c.num_heads,
                              c.num_kv_heads, c.head_dim, c.intermediate_size,
