@@ -17,7 +17,7 @@ from worker_svc.model.cpu import fused_ops
 pytestmark = pytest.mark.skipif(platform.machine() != "x86_64", reason="x86-64 ISA levels")
 
 V2 = frozenset({"sse4_2", "sse4_1", "ssse3", "popcnt", "cx16"})
-AVX2 = V2 | {"avx2", "fma"}
+AVX2 = V2 | {"avx2", "fma", "f16c"}
 AVX512 = AVX2 | {"avx512f", "avx512vl"}
 
 

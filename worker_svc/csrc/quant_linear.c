@@ -270,47 +270,78 @@ static inline __m256i bits_at(uint32_t word, int first)  /* bits first..first+7,
                             _mm256_set1_epi32(1));
 }
 
+/* an fp16 scale: F16C converts it in one instruction (every fp16 value exactly, as
+ * f16() does) where the build has it; f16() otherwise */
+static inline float scale_at(const uint8_t *p)
+{
+#if defined(__F16C__)
+    return _cvtsh_ss(u16(p));
+#else
+    return f16(u16(p));
+#endif
+}
+
+/* bytes of one 32-value block of each type */
+static inline int64_t block32_bytes(int type)
+{
+    switch (type) {
+    case T_Q8_0: return 34;
+    case T_Q4_0: return 18;
+    case T_Q4_1: return 20;
+    case T_Q5_0: return 22;
+    default: return 24;  /* T_Q5_1 */
+    }
+}
+
+/* One 32-value block (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1) widened into 4 registers, values
+ * 8c..8c+7 in w[c], the portable code's products: dequant_row_simd stores them, the
+ * lone stream's pass (dot_4_rows_fused32) multiplies them in from registers. */
+static inline __attribute__((always_inline)) void widen32_avx2(int type, const uint8_t *src,
+                                                                __m256 *w)
+{
+    const __m256 d = _mm256_set1_ps(scale_at(src));
+    if (type == T_Q8_0) {
+        for (int c = 0; c < 4; c++)
+            w[c] = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(
+                       _mm_loadl_epi64((const __m128i *)(src + 2 + 8 * c)))), d);
+        return;
+    }
+    const __m256i low4 = _mm256_set1_epi32(0xF);
+    const int with_min = type == T_Q4_1 || type == T_Q5_1;
+    const int five = type == T_Q5_0 || type == T_Q5_1;
+    const __m256i off = _mm256_set1_epi32(five ? 16 : 8);
+    const __m256 m = _mm256_set1_ps(with_min ? scale_at(src + 2) : 0.0f);
+    uint32_t qh = 0;
+    if (five)
+        memcpy(&qh, src + (with_min ? 4 : 2), 4);
+    const uint8_t *q = src + (five ? (with_min ? 8 : 6) : (with_min ? 4 : 2));
+    for (int c = 0; c < 4; c++) {  /* values 8c..8c+7: lo nibbles, then hi */
+        const __m256i bytes = u8x8(q + 8 * (c & 1));
+        __m256i v = c < 2 ? _mm256_and_si256(bytes, low4) : _mm256_srli_epi32(bytes, 4);
+        if (five)
+            v = _mm256_or_si256(v, _mm256_slli_epi32(bits_at(qh, 8 * c), 4));
+        if (with_min)
+            w[c] = _mm256_add_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(v)), m);
+        else
+            w[c] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_sub_epi32(v, off)));
+    }
+}
+
 static int dequant_row_simd(int type, const uint8_t *src, int64_t in, float *dst)
 {
     const __m256i low4 = _mm256_set1_epi32(0xF);
     switch (type) {
     case T_Q8_0:
-        for (int64_t b = 0; b < in / QK; b++, src += 34, dst += QK) {
-            const __m256 d = _mm256_set1_ps(f16(u16(src)));
-            for (int c = 0; c < 4; c++) {
-                const __m256i q = _mm256_cvtepi8_epi32(
-                    _mm_loadl_epi64((const __m128i *)(src + 2 + 8 * c)));
-                _mm256_storeu_ps(dst + 8 * c, _mm256_mul_ps(_mm256_cvtepi32_ps(q), d));
-            }
-        }
-        return 0;
     case T_Q4_0:
     case T_Q4_1:
     case T_Q5_0:
     case T_Q5_1: {
-        const int with_min = type == T_Q4_1 || type == T_Q5_1;
-        const int five = type == T_Q5_0 || type == T_Q5_1;
-        const int64_t size = five ? (with_min ? 24 : 22) : (with_min ? 20 : 18);
-        const __m256i off = _mm256_set1_epi32(five ? 16 : 8);
+        const int64_t size = block32_bytes(type);
         for (int64_t b = 0; b < in / QK; b++, src += size, dst += QK) {
-            const __m256 d = _mm256_set1_ps(f16(u16(src)));
-            const __m256 m = _mm256_set1_ps(with_min ? f16(u16(src + 2)) : 0.0f);
-            uint32_t qh = 0;
-            if (five)
-                memcpy(&qh, src + (with_min ? 4 : 2), 4);
-            const uint8_t *q = src + (five ? (with_min ? 8 : 6) : (with_min ? 4 : 2));
-            for (int c = 0; c < 4; c++) {  /* values 8c..8c+7: lo nibbles, then hi */
-                const __m256i bytes = u8x8(q + 8 * (c & 1));
-                __m256i v = c < 2 ? _mm256_and_si256(bytes, low4) : _mm256_srli_epi32(bytes, 4);
-                if (five)
-                    v = _mm256_or_si256(v, _mm256_slli_epi32(bits_at(qh, 8 * c), 4));
-                __m256 w;
-                if (with_min)
-                    w = _mm256_add_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(v)), m);
-                else
-                    w = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_sub_epi32(v, off)));
-                _mm256_storeu_ps(dst + 8 * c, w);
-            }
+            __m256 w[4];
+            widen32_avx2(type, src, w);
+            for (int c = 0; c < 4; c++)
+                _mm256_storeu_ps(dst + 8 * c, w[c]);
         }
         return 0;
     }
@@ -319,7 +350,7 @@ static int dequant_row_simd(int type, const uint8_t *src, int64_t in, float *dst
         const int five = type == T_Q5_K;
         const int64_t size = five ? 176 : 144;
         for (int64_t b = 0; b < in / QK_K; b++, src += size) {
-            const float d = f16(u16(src)), dmin = f16(u16(src + 2));
+            const float d = scale_at(src), dmin = scale_at(src + 2);
             const uint8_t *scales = src + 4, *qh = src + 16;
             const uint8_t *q = src + (five ? 48 : 16);
             for (int j = 0; j < 4; j++, q += 32, dst += 64) {  /* two sub-blocks */
@@ -352,7 +383,7 @@ static int dequant_row_simd(int type, const uint8_t *src, int64_t in, float *dst
         for (int64_t b = 0; b < in / QK_K; b++, src += 210) {
             const uint8_t *ql = src, *qh = src + 128;
             const int8_t *sc = (const int8_t *)(src + 192);
-            const float d = f16(u16(src + 208));
+            const float d = scale_at(src + 208);
             for (int n = 0; n < 2; n++, ql += 64, qh += 32, sc += 8, dst += 128) {
                 for (int c = 0; c < 4; c++) {  /* l = 8c..8c+7 */
                     const int is = c / 2;
@@ -733,6 +764,51 @@ static int fused_pass(int type, const uint8_t *row, const float *x, int64_t x_st
  * latency, not bandwidth, bound one row), x loaded once for the 4. Each output sums
  * as dot_rows does (lo and hi halves of each 16, then hsum256(lo + hi)): the same bits
  * as the few-row pass. `in` is a multiple of 32 (whole blocks). */
+static inline int is_block32(int type)
+{
+    return type == T_Q8_0 || type == T_Q4_0 || type == T_Q4_1 || type == T_Q5_0 || type == T_Q5_1;
+}
+
+/* dot_4_weight_rows for 4 rows of a 32-value block type (row_bytes apart), each block
+ * widened into registers (widen32_avx2) instead of through the fp32 row: the same
+ * values multiplied in the same order, so the same bits. type is a constant at each
+ * call (fused_4_rows). */
+static inline __attribute__((always_inline)) void dot_4_rows_fused32(
+    int type, const uint8_t *row, int64_t row_bytes, const float *x, int64_t in, float *y)
+{
+    const int64_t size = block32_bytes(type);
+    __m256 lo[4], hi[4];
+    for (int k = 0; k < 4; k++)
+        lo[k] = hi[k] = _mm256_setzero_ps();
+    for (int64_t i = 0, off = 0; i < in; i += QK, off += size) {
+#pragma GCC unroll 4
+        for (int k = 0; k < 4; k++) {
+            __m256 w[4];
+            widen32_avx2(type, row + k * row_bytes + off, w);
+            lo[k] = _mm256_fmadd_ps(w[0], _mm256_loadu_ps(x + i), lo[k]);
+            hi[k] = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(x + i + 8), hi[k]);
+            lo[k] = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(x + i + 16), lo[k]);
+            hi[k] = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(x + i + 24), hi[k]);
+        }
+    }
+    for (int k = 0; k < 4; k++)
+        y[k] = hsum256(_mm256_add_ps(lo[k], hi[k]));
+}
+
+/* 1 if 4 rows of this type took the fused pass, 0 for the widened-row one */
+static int fused_4_rows(int type, const uint8_t *row, int64_t row_bytes, const float *x,
+                        int64_t in, float *y)
+{
+    switch (type) {
+    case T_Q8_0: dot_4_rows_fused32(T_Q8_0, row, row_bytes, x, in, y); return 1;
+    case T_Q4_0: dot_4_rows_fused32(T_Q4_0, row, row_bytes, x, in, y); return 1;
+    case T_Q4_1: dot_4_rows_fused32(T_Q4_1, row, row_bytes, x, in, y); return 1;
+    case T_Q5_0: dot_4_rows_fused32(T_Q5_0, row, row_bytes, x, in, y); return 1;
+    case T_Q5_1: dot_4_rows_fused32(T_Q5_1, row, row_bytes, x, in, y); return 1;
+    default: return 0;
+    }
+}
+
 static void dot_4_weight_rows(const float *x, const float *w, int64_t in, float *y)
 {
     __m256 lo[4], hi[4];
@@ -917,6 +993,16 @@ int quant_linear(const float *x, int64_t x_stride, int64_t rows, const int64_t *
                 if (rows <= 2 && in % 32 == 0) {
                     int64_t o = o0;
                     for (; o + 4 <= o1; o += 4) {
+                        int s = 0;  /* the segment of row o: all 4 in it, a block type */
+                        while (s + 1 < nseg && o >= seg[s + 1].first)
+                            s++;
+                        if (o + 4 <= seg[s].first + seg[s].rows && is_block32(seg[s].type)) {
+                            const uint8_t *r0 = seg[s].data + (o - seg[s].first) * seg[s].row_bytes;
+                            for (int64_t b = 0; b < rows; b++)
+                                fused_4_rows(seg[s].type, r0, seg[s].row_bytes, x + b * x_stride,
+                                             in, y + b * out + o);
+                            continue;
+                        }
                         for (int k = 0; k < 4; k++) {
                             int type;
                             const uint8_t *src = row_of(seg, nseg, o + k, &type);
