@@ -780,7 +780,13 @@ static inline __attribute__((always_inline)) void dot_4_rows_fused32(
     __m256 lo[4], hi[4];
     for (int k = 0; k < 4; k++)
         lo[k] = hi[k] = _mm256_setzero_ps();
-    for (int64_t i = 0, off = 0; i < in; i += QK, off += size) {
+    /* the next 4 rows fetched while these compute, as dot_fused32_rows does */
+    const char *next = (const char *)(row + 4 * row_bytes);
+    const int64_t lines = (4 * row_bytes + 63) / 64, blocks = in / QK;
+    const int64_t per_block = (lines + blocks - 1) / blocks;
+    for (int64_t i = 0, off = 0, pf = 0; i < in; i += QK, off += size) {
+        for (int64_t p = 0; p < per_block; p++, pf += 64)
+            _mm_prefetch(next + pf, _MM_HINT_T0);
 #pragma GCC unroll 4
         for (int k = 0; k < 4; k++) {
             __m256 w[4];
@@ -1002,6 +1008,12 @@ int quant_linear(const float *x, int64_t x_stride, int64_t rows, const int64_t *
                                 fused_4_rows(seg[s].type, r0, seg[s].row_bytes, x + b * x_stride,
                                              in, y + b * out + o);
                             continue;
+                        }
+                        {  /* the next 4 rows fetched while these widen */
+                            const char *next = (const char *)(seg[s].data
+                                + (o + 4 - seg[s].first) * seg[s].row_bytes);
+                            for (int64_t pf = 0; pf < 4 * seg[s].row_bytes; pf += 64)
+                                _mm_prefetch(next + pf, _MM_HINT_T0);
                         }
                         for (int k = 0; k < 4; k++) {
                             int type;
