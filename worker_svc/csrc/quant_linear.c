@@ -889,26 +889,7 @@ static inline __attribute__((always_inline)) void tile_4xn(
             y[b * out + k] = _mm512_reduce_add_ps(acc[k][b]);
 }
 
-/* every row of x against W_TILE widened rows: X_TILE at a time, then the rest (64
- * concurrent decodes leave 4) tiled too rather than one weight row at a time, which
- * reloads x for each */
-static void tile_all_rows(const float *x, int64_t x_stride, int64_t rows, const float *w,
-                          int64_t in, float *y, int64_t out)
-{
-    int64_t r = 0;
-    for (; r + X_TILE <= rows; r += X_TILE)
-        tile_4xn(x + r * x_stride, x_stride, w, in, y + r * out, out, X_TILE);
-    x += r * x_stride;
-    y += r * out;
-    switch (rows - r) {
-    case 1: tile_4xn(x, x_stride, w, in, y, out, 1); break;
-    case 2: tile_4xn(x, x_stride, w, in, y, out, 2); break;
-    case 3: tile_4xn(x, x_stride, w, in, y, out, 3); break;
-    case 4: tile_4xn(x, x_stride, w, in, y, out, 4); break;
-    case 5: tile_4xn(x, x_stride, w, in, y, out, 5); break;
-    default: break;
-    }
-}
+#define TILE tile_4xn
 #elif defined(__AVX2__) && defined(__FMA__)
 /* Wide steps on AVX2: 2 widened weight rows against 3 token rows at a time, each
  * output's lo and hi halves in registers (12 accumulators of 16), so a load feeds 1.2
@@ -946,17 +927,29 @@ static inline __attribute__((always_inline)) void tile_2xn(
             y[b * out + k] = hsum256(_mm256_add_ps(lo[k][b], hi[k][b]));
 }
 
+#define TILE tile_2xn
+#endif
+
+#ifdef TILE
+/* every row of x against W_TILE widened rows: X_TILE at a time, then the rest (64
+ * concurrent decodes leave 4 on AVX-512) tiled too rather than one weight row at a
+ * time, which reloads x for each; nb is a constant at each TILE call */
 static void tile_all_rows(const float *x, int64_t x_stride, int64_t rows, const float *w,
                           int64_t in, float *y, int64_t out)
 {
     int64_t r = 0;
     for (; r + X_TILE <= rows; r += X_TILE)
-        tile_2xn(x + r * x_stride, x_stride, w, in, y + r * out, out, X_TILE);
+        TILE(x + r * x_stride, x_stride, w, in, y + r * out, out, X_TILE);
     x += r * x_stride;
     y += r * out;
     switch (rows - r) {
-    case 1: tile_2xn(x, x_stride, w, in, y, out, 1); break;
-    case 2: tile_2xn(x, x_stride, w, in, y, out, 2); break;
+    case 1: TILE(x, x_stride, w, in, y, out, 1); break;
+    case 2: TILE(x, x_stride, w, in, y, out, 2); break;
+#if X_TILE > 3
+    case 3: TILE(x, x_stride, w, in, y, out, 3); break;
+    case 4: TILE(x, x_stride, w, in, y, out, 4); break;
+    case 5: TILE(x, x_stride, w, in, y, out, 5); break;
+#endif
     default: break;
     }
 }
@@ -991,11 +984,18 @@ static int read_desc(const int64_t *desc, int64_t out, int64_t in, segment *seg,
     return first == out ? 0 : -1;
 }
 
-static inline const uint8_t *row_of(const segment *seg, int nseg, int64_t o, int *type)
+/* the index of the segment holding output row o */
+static inline int segment_of(const segment *seg, int nseg, int64_t o)
 {
     int s = 0;
     while (s + 1 < nseg && o >= seg[s + 1].first)
         s++;
+    return s;
+}
+
+static inline const uint8_t *row_of(const segment *seg, int nseg, int64_t o, int *type)
+{
+    const int s = segment_of(seg, nseg, o);
     *type = seg[s].type;
     return seg[s].data + (o - seg[s].first) * seg[s].row_bytes;
 }
@@ -1034,9 +1034,7 @@ int quant_linear(const float *x, int64_t x_stride, int64_t rows, const int64_t *
 #if defined(__AVX512F__)
                 /* a lone stream: OUT_ROWS weight rows of one segment at once */
                 if (rows <= 2 && o1 - o0 == OUT_ROWS) {
-                    int s = 0;
-                    while (s + 1 < nseg && o0 >= seg[s + 1].first)
-                        s++;
+                    const int s = segment_of(seg, nseg, o0);
                     if (o1 <= seg[s].first + seg[s].rows
                         && fused_rows_pass(seg[s].type,
                                            seg[s].data + (o0 - seg[s].first) * seg[s].row_bytes,
@@ -1050,9 +1048,8 @@ int quant_linear(const float *x, int64_t x_stride, int64_t rows, const int64_t *
                 if (rows <= 2 && in % 32 == 0) {
                     int64_t o = o0;
                     for (; o + 4 <= o1; o += 4) {
-                        int s = 0;  /* the segment of row o: all 4 in it, a block type */
-                        while (s + 1 < nseg && o >= seg[s + 1].first)
-                            s++;
+                        /* the segment of row o: all 4 in it, a block type */
+                        const int s = segment_of(seg, nseg, o);
                         if (o + 4 <= seg[s].first + seg[s].rows && is_block32(seg[s].type)) {
                             const uint8_t *r0 = seg[s].data + (o - seg[s].first) * seg[s].row_bytes;
                             for (int64_t b = 0; b < rows; b++)

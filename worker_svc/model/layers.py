@@ -45,7 +45,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 def rms_norm_one_plus(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """Gemma's RMSNorm: scaled by (1 + w), in fp32 before the cast back. fp32 through
     the fused kernel (x / rms(x) * (1 + w), the reference's steps in its order: the
-    same bits, tests/families/test_layers.py), at half the cost of the steps one by
+    same bits, tests/families/test_families_match_transformers.py), at half the cost of the steps one by
     one (a Gemma 3 270M token runs 109 of these)."""
     if x.dtype == torch.float32 and weight.dtype == torch.float32:
         return F.rms_norm(x, weight.shape, 1.0 + weight, eps)
