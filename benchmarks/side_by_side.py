@@ -111,7 +111,9 @@ def server_commands(args: argparse.Namespace) -> dict[str, dict]:
                          "--http-port", str(args.port), "--grpc-port", str(args.port + 51),
                          "--scheduler-port", str(args.port + 52), "--worker-port",
                          str(args.port + 53), "--scheduler-metrics-port", "0",
-                         "--worker-metrics-port", "0", "--log-level", "warning"],
+                         "--worker-metrics-port", "0", "--log-level", "warning",
+                         # the benchmark machine is the stack's own (docs/tuning.md)
+                         "--helper-nice", "19"],
                 "env": {}, "port": args.port, "kv_from": f"127.0.0.1:{args.port + 51}"}
 
     def vllm(dtype: str, bind: bool) -> dict:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -53,6 +54,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _start_nice(command: str) -> None:
+    """A service started with GAPSERVE_PROCESS_NICE (gapserve serve sets it from
+    --helper-nice) lowers its priority by that much before it starts a thread."""
+    from shared.config import NICE_ENV, niceness
+    raw = os.environ.get(NICE_ENV)
+    if raw is None or command not in ("worker", "scheduler", "frontend"):
+        return
+    try:
+        os.nice(niceness(raw))
+    except (ValueError, argparse.ArgumentTypeError) as exc:
+        raise SystemExit(f"gapserve {command}: {NICE_ENV}={raw!r}: {exc}") from None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help", "help"):
@@ -64,6 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"gapserve: unknown command {command!r}; one of: {', '.join(COMMANDS)}",
               file=sys.stderr)
         return 2
+    _start_nice(command)
     module, _, function = target.partition(":")
     result = getattr(importlib.import_module(module), function)(rest)
     return int(result or 0)

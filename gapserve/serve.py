@@ -71,6 +71,14 @@ class Replica:
     replay_endpoint: str | None = None
 
 
+def _nice_env(args: argparse.Namespace) -> dict[str, str]:
+    """The scheduler's and frontend's niceness (--helper-nice; gapserve/cli.py applies
+    it): a CPU worker's decode step shares the machine's cores with them, and every
+    slice they take from its OpenMP threads stalls the step at its next barrier."""
+    nice = getattr(args, "helper_nice", 0)
+    return {flags.NICE_ENV: str(nice)} if nice else {}
+
+
 def children(args: argparse.Namespace) -> list[Child]:
     host = _loopback(args.inner_host)
     security = LinkSecurity.from_args(args)
@@ -80,7 +88,7 @@ def children(args: argparse.Namespace) -> list[Child]:
     scheme = "https" if args.ssl_certfile else "http"
     # --api-server-count N: N frontends on the same ports; the kernel spreads connections
     count = getattr(args, "api_server_count", 1)
-    front_env = secrets_env(args, flags.FrontendFlags)
+    front_env = {**secrets_env(args, flags.FrontendFlags), **_nice_env(args)}
     if count > 1:  # a scrape reaches one: it sums all (frontend_svc/telemetry/vllm_metrics.py)
         front_env["PROMETHEUS_MULTIPROC_DIR"] = _metrics_dir()
     if size == 1:
@@ -137,7 +145,8 @@ def _replica(args: argparse.Namespace, i: int, size: int, host: str,
          "--worker-addresses", ",".join(w.health_address for w in workers),
          "--host", args.inner_host,
          *forwarded(args, flags.SchedulerFlags)],
-        f"{host}:{sched_port}", env=secrets_env(args, flags.SchedulerFlags),
+        f"{host}:{sched_port}", env={**secrets_env(args, flags.SchedulerFlags),
+                                     **_nice_env(args)},
         security=security, instance_id=args.instance_id,
         ports=[(args.inner_host, sched_port, "--scheduler-port"),
                (args.inner_host, metrics_port, "--scheduler-metrics-port")])

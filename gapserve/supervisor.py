@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, TextIO
 
+from shared.config import NICE_ENV
 from shared.grpc_server import check_health
 from shared.instance import HEADER as INSTANCE_HEADER
 from shared.instance import health_service
@@ -53,6 +54,12 @@ class _TextSink:
 
     def flush(self) -> None:
         self.stream.flush()
+
+
+def _with_nice(child: Child) -> str:
+    """The child's name, and its niceness where it starts with one (--helper-nice)."""
+    nice = child.env.get(NICE_ENV)
+    return f"{child.name} (nice {nice})" if nice else child.name
 
 
 def restart_delay(failures: int) -> float:
@@ -167,7 +174,7 @@ class Supervisor:
         """None once all are healthy; otherwise why not."""
         deadline = time.monotonic() + timeout_s
         pending = list(self.children)
-        self.say(f"gapserve serve: starting {', '.join(c.name for c in pending)}; "
+        self.say(f"gapserve serve: starting {', '.join(_with_nice(c) for c in pending)}; "
                  "waiting for each to report ready")
         while pending:
             if self.stop.is_set():

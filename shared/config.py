@@ -97,6 +97,7 @@ routing = group("data-parallel routing (frontend; docs/deploy.md, "
                  "\"Data parallelism and routing\")")
 data_parallel = group("data parallelism (gapserve serve)")
 inner_ports = group("ports of the inner services (0 turns a metrics port off)")
+processes = group("the services' processes (gapserve serve)")
 model = group("model")
 
 
@@ -439,6 +440,28 @@ class InnerPortFlags:
         900.0, "seconds to wait for all services to become healthy", type=float)
 
 
+# the niceness a service process starts with, read by gapserve/cli.py before the
+# service is imported (so every thread it starts inherits it); `gapserve serve` sets
+# it for the scheduler and the frontend from --helper-nice
+NICE_ENV = ENV_PREFIX + "PROCESS_NICE"
+
+
+def niceness(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 19:
+        raise argparse.ArgumentTypeError(f"must be a niceness from 0 to 19, got {value}")
+    return value
+
+
+@dataclass(frozen=True)
+class ServeProcessFlags:
+    helper_nice: int = processes(
+        10, "niceness the scheduler and frontend run at, the workers at 0: where they share "
+        "the workers' cores (a CPU worker), a decode step's compute threads keep their cores "
+        "and the scheduler and frontend take what the step leaves; 19 on a machine of its "
+        "own, 0 for equal shares (docs/tuning.md)", type=niceness)
+
+
 # ---------------------------------------------------------------------------
 # each service's flags: the groups it takes
 
@@ -456,7 +479,7 @@ FrontendFlags = service_flags("FrontendFlags", CommonFlags, FrontendPortFlags,
 ServeFlags = service_flags(
     "ServeFlags", CommonFlags, ModelFlag, *_WORKER_CORE, SchedulingFlags,
     FrontendPortFlags, FrontendServingFlags, LinkSecurityFlags,
-    AdmissionFlags, DataParallelServeFlags, RoutingFlags, InnerPortFlags)
+    AdmissionFlags, DataParallelServeFlags, RoutingFlags, InnerPortFlags, ServeProcessFlags)
 
 
 def worker_parser() -> argparse.ArgumentParser:

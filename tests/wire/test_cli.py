@@ -146,3 +146,43 @@ def test_a_worker_flag_named_like_a_worker_config_field_sets_that_field():
             cfg.distributed_timeout, cfg.max_num_seqs) == (32, 7, 3, False, 5.0, 9)
     unset = worker_config(config.parse_args(config.worker_parser(), [], environ={}))
     assert (unset.max_num_seqs, unset.max_num_batched_tokens, unset.model) == (256, None, None)
+
+
+def test_serve_starts_the_scheduler_and_frontend_nicer_than_the_workers():
+    """--helper-nice (default 10) rides to the scheduler and frontend in their
+    environment; the workers get none, so their compute threads win a shared core."""
+    kids = serve_children([])
+    assert kids["scheduler"].env[config.NICE_ENV] == "10"
+    assert kids["frontend"].env[config.NICE_ENV] == "10"
+    assert config.NICE_ENV not in kids["worker-0"].env
+    off = serve_children(["--helper-nice", "0"])
+    assert config.NICE_ENV not in off["scheduler"].env
+    assert serve_children([], environ={"GAPSERVE_HELPER_NICE": "19"})["frontend"].env[
+        config.NICE_ENV] == "19"
+    with pytest.raises(SystemExit):
+        serve_children(["--helper-nice", "20"])
+
+
+@pytest.mark.parametrize("command,value,expected", [("scheduler", "7", 7), ("frontend", "3", 3),
+                                                    ("status", "7", 0)])
+def test_a_service_lowers_its_own_priority_before_it_starts(command, value, expected):
+    """In a fresh process (niceness only ever goes up): a service command applies
+    GAPSERVE_PROCESS_NICE before importing the service; other commands ignore it."""
+    import os
+    import subprocess
+    import sys
+    code = ("import os; from gapserve import cli; base = os.nice(0); "
+            f"cli._start_nice({command!r}); print(os.nice(0) - base)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, config.NICE_ENV: value}, check=True)
+    assert int(out.stdout) == expected
+
+
+def test_a_bad_process_niceness_stops_the_service_with_its_name():
+    import os
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", "from gapserve import cli; cli._start_nice('worker')"],
+                         capture_output=True, text=True,
+                         env={**os.environ, config.NICE_ENV: "high"})
+    assert out.returncode != 0 and "GAPSERVE_PROCESS_NICE='high'" in out.stderr
