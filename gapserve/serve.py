@@ -74,7 +74,8 @@ class Replica:
 def _nice_env(args: argparse.Namespace) -> dict[str, str]:
     """The scheduler's and frontend's niceness (--helper-nice; gapserve/cli.py applies
     it): a CPU worker's decode step shares the machine's cores with them, and every
-    slice they take from its OpenMP threads stalls the step at its next barrier."""
+    slice they take from its OpenMP threads stalls the step at its next barrier; on a
+    machine of the stack's own they should take only what the step leaves."""
     nice = getattr(args, "helper_nice", 0)
     return {flags.NICE_ENV: str(nice)} if nice else {}
 

@@ -456,10 +456,10 @@ def niceness(text: str) -> int:
 @dataclass(frozen=True)
 class ServeProcessFlags:
     helper_nice: int = processes(
-        10, "niceness the scheduler and frontend run at, the workers at 0: where they share "
-        "the workers' cores (a CPU worker), a decode step's compute threads keep their cores "
-        "and the scheduler and frontend take what the step leaves; 19 on a machine of its "
-        "own, 0 for equal shares (docs/tuning.md)", type=niceness)
+        0, "niceness the scheduler and frontend run at, the workers at 0: on a machine of "
+        "the stack's own, 19 lets a CPU worker's decode step keep its cores and the "
+        "scheduler and frontend take what the step leaves; beside other busy processes it "
+        "starves them, so 0 (equal shares) is the default (docs/tuning.md)", type=niceness)
 
 
 # ---------------------------------------------------------------------------

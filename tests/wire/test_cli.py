@@ -148,15 +148,17 @@ def test_a_worker_flag_named_like_a_worker_config_field_sets_that_field():
     assert (unset.max_num_seqs, unset.max_num_batched_tokens, unset.model) == (256, None, None)
 
 
-def test_serve_starts_the_scheduler_and_frontend_nicer_than_the_workers():
-    """--helper-nice (default 10) rides to the scheduler and frontend in their
-    environment; the workers get none, so their compute threads win a shared core."""
-    kids = serve_children([])
-    assert kids["scheduler"].env[config.NICE_ENV] == "10"
-    assert kids["frontend"].env[config.NICE_ENV] == "10"
+def test_serve_can_start_the_scheduler_and_frontend_nicer_than_the_workers():
+    """--helper-nice rides to the scheduler and frontend in their environment; the
+    workers get none, so their compute threads win a shared core. The default, 0,
+    sets nothing: equal shares, as before."""
+    kids = serve_children(["--helper-nice", "19"])
+    assert kids["scheduler"].env[config.NICE_ENV] == "19"
+    assert kids["frontend"].env[config.NICE_ENV] == "19"
     assert config.NICE_ENV not in kids["worker-0"].env
-    off = serve_children(["--helper-nice", "0"])
-    assert config.NICE_ENV not in off["scheduler"].env
+    default = serve_children([])
+    assert config.NICE_ENV not in default["scheduler"].env
+    assert config.NICE_ENV not in default["frontend"].env
     assert serve_children([], environ={"GAPSERVE_HELPER_NICE": "19"})["frontend"].env[
         config.NICE_ENV] == "19"
     with pytest.raises(SystemExit):
