@@ -57,7 +57,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _start_nice(command: str) -> None:
     """A service started with GAPSERVE_PROCESS_NICE (gapserve serve sets it from
     --helper-nice) lowers its priority by that much before it starts a thread."""
-    from shared.config import NICE_ENV, niceness
+    from shared.arg_types import niceness
+    from shared.config import NICE_ENV
     raw = os.environ.get(NICE_ENV)
     if raw is None or command not in ("worker", "scheduler", "frontend"):
         return

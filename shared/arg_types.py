@@ -24,6 +24,13 @@ def non_negative_int(text: str) -> int:
     return value
 
 
+def niceness(text: str) -> int:
+    value = int(text)
+    if not 0 <= value <= 19:
+        raise argparse.ArgumentTypeError(f"must be a niceness from 0 to 19, got {value}")
+    return value
+
+
 def non_negative_float(text: str) -> float:
     value = float(text)
     if not value >= 0.0 or value == float("inf"):  # also rejects nan

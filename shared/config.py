@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, make_dataclass
 
 from shared.arg_types import (address_groups, address_list, endpoint_list, fraction,
-                              key_list, non_negative_float, non_negative_int,
+                              key_list, niceness, non_negative_float, non_negative_int,
                               positive_int, positive_seconds, readable_file,
                               port as port_number,
                               relative_threshold, routing_threshold)
@@ -444,13 +444,6 @@ class InnerPortFlags:
 # service is imported (so every thread it starts inherits it); `gapserve serve` sets
 # it for the scheduler and the frontend from --helper-nice
 NICE_ENV = ENV_PREFIX + "PROCESS_NICE"
-
-
-def niceness(text: str) -> int:
-    value = int(text)
-    if not 0 <= value <= 19:
-        raise argparse.ArgumentTypeError(f"must be a niceness from 0 to 19, got {value}")
-    return value
 
 
 @dataclass(frozen=True)
