@@ -16,7 +16,9 @@ that same Q8_0 file, its quantized path).
 
 Same GGUF on both sides: `--model file.gguf` serves gapserve from the file (`gapserve`
 row: `--dtype float32`, the exact dequantized path; `gapserve-quantized`: no --dtype,
-the file's own path, which for a quantized GGUF is the quantized kernels) and, unless
+the file's own path, which for a quantized GGUF is the quantized kernels;
+`gapserve-quantized-int8`: that path with --quant-activations int8, activations
+quantized per 32 values as llama.cpp's matmuls do) and, unless
 --llama-gguf names another, llama-server from the same file. The agreement reference
 is then transformers' `from_pretrained(dir, gguf_file=...)` load of that file, in
 float32 (dequantized).
@@ -72,7 +74,7 @@ TICKS = os.sysconf("SC_CLK_TCK")
 LLAMA_SERVERS = ("/opt/peers/llama-native/build/bin/llama-server",
                  "/opt/peers/llama/bin/llama-server")
 LLAMA_F32_GGUF = "/opt/peers/llama/models/SmolLM2-135M-Instruct-f32.gguf"
-SERVERS = ("gapserve", "gapserve-quantized", "gapserve-steps8", "gapserve-bf16", "gapserve-int8",
+SERVERS = ("gapserve", "gapserve-quantized", "gapserve-quantized-int8", "gapserve-steps8", "gapserve-bf16", "gapserve-int8",
            "gapserve-int8-steps8", "gapserve-q8_0", "gapserve-ngram", "gapserve-int8draft", "vllm",
            "vllm-bf16", "vllm-default", "llamacpp", "llamacpp-q8_0", "llamacpp-ngram",
            "llamacpp-draft")
@@ -81,6 +83,7 @@ SERVERS = ("gapserve", "gapserve-quantized", "gapserve-steps8", "gapserve-bf16",
 PAIRS = {"gapserve": ("vllm", "vllm-default", "llamacpp"),
          # the file's own (quantized) path against llama-server on the same file
          "gapserve-quantized": ("llamacpp", "gapserve"),
+         "gapserve-quantized-int8": ("llamacpp", "gapserve-quantized"),
          "gapserve-steps8": ("vllm", "llamacpp"),
          "gapserve-bf16": ("vllm-bf16", "llamacpp-q8_0"),
          "gapserve-int8": ("vllm", "vllm-bf16", "llamacpp-q8_0"),
@@ -129,6 +132,7 @@ def server_commands(args: argparse.Namespace) -> dict[str, dict]:
     return {
         "gapserve": gapserve("float32"), "gapserve-bf16": gapserve("bfloat16"),
         "gapserve-quantized": gapserve(None),
+        "gapserve-quantized-int8": gapserve(None, "--quant-activations", "int8"),
         "gapserve-steps8": gapserve("float32", *STEPS8),
         # int8 weights for steps of at most 32 tokens, fp32 for wider ones
         "gapserve-int8": gapserve("float32", "--quantization", "int8"),

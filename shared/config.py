@@ -153,6 +153,12 @@ class WorkerComputeFlags:
     quantization: str | None = worker(
         None, "CPU: steps of at most 32 tokens read int8 weights (a scale per 32 inputs), "
         "wider ones the --dtype weights", choices=("int8",))
+    quant_activations: str = worker(
+        "float32", "a GGUF's quantized path: float32 keeps the activations exact in the "
+        "matmul (only the order of sums differs from the dequantized path); int8 "
+        "quantizes them per 32 values and sums bytes against weights repacked at load, "
+        "llama.cpp's trade: faster where the CPU has AVX512-VNNI, not exact "
+        "(docs/formats.md)", choices=("float32", "int8"))
     kv_cache_memory: int | None = worker(None, "bytes of KV cache on CPU", type=positive_int)
     gpu_memory_utilization: float = worker(0.9, type=fraction)
     num_gpu_blocks_override: int | None = worker(None, type=positive_int)

@@ -92,6 +92,9 @@ class ComputePlan:
     # matmul (model/cpu/quant_weights.py), every step; weight_types names their types
     weights: str = "float"
     weight_types: str = ""
+    # the quantized path's activations: "float32" exact, "int8" quantized per 32 values
+    # against the weights repacked at load (model/cpu/quant_weights.pack)
+    quant_activations: str = "float32"
 
     @property
     def layer_loop(self) -> str:
@@ -118,6 +121,8 @@ class ComputePlan:
             parts.append("sliding_window=on")
         if self.weights != "float":
             parts.append(f"weights={self.weights}:{self.weight_types}")
+        if self.quant_activations != "float32":
+            parts.append(f"quant_activations={self.quant_activations}")
         if self.zero_cost_steps:
             parts.append("zero_cost_steps=on")
         if self.fault_stop_after_steps is not None:
@@ -138,6 +143,7 @@ class ComputePlan:
                 "cpu_quota": self.cpu_quota, "wait_policy": self.wait_policy,
                 "sliding_window": self.windowed, "weights": self.weights,
                 "weight_types": self.weight_types,
+                "quant_activations": self.quant_activations,
                 "zero_cost_steps": self.zero_cost_steps,
                 "fault_stop_after_steps": self.fault_stop_after_steps,
                 "fault_fail_on_token": self.fault_fail_on_token}
@@ -238,6 +244,11 @@ def build_plan(config: WorkerConfig, device: torch.device, model_cfg, *, biases:
         decode_layers = (attention == "c_decode_kernel" and config.cpu_decode_layers
                          and kernels.decode_layers and not tp and not biases
                          and ((fused and not windowed) or own_loop))
+    elif config.quant_activations != "float32":  # asked for, nothing would run it
+        raise ValueError(f"--quant-activations {config.quant_activations} applies to a GGUF "
+                         "served on its quantized path; this worker serves float weights "
+                         "(a float checkpoint, a float --dtype, or the quantized path is "
+                         "off: see the gguf_quantized_path_off warning)")
     return ComputePlan(
         device=device, dtype=dtype, act_dtype=act_dtype, attention=attention,
         prepack=bool(prepack), fused_ops=bool(fused), decode_layers=bool(decode_layers),
@@ -250,7 +261,9 @@ def build_plan(config: WorkerConfig, device: torch.device, model_cfg, *, biases:
         ranks_on_host=ranks_on_host, zero_cost_steps=config.zero_cost_steps,
         fault_stop_after_steps=fault_stop_after_steps, fault_fail_on_token=fault_fail_on_token,
         family=family, c_layers=c_layers, windowed=windowed, weights=weights,
-        weight_types=weight_types)
+        weight_types=weight_types,
+        quant_activations=config.quant_activations if weights == "gguf_quantized"
+        else "float32")
 
 
 # Steps of any width run the quantized kernel: each weight row is read and widened

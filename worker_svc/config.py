@@ -17,6 +17,8 @@ class WorkerConfig:
     dtype: str = "auto"  # auto = bfloat16 on cuda, float32 on cpu
     # "int8": the CPU small-batch kernel reads int8 weights (model/cpu/small_linear.py)
     quantization: str | None = None
+    # a GGUF's quantized path: "int8" quantizes the matmuls' activations (csrc/quant_packed.h)
+    quant_activations: str = "float32"
     block_size: int = 16
     num_gpu_blocks_override: int | None = None  # wins over both memory budgets
     kv_cache_memory: int | None = None  # bytes of KV cache on CPU; None = sized for the machine
@@ -72,6 +74,9 @@ class WorkerConfig:
             raise ValueError(f"dtype must be auto, float32, bfloat16 or float16, got {self.dtype}")
         if self.quantization not in (None, "int8"):
             raise ValueError(f"quantization must be int8 or unset, got {self.quantization}")
+        if self.quant_activations not in ("float32", "int8"):
+            raise ValueError(f"quant_activations must be float32 or int8, got "
+                             f"{self.quant_activations}")
         if not 0 <= self.tensor_parallel_rank < self.tensor_parallel_size:
             raise ValueError(f"rank {self.tensor_parallel_rank} must be in [0, "
                              f"tensor_parallel_size {self.tensor_parallel_size})")

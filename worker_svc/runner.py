@@ -35,7 +35,9 @@ from worker_svc.model.config import kv_window, layer_windows, load_model_config
 from worker_svc.model.cpu.cpu_dtype import native_bf16
 from worker_svc.model.layers import longrope_rows
 from worker_svc.model.loading.dummy_weights import dummy_weights
-from worker_svc.model.loading.gguf_quantized import held_types, load_quantized_weights
+from worker_svc.model.cpu import quant_weights
+from worker_svc.model.loading.gguf_quantized import (held_types, load_quantized_weights,
+                                                     pack_weights)
 from worker_svc.model.loading.gguf_tensors import matmul_types
 from worker_svc.model.registry import FAMILIES
 from worker_svc.model.loading.weights import weight_bytes
@@ -95,6 +97,13 @@ class ModelRunner:
                 weights = dummy_weights(cfg, act_dtype, self.device, seed=config.seed)
             elif plan.weights == "gguf_quantized":  # a GGUF's blocks as they are
                 weights = load_quantized_weights(self.model_dir, cfg, module)
+                if plan.quant_activations == "int8":
+                    weights = pack_weights(weights)
+                    if not quant_weights.load().packed_simd:
+                        log.warning("quant_activations_portable_loop",
+                                    reason="this CPU (or build) has no AVX512-VNNI: the "
+                                    "int8 path runs its portable loop, slower than the "
+                                    "float32 one; --quant-activations float32 is faster here")
             else:
                 weights = module.load_weights(self.model_dir, cfg, act_dtype, self.device,
                                               self.plan, matmul_dtype=self.dtype)
@@ -103,9 +112,12 @@ class ModelRunner:
             self.weight_bytes = weight_bytes(weights)
             if plan.weights == "gguf_quantized":
                 log.info("gguf_quantized_weights", types=held_types(weights),
+                         activations=plan.quant_activations,
                          weight_mib=round(self.weight_bytes / 2**20, 1),
                          load_s=round(time.perf_counter() - load_started, 2),
-                         path="quantized: blocks held as in the file, dequantized in the matmul")
+                         path="quantized: blocks held as in the file, dequantized in the matmul"
+                         if plan.quant_activations == "float32" else "quantized: blocks "
+                         "repacked at load, activations rounded to int8 in the matmul")
             self.model = module.Model(self.local_config, weights, select_backend(plan),
                                       max_positions=self.max_model_len, plan=plan, tp=self.tp)
             # speculative decoding: the proposer, and the draft model it may run

@@ -132,14 +132,17 @@ def weights_metadata(info) -> dict:
     and vLLM clients ignore fields they do not know): "quantization" is "gguf" when a
     GGUF's blocks are served as they are (else None, as vLLM reports an unquantized
     model), "weights" the compute plan's path and types ("gguf_quantized:Q4_1+Q8_0",
-    or "float32" for float weights; worker_svc/compute_plan.py)."""
+    or "float32" for float weights; worker_svc/compute_plan.py), "quant_activations"
+    how the quantized path takes the activations ("float32" exact, "int8"), None for
+    float weights."""
     plan = dict(p.split("=", 1) for p in (info.compute_plan if info else "").split()
                 if "=" in p)
     weights = plan.get("weights")
     if weights is None:
-        return {"quantization": None, "weights": plan.get("dtype")}
+        return {"quantization": None, "weights": plan.get("dtype"), "quant_activations": None}
     return {"quantization": "gguf" if weights.startswith("gguf_quantized") else None,
-            "weights": weights}
+            "weights": weights,
+            "quant_activations": plan.get("quant_activations", "float32")}
 
 
 def token_router(fe: Frontend) -> APIRouter:

@@ -132,3 +132,33 @@ def test_gemma2_keeps_its_torch_layers_on_the_quantized_path(tmp_path):
     quant = _runner(_gguf(tmp_path, "gemma2", T.Q8_0))
     assert quant.compute_plan.weights == "gguf_quantized"
     assert quant.compute_plan.layer_loop == "torch" and quant.model.decode_layers is None
+
+
+# --quant-activations int8: x rounded to 8 bits a block in every matmul, as llama.cpp's
+# are. Not the exact path's logits: within INT8_BOUND of them (the tiny models' logits
+# move ~1% a step; a wrong row, block or scale moves them by their own size). The
+# kernel's own arithmetic is held bit for bit in tests/worker/test_quant_packed.py.
+INT8_BOUND = 0.1
+
+
+@pytest.mark.parametrize("arch,kind", [("llama", T.Q8_0), ("llama", T.Q4_K),
+                                       ("gemma3", T.Q5_0), ("qwen3", T.Q4_1)],
+                         ids=["llama-Q8_0", "llama-Q4_K", "gemma3-Q5_0", "qwen3-Q4_1"])
+def test_int8_activations_serve_every_loop_close_to_the_exact_path(tmp_path, arch, kind):
+    path = _gguf(tmp_path, arch, kind)
+    exact, quant = _runner(path, dtype="float32"), _runner(path, quant_activations="int8")
+    assert "quant_activations=int8" in quant.compute_plan.summary()
+    w = quant.model.w
+    assert all(p is not None for p in w.layers[0].qkv.packed)  # repacked at load
+    assert w.lm_head is w.embed or not w.embed.packed  # a lookup-only table is not
+    prompt = [t % 261 for t in _prompt(1, 40)]
+    state = _state(prompt)
+    steps, tokens = [_chunk_logits(exact, state, len(prompt))], []
+    for _ in range(DECODE_STEPS):
+        tokens.append(int(steps[-1][-1].argmax()))
+        state.token_ids.append(tokens[-1])
+        steps.append(_chunk_logits(exact, state, 1))
+    errors = [_relative_error(g, want) for g, want in
+              zip(_teacher_forced(quant, prompt, tokens), steps)]
+    assert max(errors) < INT8_BOUND, errors
+    assert min(errors) > 0  # the int8 path ran: not the exact kernel's sums

@@ -80,7 +80,37 @@ def test_models_metadata_names_the_path_in_fields_clients_ignore():
                      num_kv_blocks=1, block_size=16, max_num_batched_tokens=8,
                      compute_plan=plan().summary())
     assert weights_metadata(info) == {"quantization": "gguf",
-                                      "weights": "gguf_quantized:Q4_1+Q8_0"}
+                                      "weights": "gguf_quantized:Q4_1+Q8_0",
+                                      "quant_activations": "float32"}
+    info.compute_plan = plan(quant_activations="int8").summary()
+    assert weights_metadata(info) == {"quantization": "gguf",
+                                      "weights": "gguf_quantized:Q4_1+Q8_0",
+                                      "quant_activations": "int8"}
     info.compute_plan = plan(dtype="float32").summary()
-    assert weights_metadata(info) == {"quantization": None, "weights": "float32"}
-    assert weights_metadata(None) == {"quantization": None, "weights": None}
+    assert weights_metadata(info) == {"quantization": None, "weights": "float32",
+                                      "quant_activations": None}
+    assert weights_metadata(None) == {"quantization": None, "weights": None,
+                                      "quant_activations": None}
+
+
+def test_int8_activations_ride_the_quantized_path_and_say_so():
+    p = plan(quant_activations="int8")
+    assert (p.weights, p.quant_activations) == ("gguf_quantized", "int8")
+    assert "quant_activations=int8" in p.summary()
+    assert p.log_fields()["quant_activations"] == "int8"
+    assert "quant_activations" not in plan().summary()  # float32: the default, unsaid
+
+
+@pytest.mark.parametrize("case", [
+    dict(dtype="float32"), dict(gguf_types={"F16": 10}), dict(gguf_types=None),
+    dict(kernels=ALL), dict(quantization="int8")], ids=str)
+def test_int8_activations_off_the_quantized_path_are_refused_by_name(case):
+    """Asked for where no quantized kernel runs (a float checkpoint or --dtype, or the
+    path is off): refused, never silently ignored."""
+    with pytest.raises(ValueError, match="--quant-activations int8"):
+        plan(quant_activations="int8", **case)
+
+
+def test_an_unknown_activation_format_is_refused():
+    with pytest.raises(ValueError, match="quant_activations must be float32 or int8"):
+        WorkerConfig(quant_activations="int4").validate()

@@ -955,18 +955,21 @@ static void tile_all_rows(const float *x, int64_t x_stride, int64_t rows, const 
 }
 #endif
 
+#include "quant_packed.h"
+
 typedef struct {
     int type;
     int64_t first, rows, row_bytes;
     const uint8_t *data;
+    const uint8_t *packed;  /* quant_pack's copy, or NULL */
 } segment;
 
 /* the descriptor's segments; -1 if malformed (a type not handled, rows not summing to
  * out, a row size that is not in's) */
 static int read_desc(const int64_t *desc, int64_t out, int64_t in, segment *seg, int *nseg)
 {
-    const int64_t n = desc[0];
-    if (n < 1 || n > MAX_SEGMENTS)
+    const int64_t n = desc[0] & 0xFFFF, packed = desc[0] >> 16;
+    if (n < 1 || n > MAX_SEGMENTS || (packed != 0 && packed != 1))
         return -1;
     int64_t first = 0;
     for (int64_t s = 0; s < n; s++) {
@@ -976,6 +979,11 @@ static int read_desc(const int64_t *desc, int64_t out, int64_t in, segment *seg,
         seg[s].data = (const uint8_t *)(intptr_t)d[2];
         seg[s].row_bytes = d[3];
         seg[s].first = first;
+        /* after the segments, with PACKED_FLAG: each one's repacked copy or 0 */
+        seg[s].packed = packed ? (const uint8_t *)(intptr_t)desc[1 + 4 * n + s] : NULL;
+        if (seg[s].packed && (!quant_packs(seg[s].type) || in % QK
+                              || ((seg[s].type == T_Q4_K || seg[s].type == T_Q5_K) && in % QK_K)))
+            return -1;
         if (quant_row_bytes(seg[s].type, in) != seg[s].row_bytes || seg[s].rows < 0)
             return -1;
         first += seg[s].rows;
@@ -1000,18 +1008,12 @@ static inline const uint8_t *row_of(const segment *seg, int nseg, int64_t o, int
     return seg[s].data + (o - seg[s].first) * seg[s].row_bytes;
 }
 
-/* y [rows][out] = x [rows][in] (row stride x_stride) @ w.T, w the quantized weight
- * `desc` describes [out][in]. `unused` keeps small_linear_q8's signature, so the C
- * layer loop (decode_layers.c) calls this in its place. Returns 0; -2 when a thread's
- * row buffer cannot be allocated; -3 for a malformed descriptor. */
-int quant_linear(const float *x, int64_t x_stride, int64_t rows, const int64_t *desc,
-                 const float *unused, int64_t out, int64_t in, float *y, int num_threads)
+/* y [rows][ys apart] = x @ w.T on the exact path: each weight row widened to fp32 and
+ * dotted with x's fp32 rows, for the `out` rows of segments seg[0..nseg). */
+static int exact_linear(const float *x, int64_t x_stride, int64_t rows, const segment *seg,
+                        int nseg, int64_t out, int64_t in, float *y, int64_t ys,
+                        int num_threads)
 {
-    (void)unused;
-    segment seg[MAX_SEGMENTS];
-    int nseg;
-    if (read_desc(desc, out, in, seg, &nseg))
-        return -3;
     int failed = 0;
 #if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
     const int wide = rows > ROWS_PER_PASS && in % 16 == 0;
@@ -1039,7 +1041,7 @@ int quant_linear(const float *x, int64_t x_stride, int64_t rows, const int64_t *
                         && fused_rows_pass(seg[s].type,
                                            seg[s].data + (o0 - seg[s].first) * seg[s].row_bytes,
                                            seg[s].row_bytes, x, x_stride, (int)rows, in,
-                                           y + o0, out))
+                                           y + o0, ys))
                         continue;
                 }
 #endif
@@ -1054,7 +1056,7 @@ int quant_linear(const float *x, int64_t x_stride, int64_t rows, const int64_t *
                             const uint8_t *r0 = seg[s].data + (o - seg[s].first) * seg[s].row_bytes;
                             for (int64_t b = 0; b < rows; b++)
                                 fused_4_rows(seg[s].type, r0, seg[s].row_bytes, x + b * x_stride,
-                                             in, y + b * out + o);
+                                             in, y + b * ys + o);
                             continue;
                         }
                         {  /* the next 4 rows fetched while these widen */
@@ -1069,13 +1071,13 @@ int quant_linear(const float *x, int64_t x_stride, int64_t rows, const int64_t *
                             quant_dequant_row(type, src, in, w + k * in);
                         }
                         for (int64_t b = 0; b < rows; b++)
-                            dot_4_weight_rows(x + b * x_stride, w, in, y + b * out + o);
+                            dot_4_weight_rows(x + b * x_stride, w, in, y + b * ys + o);
                     }
                     for (; o < o1; o++) {  /* the weight's last rows */
                         int type;
                         const uint8_t *src = row_of(seg, nseg, o, &type);
                         quant_dequant_row(type, src, in, w);
-                        all_rows(x, x_stride, rows, w, in, y + o, out);
+                        all_rows(x, x_stride, rows, w, in, y + o, ys);
                     }
                     continue;
                 }
@@ -1086,11 +1088,11 @@ int quant_linear(const float *x, int64_t x_stride, int64_t rows, const int64_t *
 #if defined(__AVX512F__)
                     /* one pass (a few rows): the blocks straight into the sums */
                     if (rows <= ROWS_PER_PASS
-                        && fused_pass(type, src, x, x_stride, (int)rows, in, y + o, out))
+                        && fused_pass(type, src, x, x_stride, (int)rows, in, y + o, ys))
                         continue;
 #endif
                     quant_dequant_row(type, src, in, w);
-                    all_rows(x, x_stride, rows, w, in, y + o, out);
+                    all_rows(x, x_stride, rows, w, in, y + o, ys);
                 }
             }
         }
@@ -1108,17 +1110,68 @@ int quant_linear(const float *x, int64_t x_stride, int64_t rows, const int64_t *
                     quant_dequant_row(type, src, in, w + k * in);
                 }
                 if (nw == W_TILE) {
-                    tile_all_rows(x, x_stride, rows, w, in, y + o, out);
+                    tile_all_rows(x, x_stride, rows, w, in, y + o, ys);
                     continue;
                 }
                 for (int k = 0; k < nw; k++)  /* the last rows of the weight */
-                    all_rows(x, x_stride, rows, w + k * in, in, y + o + k, out);
+                    all_rows(x, x_stride, rows, w + k * in, in, y + o + k, ys);
             }
         }
 #endif
         free(w);
     }
     return failed ? -2 : 0;
+}
+
+
+/* y [rows][out] = x [rows][in] (row stride x_stride) @ w.T, w the quantized weight
+ * `desc` describes [out][in]. Segments with a repacked copy (PACKED_FLAG) take the
+ * int8-activation path (quant_packed.h), the others the exact one. Returns 0; -2 when
+ * a buffer cannot be allocated; -3 for a malformed descriptor. */
+static int linear(const float *x, int64_t x_stride, int64_t rows, const int64_t *desc,
+                  int64_t out, int64_t in, float *y, int num_threads, int force_portable)
+{
+    segment seg[MAX_SEGMENTS];
+    int nseg;
+    if (read_desc(desc, out, in, seg, &nseg))
+        return -3;
+    pk_segment pk[MAX_SEGMENTS];
+    int npacked = 0;
+    for (int s = 0; s < nseg; s++) {
+        pk[s] = (pk_segment){seg[s].type, seg[s].packed, seg[s].first, seg[s].rows};
+        npacked += seg[s].packed != NULL;
+    }
+    if (npacked == 0 || rows == 0)
+        return exact_linear(x, x_stride, rows, seg, nseg, out, in, y, out, num_threads);
+    const int rc = pk_linear(x, x_stride, rows, pk, nseg, in, y, out, num_threads,
+                             force_portable);
+    for (int s = 0; s < nseg && rc == 0; s++) {
+        if (seg[s].packed != NULL || seg[s].rows == 0)
+            continue;
+        segment one = seg[s];
+        one.first = 0;
+        const int e = exact_linear(x, x_stride, rows, &one, 1, one.rows, in, y + seg[s].first,
+                                   out, num_threads);
+        if (e)
+            return e;
+    }
+    return rc;
+}
+
+/* `unused` keeps small_linear_q8's signature, so the C layer loop (decode_layers.c)
+ * calls this in its place */
+int quant_linear(const float *x, int64_t x_stride, int64_t rows, const int64_t *desc,
+                 const float *unused, int64_t out, int64_t in, float *y, int num_threads)
+{
+    (void)unused;
+    return linear(x, x_stride, rows, desc, out, in, y, num_threads, 0);
+}
+
+/* quant_linear with the repacked segments on the portable loop (the tests' reference) */
+int quant_linear_portable(const float *x, int64_t x_stride, int64_t rows, const int64_t *desc,
+                          int64_t out, int64_t in, float *y, int num_threads)
+{
+    return linear(x, x_stride, rows, desc, out, in, y, num_threads, 1);
 }
 
 /* dst [n][in] = rows ids[0..n) of the weight, widened (an embedding lookup). 0, or -3

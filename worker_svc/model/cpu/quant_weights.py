@@ -40,6 +40,9 @@ BLOCK = {"F32": (1, 4), "F16": (1, 2), "BF16": (1, 2), "Q4_0": (32, 18), "Q4_1":
          "Q5_0": (32, 22), "Q5_1": (32, 24), "Q8_0": (32, 34), "Q4_K": (256, 144),
          "Q5_K": (256, 176), "Q6_K": (256, 210)}
 MAX_SEGMENTS = 8  # quant_linear.c's
+_PACKED_FLAG = 1 << 16  # quant_linear.c's read_desc: repacked copies follow the segments
+# the types quant_pack repacks for the int8-activation path (csrc/quant_packed.h)
+PACKS = frozenset({"Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K"})
 
 
 def row_bytes(kind: str, in_features: int) -> int:
@@ -56,6 +59,8 @@ class QuantWeight:
     [rows, row bytes]), their rows stacked in order."""
     segments: tuple[tuple[str, torch.Tensor], ...]
     in_features: int
+    # per segment: its repacked copy (`pack`: the int8-activation path) or None
+    packed: tuple[torch.Tensor | None, ...] = ()
     desc: torch.Tensor = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -70,6 +75,11 @@ class QuantWeight:
                 raise ValueError(f"a {kind} segment must be contiguous uint8 [rows, "
                                  f"{row_bytes(kind, self.in_features)}]")
             flat += [TYPES[kind], data.shape[0], data.data_ptr(), data.shape[1]]
+        if self.packed:
+            if len(self.packed) != len(self.segments):
+                raise ValueError("one repacked copy (or None) per segment")
+            flat[0] |= _PACKED_FLAG
+            flat += [0 if p is None else p.data_ptr() for p in self.packed]
         object.__setattr__(self, "desc", torch.tensor(flat, dtype=torch.int64))
 
     @property
@@ -85,7 +95,9 @@ class QuantWeight:
         return tuple(kind for kind, _ in self.segments)
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
-        return tuple(d for _, d in self.segments)
+        """Every tensor it holds: the blocks and any repacked copies."""
+        return tuple(d for _, d in self.segments) + tuple(p for p in self.packed
+                                                         if p is not None)
 
     def dequantize(self) -> torch.Tensor:
         """fp32 [out, in] (the kernel's widening, every row)."""
@@ -93,6 +105,29 @@ class QuantWeight:
         if lib is None:
             raise RuntimeError("the quantized-weight kernel is not built (no C compiler)")
         return lib.gather(self, torch.arange(self.shape[0]))
+
+
+def pack(weight: QuantWeight) -> QuantWeight:
+    """The weight with a repacked copy of each segment of a type in PACKS (the int8-
+    activation path, csrc/quant_packed.h); other segments keep the exact path. The
+    file's blocks stay (the embedding lookup widens them)."""
+    lib = load()
+    if lib is None:
+        raise RuntimeError("the quantized-weight kernel is not built (no C compiler)")
+    packed: list[torch.Tensor | None] = []
+    for kind, data in weight.segments:
+        if kind not in PACKS or weight.in_features % BLOCK[kind][0]:
+            packed.append(None)
+            continue
+        rows = data.shape[0]
+        dst = torch.empty(lib.pack_bytes(TYPES[kind], rows, weight.in_features),
+                          dtype=torch.uint8)
+        if lib.pack(TYPES[kind], data.data_ptr(), rows, data.shape[1], weight.in_features,
+                    dst.data_ptr(), torch.get_num_threads()):
+            raise MemoryError(f"quant_pack: could not repack a {kind} [{rows}, "
+                              f"{weight.in_features}] weight")
+        packed.append(dst)
+    return QuantWeight(weight.segments, weight.in_features, tuple(packed))
 
 
 def concat(parts: list[QuantWeight]) -> QuantWeight:
@@ -118,10 +153,21 @@ class QuantLinear:
         self._gather = lib.quant_gather_rows
         self._gather.argtypes = [_P, _I64, _I64, _P, _I64, _P, ctypes.c_int]
         self._gather.restype = ctypes.c_int
+        self._portable = lib.quant_linear_portable
+        self._portable.argtypes = [_P, _I64, _I64, _P, _I64, _I64, _P, ctypes.c_int]
+        self._portable.restype = ctypes.c_int
+        self.pack = lib.quant_pack
+        self.pack.argtypes = [ctypes.c_int, _P, _I64, _I64, _I64, _P, ctypes.c_int]
+        self.pack.restype = ctypes.c_int
+        self.pack_bytes = lib.quant_pack_bytes
+        self.pack_bytes.argtypes = [ctypes.c_int, _I64, _I64]
+        self.pack_bytes.restype = _I64
+        self.packed_simd = bool(lib.quant_packed_simd())  # AVX512-VNNI: the fast loop
 
     def __call__(self, x: torch.Tensor, weight: QuantWeight,
-                 bias: torch.Tensor | None = None) -> torch.Tensor:
-        """x [rows, in] fp32 @ weight.T + bias, fp32 [rows, out]."""
+                 bias: torch.Tensor | None = None, portable: bool = False) -> torch.Tensor:
+        """x [rows, in] fp32 @ weight.T + bias, fp32 [rows, out]. `portable`: the
+        repacked segments on the portable loop, the reference of the SIMD one (tests)."""
         if x.dtype != torch.float32:
             raise TypeError(f"the quantized kernel takes fp32 activations, not {x.dtype}")
         if x.stride(1) != 1:
@@ -129,8 +175,9 @@ class QuantLinear:
         rows, (out, inp) = x.shape[0], weight.shape
         y = torch.empty(rows, out, dtype=torch.float32)
         if rows:
-            rc = self.fn(x.data_ptr(), x.stride(0), rows, weight.desc.data_ptr(), None, out,
-                         inp, y.data_ptr(), torch.get_num_threads())
+            args = (x.data_ptr(), x.stride(0), rows, weight.desc.data_ptr())
+            rest = (out, inp, y.data_ptr(), torch.get_num_threads())
+            rc = self._portable(*args, *rest) if portable else self.fn(*args, None, *rest)
             if rc == -2:
                 raise MemoryError(f"quant_linear: no memory for a row of {inp} floats")
             if rc:

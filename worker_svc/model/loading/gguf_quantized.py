@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from worker_svc.model.config import ModelConfig
-from worker_svc.model.cpu.quant_weights import TYPES, QuantWeight, concat
+from worker_svc.model.cpu.quant_weights import TYPES, QuantWeight, concat, pack
 from worker_svc.model.loading.gguf_tensors import dequantized, quantized_rows
 from worker_svc.model.loading.safetensors_io import TensorEntry
 from worker_svc.model.loading.weights import CheckpointSlices
@@ -72,6 +72,39 @@ def load_quantized_weights(model_dir: Path, cfg: ModelConfig, module):
     where its exact path has float matmul weights."""
     return module.load_weights(model_dir, cfg, torch.float32, torch.device("cpu"),
                                slices=QuantizedSlices)
+
+
+def pack_weights(weights):
+    """The weights with every matmul QuantWeight repacked for the int8-activation path
+    (--quant-activations int8; quant_weights.pack), each once however often it is
+    referenced (a tied head is the embedding), through dataclass fields and lists. An
+    untied embedding is only looked up (its blocks widened by row): not repacked."""
+    done: dict[int, QuantWeight] = {}
+    lookup_only = {id(getattr(weights, "embed", None))} - {id(getattr(weights, "lm_head", None))}
+
+    def visit(obj):
+        if isinstance(obj, QuantWeight):
+            if id(obj) in lookup_only:
+                return obj
+            if id(obj) not in done:
+                done[id(obj)] = pack(obj)
+            return done[id(obj)]
+        if isinstance(obj, list):
+            return [visit(item) for item in obj]
+        if isinstance(obj, tuple):
+            return tuple(visit(item) for item in obj)
+        if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+            changes = {}
+            for f in dataclasses.fields(obj):
+                if not f.init:
+                    continue
+                old = getattr(obj, f.name)
+                new = visit(old)
+                if new is not old:
+                    changes[f.name] = new
+            return dataclasses.replace(obj, **changes) if changes else obj
+        return obj
+    return visit(weights)
 
 
 def held_types(weights) -> dict[str, int]:

@@ -1,0 +1,501 @@
+/* quant_linear's int8-activation path on repacked weights (--quant-activations int8):
+ * llama.cpp's trade, faster where the CPU multiplies bytes (AVX512-VNNI's vpdpbusd:
+ * 64 multiply-adds an instruction against an fp32 FMA's 16).
+ *
+ * The weight is repacked once at load (quant_pack): every 32-value block's values as
+ * unsigned integers u (a value is sc * u + mn, the file's own scale and min: Q8_0 is
+ * u = q + 128 with mn = -128 d, Q4_0 mn = -8 d, Q5_0 mn = -16 d, the K-quants d * sc6
+ * and -dmin * m6), 16 output rows interleaved a block:
+ *
+ *   block (group g of 16 rows, block b) = u8 [8 chunks][16 rows][4 values] (512 bytes),
+ *                                         then the 16 rows' scales and mins
+ *
+ * The scales and mins take the file's own precision, so a lone stream reads no more
+ * bytes than the file's: Q8_0, Q4_0 and Q5_0 keep their fp16 scale alone (mn = -z sc,
+ * z = 128, 8, 16: exact), Q4_1 and Q5_1 their fp16 scale and min, the K-quants fp32
+ * (d * sc6 is not an fp16 value): 544, 576 or 640 bytes a block (pk_format).
+ *
+ * so one 64-byte load is 4 values of each of 16 rows: one vpdpbusd against 4 values
+ * of x broadcast sums them into 16 lanes, one lane an output row. There is no
+ * transposition and no horizontal sum; x is read as broadcasts.
+ *
+ * x is quantized per 32 values to int8 (scale amax / 127, as llama.cpp's q8_0), and a
+ * block's dot is an exact integer sum. The float arithmetic after it is one fixed
+ * sequence per (output row, x row), which the portable loop and the SIMD loop both run:
+ *
+ *   I_b = sum(u * q, the block's 32 values)          (exact int32)
+ *   acc = fma((float)I_b * sc_b, dx_b, acc);  acc = fma(mn_b, dx_b * (float)S_b, acc)
+ *
+ * (dx_b, S_b: x's scale and the sum of its int8 values in the block.) So a row's output
+ * does not depend on which other rows share the step, how they are tiled or which
+ * build ran it (tests/worker/test_quant_packed.py). Q6_K (two scales a block) and the
+ * float types are not repacked: their rows keep the exact path.
+ *
+ * Included by quant_linear.c after its block helpers (f16, u16, scale_min_k4, T_*). */
+#ifndef GAPSERVE_QUANT_PACKED_H
+#define GAPSERVE_QUANT_PACKED_H
+
+#include <math.h>
+
+#define PK_ROWS 16
+#define PK_VALUES (QK * PK_ROWS)  /* 512 bytes of values a block */
+
+/* how a type's scales and mins are held after the values */
+enum { PK_SYM16 = 0, PK_ASYM16 = 1, PK_ASYM32 = 2 };
+
+static inline int pk_format(int type)
+{
+    return type == T_Q4_1 || type == T_Q5_1 ? PK_ASYM16
+         : type == T_Q4_K || type == T_Q5_K ? PK_ASYM32 : PK_SYM16;
+}
+
+/* bytes of a block of each format */
+static inline int64_t pk_block_bytes(int fmt)
+{
+    return PK_VALUES + (fmt == PK_SYM16 ? 32 : fmt == PK_ASYM16 ? 64 : 128);
+}
+
+/* -z of a PK_SYM16 type: its min is -z times its scale */
+static inline float pk_neg_zero(int type)
+{
+    return type == T_Q8_0 ? -128.0f : type == T_Q4_0 ? -8.0f : -16.0f;
+}
+
+/* 1 if quant_pack repacks this type */
+int quant_packs(int type)
+{
+    switch (type) {
+    case T_Q8_0: case T_Q4_0: case T_Q4_1: case T_Q5_0: case T_Q5_1: case T_Q4_K: case T_Q5_K:
+        return 1;
+    default:
+        return 0;
+    }
+}
+
+/* bytes of a repacked `type` weight of `rows` rows (padded to 16) and `in` values */
+int64_t quant_pack_bytes(int type, int64_t rows, int64_t in)
+{
+    return (rows + PK_ROWS - 1) / PK_ROWS * (in / QK) * pk_block_bytes(pk_format(type));
+}
+
+/* One row's values as unsigned integers u [in] with sc and mn per 32 values (h: the
+ * file's fp16 words of them where it has them, sc then mn). 0, or -1 for a type not
+ * repacked. */
+static int pk_unpack_row(int type, const uint8_t *src, int64_t in, uint8_t *u, float *sc,
+                         float *mn, uint16_t *h)
+{
+    switch (type) {
+    case T_Q8_0:
+        for (int64_t b = 0; b < in / QK; b++, src += 34, u += QK) {
+            const float d = f16(u16(src));
+            h[2 * b] = u16(src);
+            sc[b] = d;
+            mn[b] = -128.0f * d;
+            for (int l = 0; l < QK; l++)
+                u[l] = (uint8_t)((int)(int8_t)src[2 + l] + 128);
+        }
+        return 0;
+    case T_Q4_0:
+    case T_Q4_1: {
+        const int with_min = type == T_Q4_1;
+        const int64_t size = with_min ? 20 : 18;
+        for (int64_t b = 0; b < in / QK; b++, src += size, u += QK) {
+            const float d = f16(u16(src));
+            h[2 * b] = u16(src);
+            h[2 * b + 1] = u16(src + 2);
+            sc[b] = d;
+            mn[b] = with_min ? f16(u16(src + 2)) : -8.0f * d;
+            const uint8_t *q = src + (with_min ? 4 : 2);
+            for (int l = 0; l < 16; l++) {
+                u[l] = q[l] & 0xF;
+                u[l + 16] = q[l] >> 4;
+            }
+        }
+        return 0;
+    }
+    case T_Q5_0:
+    case T_Q5_1: {
+        const int with_min = type == T_Q5_1;
+        const int64_t size = with_min ? 24 : 22;
+        for (int64_t b = 0; b < in / QK; b++, src += size, u += QK) {
+            const float d = f16(u16(src));
+            h[2 * b] = u16(src);
+            h[2 * b + 1] = u16(src + 2);
+            sc[b] = d;
+            mn[b] = with_min ? f16(u16(src + 2)) : -16.0f * d;
+            uint32_t qh;
+            memcpy(&qh, src + (with_min ? 4 : 2), 4);
+            const uint8_t *q = src + (with_min ? 8 : 6);
+            for (int l = 0; l < 16; l++) {
+                u[l] = (uint8_t)((q[l] & 0xF) | (((qh >> l) & 1u) << 4));
+                u[l + 16] = (uint8_t)((q[l] >> 4) | (((qh >> (l + 16)) & 1u) << 4));
+            }
+        }
+        return 0;
+    }
+    case T_Q4_K:
+    case T_Q5_K: {
+        const int five = type == T_Q5_K;
+        const int64_t size = five ? 176 : 144;
+        for (int64_t b = 0; b < in / QK_K; b++, src += size) {
+            const float d = f16(u16(src)), dmin = f16(u16(src + 2));
+            const uint8_t *scales = src + 4, *qh = src + 16;
+            const uint8_t *q = src + (five ? 48 : 16);
+            for (int j = 0; j < 4; j++, q += 32, u += 64, sc += 2, mn += 2) {
+                uint8_t s6, m6;
+                scale_min_k4(2 * j, scales, &s6, &m6);
+                sc[0] = d * (float)s6;
+                mn[0] = -(dmin * (float)m6);
+                scale_min_k4(2 * j + 1, scales, &s6, &m6);
+                sc[1] = d * (float)s6;
+                mn[1] = -(dmin * (float)m6);
+                for (int l = 0; l < 32; l++) {
+                    int lo = q[l] & 0xF, hi = q[l] >> 4;
+                    if (five) {
+                        lo |= ((qh[l] >> (2 * j)) & 1) << 4;
+                        hi |= ((qh[l] >> (2 * j + 1)) & 1) << 4;
+                    }
+                    u[l] = (uint8_t)lo;
+                    u[l + 32] = (uint8_t)hi;
+                }
+            }
+        }
+        return 0;
+    }
+    default:
+        return -1;
+    }
+}
+
+/* dst (quant_pack_bytes) = `rows` rows of a `type` weight (row_bytes apart) repacked;
+ * the rows padding the last group are zero (sc = mn = 0). 0; -1 for a type not
+ * repacked or `in` not whole blocks; -2 without memory. */
+int quant_pack(int type, const uint8_t *data, int64_t rows, int64_t row_bytes, int64_t in,
+               uint8_t *dst, int num_threads)
+{
+    if (!quant_packs(type) || in % QK || quant_row_bytes(type, in) != row_bytes
+        || ((type == T_Q4_K || type == T_Q5_K) && in % QK_K))
+        return -1;
+    const int64_t nb = in / QK, groups = (rows + PK_ROWS - 1) / PK_ROWS;
+    const int fmt = pk_format(type);
+    const int64_t bb = pk_block_bytes(fmt);
+    int failed = 0;
+    memset(dst, 0, (size_t)quant_pack_bytes(type, rows, in));
+#pragma omp parallel num_threads(num_threads)
+    {
+        uint8_t *u = malloc((size_t)in);
+        float *sc = malloc((size_t)nb * 4), *mn = malloc((size_t)nb * 4);
+        uint16_t *h = malloc((size_t)nb * 4);
+        if (!u || !sc || !mn || !h) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(static)
+        for (int64_t g = 0; g < groups; g++) {
+            if (!u || !sc || !mn || !h)
+                continue;
+            for (int r = 0; r < PK_ROWS && g * PK_ROWS + r < rows; r++) {
+                pk_unpack_row(type, data + (g * PK_ROWS + r) * row_bytes, in, u, sc, mn, h);
+                for (int64_t b = 0; b < nb; b++) {
+                    uint8_t *blk = dst + (g * nb + b) * bb;
+                    for (int c = 0; c < QK / 4; c++)
+                        memcpy(blk + (c * PK_ROWS + r) * 4, u + b * QK + 4 * c, 4);
+                    if (fmt == PK_ASYM32) {
+                        memcpy(blk + PK_VALUES + 4 * r, sc + b, 4);
+                        memcpy(blk + PK_VALUES + 4 * PK_ROWS + 4 * r, mn + b, 4);
+                    } else {
+                        memcpy(blk + PK_VALUES + 2 * r, h + 2 * b, 2);
+                        if (fmt == PK_ASYM16)
+                            memcpy(blk + PK_VALUES + 2 * PK_ROWS + 2 * r, h + 2 * b + 1, 2);
+                    }
+                }
+            }
+        }
+        free(h);
+        free(u);
+        free(sc);
+        free(mn);
+    }
+    return failed ? -2 : 0;
+}
+
+/* x's rows quantized per 32 values: q [rows][in], dx and dx * S [rows][nb] */
+typedef struct {
+    int8_t *q;
+    float *dx, *dxs;
+    int64_t in, nb;
+} pk_x;
+
+/* One block of x: scale amax / 127, values rint(x * 127 / amax). A block holding a NaN
+ * or an infinity gets a NaN scale and zero values, so its outputs are NaN as the exact
+ * path's would be, never a finite number made of saturated bytes. */
+static void pk_quantize_block(const float *v, int8_t *q, float *dx, float *dxs)
+{
+    float amax = 0.0f, probe = 0.0f;
+    for (int i = 0; i < QK; i++) {
+        amax = fmaxf(amax, fabsf(v[i]));
+        probe += v[i] * 0.0f;  /* NaN iff some value is NaN or infinite */
+    }
+    if (probe != 0.0f) {
+        memset(q, 0, QK);
+        *dx = *dxs = NAN;
+        return;
+    }
+    const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
+    int32_t sum = 0;
+    for (int i = 0; i < QK; i++) {
+        const int32_t v8 = (int32_t)rintf(v[i] * id);  /* |v8| <= 127 */
+        q[i] = (int8_t)v8;
+        sum += v8;
+    }
+    *dx = amax / 127.0f;
+    *dxs = *dx * (float)sum;
+}
+
+/* ---- the portable loop: the reference every SIMD loop equals bit for bit ---- */
+
+/* rows o0..o0+n (n <= 16) of group block row `w` (group g's first block) against
+ * every row of x: y [t][o] for o in 0..n */
+static void pk_group_portable(int type, const uint8_t *w, int n, const pk_x *x,
+                              int64_t rows, float *y, int64_t y_stride)
+{
+    const int fmt = pk_format(type);
+    const int64_t bb = pk_block_bytes(fmt);
+    for (int64_t t = 0; t < rows; t++) {
+        const int8_t *xq = x->q + t * x->in;
+        for (int r = 0; r < n; r++) {
+            float acc = 0.0f;
+            for (int64_t b = 0; b < x->nb; b++) {
+                const uint8_t *blk = w + b * bb;
+                int32_t I = 0;
+                for (int c = 0; c < QK / 4; c++)
+                    for (int i = 0; i < 4; i++)
+                        I += (int32_t)blk[(c * PK_ROWS + r) * 4 + i] * xq[b * QK + 4 * c + i];
+                float sc, mn;
+                if (fmt == PK_ASYM32) {
+                    memcpy(&sc, blk + PK_VALUES + 4 * r, 4);
+                    memcpy(&mn, blk + PK_VALUES + 4 * PK_ROWS + 4 * r, 4);
+                } else {
+                    sc = f16(u16(blk + PK_VALUES + 2 * r));
+                    mn = fmt == PK_ASYM16 ? f16(u16(blk + PK_VALUES + 2 * PK_ROWS + 2 * r))
+                                          : pk_neg_zero(type) * sc;
+                }
+                const float f = (float)I * sc;
+                acc = fmaf(f, x->dx[t * x->nb + b], acc);
+                acc = fmaf(mn, x->dxs[t * x->nb + b], acc);
+            }
+            y[t * y_stride + r] = acc;
+        }
+    }
+}
+
+#if defined(__AVX512F__)
+/* ---- AVX512-VNNI: G groups x T rows of x a tile, the int32 sums in registers ---- */
+#define PK_VNNI __attribute__((target("avx512f,avx512vnni"), always_inline)) inline
+
+static PK_VNNI void pk_tile_vnni(int fmt, float neg_zero, const uint8_t *w,
+                                 int64_t g_stride, int G, int T, const pk_x *x, int64_t t0,
+                                 int64_t nb, float *y, int64_t y_stride, int n_last)
+{
+    const int64_t bb = pk_block_bytes(fmt);
+    __m512 acc[4][8];
+#pragma GCC unroll 4
+    for (int g = 0; g < G; g++)
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++)
+            acc[g][t] = _mm512_setzero_ps();
+    const int8_t *xq = x->q + t0 * x->in;
+    const float *dx = x->dx + t0 * nb, *dxs = x->dxs + t0 * nb;
+    for (int64_t b = 0; b < nb; b++) {
+        __m512i I[4][8];
+#pragma GCC unroll 4
+        for (int g = 0; g < G; g++)
+#pragma GCC unroll 8
+            for (int t = 0; t < T; t++)
+                I[g][t] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+        for (int c = 0; c < QK / 4; c++) {
+#pragma GCC unroll 4
+            for (int g = 0; g < G; g++) {
+                const __m512i wv = _mm512_loadu_si512(
+                    (const void *)(w + g * g_stride + b * bb + c * 64));
+#pragma GCC unroll 8
+                for (int t = 0; t < T; t++) {
+                    int32_t xv;
+                    memcpy(&xv, xq + t * x->in + b * QK + 4 * c, 4);
+                    I[g][t] = _mm512_dpbusd_epi32(I[g][t], wv, _mm512_set1_epi32(xv));
+                }
+            }
+        }
+#pragma GCC unroll 4
+        for (int g = 0; g < G; g++) {
+            const uint8_t *blk = w + g * g_stride + b * bb;
+            __m512 sc, mn;
+            if (fmt == PK_ASYM32) {
+                sc = _mm512_loadu_ps((const float *)(blk + PK_VALUES));
+                mn = _mm512_loadu_ps((const float *)(blk + PK_VALUES + 64));
+            } else {
+                sc = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + PK_VALUES)));
+                mn = fmt == PK_ASYM16
+                    ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + PK_VALUES + 32)))
+                    : _mm512_mul_ps(sc, _mm512_set1_ps(neg_zero));
+            }
+#pragma GCC unroll 8
+            for (int t = 0; t < T; t++) {
+                const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(I[g][t]), sc);
+                acc[g][t] = _mm512_fmadd_ps(f, _mm512_set1_ps(dx[t * nb + b]), acc[g][t]);
+                acc[g][t] = _mm512_fmadd_ps(mn, _mm512_set1_ps(dxs[t * nb + b]), acc[g][t]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int g = 0; g < G; g++) {
+        const __mmask16 m = g == G - 1 ? (__mmask16)((1u << n_last) - 1u) : (__mmask16)0xFFFF;
+#pragma GCC unroll 8
+        for (int t = 0; t < T; t++)
+            _mm512_mask_storeu_ps(y + (t0 + t) * y_stride + g * PK_ROWS, m, acc[g][t]);
+    }
+}
+
+/* groups g0..g0+G of one segment (w: group g0's first block) against every row of x:
+ * two groups by 4 rows a tile, or one group by 8 (a long row, whose group's blocks
+ * alone fill L1); fmt a constant at each call */
+#define PK_TILE(G, T) pk_tile_vnni(fmt, neg_zero, w, g_stride, G, T, x, t, nb, y, y_stride, n_last)
+static PK_VNNI void pk_groups_vnni(int fmt, float neg_zero, const uint8_t *w,
+                                   int64_t g_stride, int G, int n_last, const pk_x *x,
+                                   int64_t rows, float *y, int64_t y_stride)
+{
+    const int64_t nb = x->nb;
+    int64_t t = 0;
+    if (G == 2) {
+        for (; t + 4 <= rows; t += 4)
+            PK_TILE(2, 4);
+        switch (rows - t) {
+        case 1: PK_TILE(2, 1); break;
+        case 2: PK_TILE(2, 2); break;
+        case 3: PK_TILE(2, 3); break;
+        default: break;
+        }
+    } else {
+        for (; t + 8 <= rows; t += 8)
+            PK_TILE(1, 8);
+        switch (rows - t) {
+        case 1: PK_TILE(1, 1); break;
+        case 2: PK_TILE(1, 2); break;
+        case 3: PK_TILE(1, 3); break;
+        case 4: PK_TILE(1, 4); break;
+        case 5: PK_TILE(1, 5); break;
+        case 6: PK_TILE(1, 6); break;
+        case 7: PK_TILE(1, 7); break;
+        default: break;
+        }
+    }
+}
+#undef PK_TILE
+
+static __attribute__((target("avx512f,avx512vnni"))) void pk_run_vnni(
+    int type, const uint8_t *w, int64_t g_stride, int G, int n_last, const pk_x *x,
+    int64_t rows, float *y, int64_t y_stride)
+{
+    switch (pk_format(type)) {
+    case PK_SYM16:
+        pk_groups_vnni(PK_SYM16, pk_neg_zero(type), w, g_stride, G, n_last, x, rows, y, y_stride);
+        break;
+    case PK_ASYM16:
+        pk_groups_vnni(PK_ASYM16, 0.0f, w, g_stride, G, n_last, x, rows, y, y_stride);
+        break;
+    default:
+        pk_groups_vnni(PK_ASYM32, 0.0f, w, g_stride, G, n_last, x, rows, y, y_stride);
+        break;
+    }
+}
+#endif
+
+/* which loop runs: 0 the best this CPU has, 1 the portable one (tests) */
+static int pk_vnni_ok(int force_portable)
+{
+#if defined(__AVX512F__)
+    return !force_portable && __builtin_cpu_supports("avx512vnni");
+#else
+    (void)force_portable;
+    return 0;
+#endif
+}
+
+/* 1 if the repacked path runs a SIMD loop on this CPU (AVX512-VNNI), 0 for the portable one */
+int quant_packed_simd(void)
+{
+    return pk_vnni_ok(0);
+}
+
+/* the repacked segments' rows of y [rows][out]: x quantized once, then pairs of row
+ * groups across the threads. seg[s].packed is the repacked weight or NULL. 0, or -2
+ * without memory. */
+typedef struct {
+    int type;
+    const uint8_t *packed;
+    int64_t first, rows;
+} pk_segment;
+
+static int pk_linear(const float *x, int64_t x_stride, int64_t rows, const pk_segment *seg,
+                     int nseg, int64_t in, float *y, int64_t y_stride, int num_threads,
+                     int force_portable)
+{
+    const int64_t nb = in / QK;
+    pk_x xs = {malloc((size_t)(rows * in)), malloc((size_t)(rows * nb) * 4),
+               malloc((size_t)(rows * nb) * 4), in, nb};
+    if (!xs.q || !xs.dx || !xs.dxs) {
+        free(xs.q); free(xs.dx); free(xs.dxs);
+        return -2;
+    }
+    const int vnni = pk_vnni_ok(force_portable);
+    /* work items: pairs of row groups, per segment; one group where a group's blocks
+     * would not stay in L1 beside its neighbour's (a long row, the down projection) */
+    const int per = rows > 1 && nb > 24 ? 1 : 2;
+    int64_t start[MAX_SEGMENTS + 1];
+    start[0] = 0;
+    for (int s = 0; s < nseg; s++) {
+        const int64_t groups = seg[s].packed ? (seg[s].rows + PK_ROWS - 1) / PK_ROWS : 0;
+        start[s + 1] = start[s] + (groups + per - 1) / per;
+    }
+#pragma omp parallel num_threads(num_threads)
+    {
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < rows * nb; i++) {
+            const int64_t t = i / nb, b = i % nb;
+            pk_quantize_block(x + t * x_stride + b * QK, xs.q + t * in + b * QK, xs.dx + i,
+                              xs.dxs + i);
+        }
+#pragma omp for schedule(static)
+        for (int64_t item = 0; item < start[nseg]; item++) {
+            int s = 0;
+            while (item >= start[s + 1])
+                s++;
+            const int64_t g0 = per * (item - start[s]);
+            const int64_t groups = (seg[s].rows + PK_ROWS - 1) / PK_ROWS;
+            const int G = g0 + per <= groups ? per : 1;
+            const int64_t last_first = (g0 + G - 1) * PK_ROWS;
+            const int n_last = (int)(seg[s].rows - last_first < PK_ROWS
+                                     ? seg[s].rows - last_first : PK_ROWS);
+            const int64_t g_stride = nb * pk_block_bytes(pk_format(seg[s].type));
+            const uint8_t *w = seg[s].packed + g0 * g_stride;
+            float *yo = y + seg[s].first + g0 * PK_ROWS;
+#if defined(__AVX512F__)
+            if (vnni) {
+                pk_run_vnni(seg[s].type, w, g_stride, G, n_last, &xs, rows, yo, y_stride);
+                continue;
+            }
+#endif
+            (void)vnni;
+            for (int g = 0; g < G; g++)
+                pk_group_portable(seg[s].type, w + g * g_stride, g == G - 1 ? n_last : PK_ROWS,
+                                  &xs, rows, yo + g * PK_ROWS, y_stride);
+        }
+    }
+    free(xs.q);
+    free(xs.dx);
+    free(xs.dxs);
+    return 0;
+}
+
+#endif
