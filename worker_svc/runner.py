@@ -99,11 +99,12 @@ class ModelRunner:
                 weights = load_quantized_weights(self.model_dir, cfg, module)
                 if plan.quant_activations == "int8":
                     weights = pack_weights(weights)
-                    if not quant_weights.load().packed_simd:
+                    loop = quant_weights.load().packed_loop
+                    if loop == "portable":
                         log.warning("quant_activations_portable_loop",
-                                    reason="this CPU (or build) has no AVX512-VNNI: the "
-                                    "int8 path runs its portable loop, slower than the "
-                                    "float32 one; --quant-activations float32 is faster here")
+                                    reason="this build has no AVX2 loop for the int8 path: "
+                                    "its portable loop is slower than the float32 path's; "
+                                    "--quant-activations float32 is faster here")
             else:
                 weights = module.load_weights(self.model_dir, cfg, act_dtype, self.device,
                                               self.plan, matmul_dtype=self.dtype)
@@ -113,6 +114,8 @@ class ModelRunner:
             if plan.weights == "gguf_quantized":
                 log.info("gguf_quantized_weights", types=held_types(weights),
                          activations=plan.quant_activations,
+                         int8_loop=quant_weights.load().packed_loop
+                         if plan.quant_activations == "int8" else None,
                          weight_mib=round(self.weight_bytes / 2**20, 1),
                          load_s=round(time.perf_counter() - load_started, 2),
                          path="quantized: blocks held as in the file, dequantized in the matmul"

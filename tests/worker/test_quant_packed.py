@@ -11,19 +11,29 @@ for a type the kernel cannot read is refused."""
 
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 import pytest
 import torch
 
+from worker_svc import native
 from tests.worker.test_quant_linear import weight
 from worker_svc.model.cpu import quant_weights
 from worker_svc.model.cpu.quant_weights import PACKS, QuantWeight, concat, pack
 
 LIB = quant_weights.load()
 pytestmark = pytest.mark.skipif(LIB is None, reason="no C compiler")
-simd_only = pytest.mark.skipif(LIB is None or not LIB.packed_simd,
-                               reason="this CPU has no AVX512-VNNI: only the portable loop")
 TYPES = sorted(PACKS)
+
+
+@pytest.fixture(params=[v.name for v in native.supported_variants()], scope="module")
+def built(request) -> quant_weights.QuantLinear:
+    """quant_linear built for one ISA level this CPU runs: its int8 loop (AVX512-VNNI,
+    AVX2, or the portable one of the baseline build) against the portable reference."""
+    variant = next(v for v in native.supported_variants() if v.name == request.param)
+    return quant_weights.QuantLinear(ctypes.CDLL(str(
+        native.compile_variant("quant_linear", variant, quant_weights.FLAGS))))
 
 
 def x_int8(x: torch.Tensor) -> torch.Tensor:
@@ -56,17 +66,28 @@ def test_portable_loop_is_int8_x_times_the_dequantized_weight(kind, rows):
     assert bool(((got - want).abs() <= 1e-4 * scale + 1e-30).all())
 
 
-@simd_only
 @pytest.mark.parametrize("kind", TYPES)
 @pytest.mark.parametrize("shape", [(70, 768), (17, 256), (1, 512), (48, 1536)],
                          ids=lambda s: f"{s[0]}x{s[1]}")
-def test_simd_loop_gives_the_portable_bits(kind, shape):
+def test_every_builds_loop_gives_the_portable_bits(built, kind, shape):
     out, inp = shape
     w = pack(weight(kind, out, inp, seed=out)[0])
     for rows in (1, 2, 3, 4, 5, 7, 8, 9, 11, 33):
         x = torch.randn(rows, inp, generator=torch.Generator().manual_seed(rows))
-        got, want = LIB(x, w), LIB(x, w, portable=True)
+        got, want = built(x, w), LIB(x, w, portable=True)
         assert torch.equal(got.view(torch.int32), want.view(torch.int32)), (rows, kind)
+
+
+def test_each_build_runs_its_own_loop():
+    """The tests above compare real SIMD loops where this CPU has them."""
+    loops = {v.name: quant_weights.QuantLinear(ctypes.CDLL(str(native.compile_variant(
+        "quant_linear", v, quant_weights.FLAGS)))).packed_loop
+        for v in native.supported_variants()}
+    assert loops.get("x86-64-v2", "portable") == "portable"
+    if "avx2" in loops:
+        assert loops["avx2"] == "avx2"
+    if "avx512" in loops:
+        assert loops["avx512"] in ("avx2", "avx512_vnni")
 
 
 @pytest.mark.parametrize("kind", ["Q8_0", "Q4_K"])

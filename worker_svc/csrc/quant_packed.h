@@ -223,13 +223,14 @@ int quant_pack(int type, const uint8_t *data, int64_t rows, int64_t row_bytes, i
 typedef struct {
     int8_t *q;
     float *dx, *dxs;
+    int32_t *s;  /* the sum of the block's q (the AVX2 loop's Q8_0 sums signed values) */
     int64_t in, nb;
 } pk_x;
 
 /* One block of x: scale amax / 127, values rint(x * 127 / amax). A block holding a NaN
  * or an infinity gets a NaN scale and zero values, so its outputs are NaN as the exact
  * path's would be, never a finite number made of saturated bytes. */
-static void pk_quantize_block(const float *v, int8_t *q, float *dx, float *dxs)
+static void pk_quantize_block(const float *v, int8_t *q, float *dx, float *dxs, int32_t *s)
 {
     float amax = 0.0f, probe = 0.0f;
     for (int i = 0; i < QK; i++) {
@@ -239,6 +240,7 @@ static void pk_quantize_block(const float *v, int8_t *q, float *dx, float *dxs)
     if (probe != 0.0f) {
         memset(q, 0, QK);
         *dx = *dxs = NAN;
+        *s = 0;
         return;
     }
     const float id = amax > 0.0f ? 127.0f / amax : 0.0f;
@@ -250,6 +252,7 @@ static void pk_quantize_block(const float *v, int8_t *q, float *dx, float *dxs)
     }
     *dx = amax / 127.0f;
     *dxs = *dx * (float)sum;
+    *s = sum;
 }
 
 /* ---- the portable loop: the reference every SIMD loop equals bit for bit ---- */
@@ -411,21 +414,178 @@ static __attribute__((target("avx512f,avx512vnni"))) void pk_run_vnni(
 }
 #endif
 
-/* which loop runs: 0 the best this CPU has, 1 the portable one (tests) */
-static int pk_vnni_ok(int force_portable)
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+/* ---- AVX2: 8 rows a register (half a group), maddubs + madd for the block sums ----
+ * maddubs multiplies unsigned bytes by signed ones into int16 pairs, saturating: safe
+ * for u <= 31 (2 * 31 * 127 < 2^15). Q8_0's u = q + 128 is not, so its loop takes the
+ * signed q (u ^ 0x80) by the sign trick, |q| times x with q's sign, and adds 128 S
+ * back: the same integer as the unsigned sum. */
+static inline __attribute__((always_inline)) __m256i pk_dot8_avx2(__m256i w, __m256i xb,
+                                                                  int q8)
 {
+    const __m256i ones = _mm256_set1_epi16(1);
+    if (q8) {
+        const __m256i q = _mm256_xor_si256(w, _mm256_set1_epi8((char)0x80));
+        return _mm256_madd_epi16(
+            _mm256_maddubs_epi16(_mm256_abs_epi8(q), _mm256_sign_epi8(xb, q)), ones);
+    }
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(w, xb), ones);
+}
+
+/* H halves (8 rows each, consecutive in the group order) by T rows of x */
+static inline __attribute__((always_inline)) void pk_tile_avx2(
+    int fmt, float neg_zero, int q8, const uint8_t *w, int64_t g_stride, int H, int T,
+    const pk_x *x, int64_t t0, int64_t nb, float *y, int64_t y_stride, int n_valid)
+{
+    const int64_t bb = pk_block_bytes(fmt);
+    __m256 acc[4][3];
+#pragma GCC unroll 4
+    for (int h = 0; h < H; h++)
+#pragma GCC unroll 3
+        for (int t = 0; t < T; t++)
+            acc[h][t] = _mm256_setzero_ps();
+    const int8_t *xq = x->q + t0 * x->in;
+    const float *dx = x->dx + t0 * nb, *dxs = x->dxs + t0 * nb;
+    const int32_t *xs = x->s + t0 * nb;
+    for (int64_t b = 0; b < nb; b++) {
+        __m256i I[4][3];
+#pragma GCC unroll 4
+        for (int h = 0; h < H; h++)
+#pragma GCC unroll 3
+            for (int t = 0; t < T; t++)
+                I[h][t] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+        for (int c = 0; c < QK / 4; c++) {
+            __m256i xb[3];
+#pragma GCC unroll 3
+            for (int t = 0; t < T; t++) {
+                int32_t xv;
+                memcpy(&xv, xq + t * x->in + b * QK + 4 * c, 4);
+                xb[t] = _mm256_set1_epi32(xv);
+            }
+#pragma GCC unroll 4
+            for (int h = 0; h < H; h++) {
+                const __m256i wv = _mm256_loadu_si256((const __m256i *)(
+                    w + (h / 2) * g_stride + b * bb + c * 64 + (h % 2) * 32));
+#pragma GCC unroll 3
+                for (int t = 0; t < T; t++)
+                    I[h][t] = _mm256_add_epi32(I[h][t], pk_dot8_avx2(wv, xb[t], q8));
+            }
+        }
+#pragma GCC unroll 4
+        for (int h = 0; h < H; h++) {
+            const uint8_t *blk = w + (h / 2) * g_stride + b * bb;
+            const int r0 = (h % 2) * 8;
+            __m256 sc, mn;
+            if (fmt == PK_ASYM32) {
+                sc = _mm256_loadu_ps((const float *)(blk + PK_VALUES) + r0);
+                mn = _mm256_loadu_ps((const float *)(blk + PK_VALUES + 64) + r0);
+            } else {
+                sc = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + PK_VALUES + 2 * r0)));
+                mn = fmt == PK_ASYM16
+                    ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + PK_VALUES + 32 + 2 * r0)))
+                    : _mm256_mul_ps(sc, _mm256_set1_ps(neg_zero));
+            }
+#pragma GCC unroll 3
+            for (int t = 0; t < T; t++) {
+                __m256i Iu = I[h][t];
+                if (q8)  /* signed sums back to the unsigned ones: + 128 S */
+                    Iu = _mm256_add_epi32(Iu, _mm256_set1_epi32(128 * xs[t * nb + b]));
+                const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(Iu), sc);
+                acc[h][t] = _mm256_fmadd_ps(f, _mm256_set1_ps(dx[t * nb + b]), acc[h][t]);
+                acc[h][t] = _mm256_fmadd_ps(mn, _mm256_set1_ps(dxs[t * nb + b]), acc[h][t]);
+            }
+        }
+    }
+#pragma GCC unroll 4
+    for (int h = 0; h < H; h++) {
+        const int r0 = (h / 2) * PK_ROWS + (h % 2) * 8;  /* y's first row of this half */
+        const int n = n_valid - r0 < 8 ? n_valid - r0 : 8;
+#pragma GCC unroll 3
+        for (int t = 0; t < T; t++) {
+            float *dst = y + (t0 + t) * y_stride + r0;
+            if (n == 8) {
+                _mm256_storeu_ps(dst, acc[h][t]);
+            } else if (n > 0) {
+                float tmp[8];
+                _mm256_storeu_ps(tmp, acc[h][t]);
+                memcpy(dst, tmp, (size_t)n * 4);
+            }
+        }
+    }
+}
+
+#define PK_TILE2(H, T) pk_tile_avx2(fmt, neg_zero, q8, w, g_stride, H, T, x, t, nb, y, \
+                                    y_stride, n_valid)
+/* groups g0..g0+G (n_valid rows in all) against every row of x: a lone stream's rows
+ * as 4 halves (two groups) at once, wider steps one group by 3 rows */
+static inline __attribute__((always_inline)) void pk_groups_avx2(
+    int fmt, float neg_zero, int q8, const uint8_t *w, int64_t g_stride, int G,
+    int n_valid, const pk_x *x, int64_t rows, float *y, int64_t y_stride)
+{
+    const int64_t nb = x->nb;
+    int64_t t = 0;
+    if (G == 2 && rows <= 2) {
+        for (; t < rows; t++)
+            PK_TILE2(4, 1);
+        return;
+    }
+    for (int g = 0; g < G; g++, w += g_stride, y += PK_ROWS, n_valid -= PK_ROWS) {
+        for (t = 0; t + 3 <= rows; t += 3)
+            PK_TILE2(2, 3);
+        switch (rows - t) {
+        case 1: PK_TILE2(2, 1); break;
+        case 2: PK_TILE2(2, 2); break;
+        default: break;
+        }
+    }
+}
+#undef PK_TILE2
+
+static void pk_run_avx2(int type, const uint8_t *w, int64_t g_stride, int G, int n_valid,
+                        const pk_x *x, int64_t rows, float *y, int64_t y_stride)
+{
+    switch (type) {
+    case T_Q8_0:
+        pk_groups_avx2(PK_SYM16, -128.0f, 1, w, g_stride, G, n_valid, x, rows, y, y_stride);
+        break;
+    case T_Q4_0: case T_Q5_0:
+        pk_groups_avx2(PK_SYM16, pk_neg_zero(type), 0, w, g_stride, G, n_valid, x, rows, y,
+                       y_stride);
+        break;
+    case T_Q4_1: case T_Q5_1:
+        pk_groups_avx2(PK_ASYM16, 0.0f, 0, w, g_stride, G, n_valid, x, rows, y, y_stride);
+        break;
+    default:
+        pk_groups_avx2(PK_ASYM32, 0.0f, 0, w, g_stride, G, n_valid, x, rows, y, y_stride);
+        break;
+    }
+}
+#endif
+
+/* the loop this build runs on this CPU: PK_VNNI_LOOP, PK_AVX2_LOOP or the portable one
+ * (force_portable: the tests' reference) */
+enum { PK_PORTABLE_LOOP = 0, PK_AVX2_LOOP = 1, PK_VNNI_LOOP = 2 };
+
+static int pk_loop(int force_portable)
+{
+    if (force_portable)
+        return PK_PORTABLE_LOOP;
 #if defined(__AVX512F__)
-    return !force_portable && __builtin_cpu_supports("avx512vnni");
+    if (__builtin_cpu_supports("avx512vnni"))
+        return PK_VNNI_LOOP;
+#endif
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+    return PK_AVX2_LOOP;
 #else
-    (void)force_portable;
-    return 0;
+    return PK_PORTABLE_LOOP;
 #endif
 }
 
-/* 1 if the repacked path runs a SIMD loop on this CPU (AVX512-VNNI), 0 for the portable one */
-int quant_packed_simd(void)
+/* which loop the repacked path runs here: 2 AVX512-VNNI, 1 AVX2, 0 the portable one */
+int quant_packed_loop(void)
 {
-    return pk_vnni_ok(0);
+    return pk_loop(0);
 }
 
 /* the repacked segments' rows of y [rows][out]: x quantized once, then pairs of row
@@ -443,12 +603,12 @@ static int pk_linear(const float *x, int64_t x_stride, int64_t rows, const pk_se
 {
     const int64_t nb = in / QK;
     pk_x xs = {malloc((size_t)(rows * in)), malloc((size_t)(rows * nb) * 4),
-               malloc((size_t)(rows * nb) * 4), in, nb};
-    if (!xs.q || !xs.dx || !xs.dxs) {
-        free(xs.q); free(xs.dx); free(xs.dxs);
+               malloc((size_t)(rows * nb) * 4), malloc((size_t)(rows * nb) * 4), in, nb};
+    if (!xs.q || !xs.dx || !xs.dxs || !xs.s) {
+        free(xs.q); free(xs.dx); free(xs.dxs); free(xs.s);
         return -2;
     }
-    const int vnni = pk_vnni_ok(force_portable);
+    const int loop = pk_loop(force_portable);
     /* work items: pairs of row groups, per segment; one group where a group's blocks
      * would not stay in L1 beside its neighbour's (a long row, the down projection) */
     const int per = rows > 1 && nb > 24 ? 1 : 2;
@@ -464,7 +624,7 @@ static int pk_linear(const float *x, int64_t x_stride, int64_t rows, const pk_se
         for (int64_t i = 0; i < rows * nb; i++) {
             const int64_t t = i / nb, b = i % nb;
             pk_quantize_block(x + t * x_stride + b * QK, xs.q + t * in + b * QK, xs.dx + i,
-                              xs.dxs + i);
+                              xs.dxs + i, xs.s + i);
         }
 #pragma omp for schedule(static)
         for (int64_t item = 0; item < start[nseg]; item++) {
@@ -481,12 +641,19 @@ static int pk_linear(const float *x, int64_t x_stride, int64_t rows, const pk_se
             const uint8_t *w = seg[s].packed + g0 * g_stride;
             float *yo = y + seg[s].first + g0 * PK_ROWS;
 #if defined(__AVX512F__)
-            if (vnni) {
+            if (loop == PK_VNNI_LOOP) {
                 pk_run_vnni(seg[s].type, w, g_stride, G, n_last, &xs, rows, yo, y_stride);
                 continue;
             }
 #endif
-            (void)vnni;
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+            if (loop == PK_AVX2_LOOP) {
+                pk_run_avx2(seg[s].type, w, g_stride, G, (G - 1) * PK_ROWS + n_last, &xs,
+                            rows, yo, y_stride);
+                continue;
+            }
+#endif
+            (void)loop;
             for (int g = 0; g < G; g++)
                 pk_group_portable(seg[s].type, w + g * g_stride, g == G - 1 ? n_last : PK_ROWS,
                                   &xs, rows, yo + g * PK_ROWS, y_stride);
@@ -495,6 +662,7 @@ static int pk_linear(const float *x, int64_t x_stride, int64_t rows, const pk_se
     free(xs.q);
     free(xs.dx);
     free(xs.dxs);
+    free(xs.s);
     return 0;
 }
 

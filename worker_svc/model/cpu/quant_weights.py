@@ -43,6 +43,7 @@ MAX_SEGMENTS = 8  # quant_linear.c's
 _PACKED_FLAG = 1 << 16  # quant_linear.c's read_desc: repacked copies follow the segments
 # the types quant_pack repacks for the int8-activation path (csrc/quant_packed.h)
 PACKS = frozenset({"Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K"})
+PACKED_LOOPS = ("portable", "avx2", "avx512_vnni")  # by quant_packed_loop()'s value
 
 
 def row_bytes(kind: str, in_features: int) -> int:
@@ -162,7 +163,8 @@ class QuantLinear:
         self.pack_bytes = lib.quant_pack_bytes
         self.pack_bytes.argtypes = [ctypes.c_int, _I64, _I64]
         self.pack_bytes.restype = _I64
-        self.packed_simd = bool(lib.quant_packed_simd())  # AVX512-VNNI: the fast loop
+        # the loop the int8-activation path runs here (quant_packed.h's pk_loop)
+        self.packed_loop = PACKED_LOOPS[lib.quant_packed_loop()]
 
     def __call__(self, x: torch.Tensor, weight: QuantWeight,
                  bias: torch.Tensor | None = None, portable: bool = False) -> torch.Tensor:
