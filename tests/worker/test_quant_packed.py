@@ -143,9 +143,11 @@ def test_a_repacked_copy_for_a_type_the_kernel_cannot_read_is_refused():
         QuantWeight(q6.segments, 256, (None, None))
 
 
-def test_the_repacked_copy_is_no_larger_than_the_file_for_fp16_scaled_types():
-    """A lone stream reads every weight byte once a token: Q8_0's repacked copy keeps
-    its bytes (1 + 2/32 a value), Q4_1 adds its fp16 min, the K-quants fp32 scales."""
-    for kind, per_value in (("Q8_0", 34 / 32), ("Q4_1", 36 / 32), ("Q4_K", 40 / 32)):
+def test_the_repacked_copy_is_the_files_size_for_fp16_scaled_types():
+    """A lone stream reads every weight byte once a token: Q8_0's and Q4_1's repacked
+    copies keep the file's bytes a value (4-bit values two to a byte); Q5's take a
+    byte a value, the K-quants fp32 scales and mins."""
+    for kind, per_value in (("Q8_0", 34 / 32), ("Q4_0", 18 / 32), ("Q4_1", 20 / 32),
+                            ("Q5_0", 34 / 32), ("Q4_K", 24 / 32), ("Q5_K", 40 / 32)):
         w = pack(weight(kind, 32, 512)[0])
         assert w.packed[0].numel() == 32 * 512 * per_value, kind

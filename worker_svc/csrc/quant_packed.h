@@ -38,21 +38,30 @@
 #include <math.h>
 
 #define PK_ROWS 16
-#define PK_VALUES (QK * PK_ROWS)  /* 512 bytes of values a block */
 
-/* how a type's scales and mins are held after the values */
-enum { PK_SYM16 = 0, PK_ASYM16 = 1, PK_ASYM32 = 2 };
+/* how a type's scales and mins are held after the values (the low two bits), and
+ * PK_NIB where its values are 4 bits: two to a byte, chunk c in the low nibbles of
+ * the 64 bytes at 64 c and chunk c + 4 in their high nibbles (256 bytes a block) */
+enum { PK_SYM16 = 0, PK_ASYM16 = 1, PK_ASYM32 = 2, PK_NIB = 4 };
 
 static inline int pk_format(int type)
 {
-    return type == T_Q4_1 || type == T_Q5_1 ? PK_ASYM16
-         : type == T_Q4_K || type == T_Q5_K ? PK_ASYM32 : PK_SYM16;
+    const int nib = type == T_Q4_0 || type == T_Q4_1 || type == T_Q4_K ? PK_NIB : 0;
+    return nib | (type == T_Q4_1 || type == T_Q5_1 ? PK_ASYM16
+                  : type == T_Q4_K || type == T_Q5_K ? PK_ASYM32 : PK_SYM16);
+}
+
+/* bytes of a block's values: 16 rows of 32 */
+static inline int64_t pk_value_bytes(int fmt)
+{
+    return fmt & PK_NIB ? QK * PK_ROWS / 2 : QK * PK_ROWS;
 }
 
 /* bytes of a block of each format */
 static inline int64_t pk_block_bytes(int fmt)
 {
-    return PK_VALUES + (fmt == PK_SYM16 ? 32 : fmt == PK_ASYM16 ? 64 : 128);
+    const int scales = fmt & 3;
+    return pk_value_bytes(fmt) + (scales == PK_SYM16 ? 32 : scales == PK_ASYM16 ? 64 : 128);
 }
 
 /* -z of a PK_SYM16 type: its min is -z times its scale */
@@ -178,7 +187,7 @@ int quant_pack(int type, const uint8_t *data, int64_t rows, int64_t row_bytes, i
         return -1;
     const int64_t nb = in / QK, groups = (rows + PK_ROWS - 1) / PK_ROWS;
     const int fmt = pk_format(type);
-    const int64_t bb = pk_block_bytes(fmt);
+    const int64_t bb = pk_block_bytes(fmt), vb = pk_value_bytes(fmt);
     int failed = 0;
     memset(dst, 0, (size_t)quant_pack_bytes(type, rows, in));
 #pragma omp parallel num_threads(num_threads)
@@ -198,15 +207,22 @@ int quant_pack(int type, const uint8_t *data, int64_t rows, int64_t row_bytes, i
                 pk_unpack_row(type, data + (g * PK_ROWS + r) * row_bytes, in, u, sc, mn, h);
                 for (int64_t b = 0; b < nb; b++) {
                     uint8_t *blk = dst + (g * nb + b) * bb;
-                    for (int c = 0; c < QK / 4; c++)
-                        memcpy(blk + (c * PK_ROWS + r) * 4, u + b * QK + 4 * c, 4);
-                    if (fmt == PK_ASYM32) {
-                        memcpy(blk + PK_VALUES + 4 * r, sc + b, 4);
-                        memcpy(blk + PK_VALUES + 4 * PK_ROWS + 4 * r, mn + b, 4);
+                    if (fmt & PK_NIB) {
+                        for (int c = 0; c < QK / 8; c++)
+                            for (int i = 0; i < 4; i++)
+                                blk[(c * PK_ROWS + r) * 4 + i] = (uint8_t)(
+                                    u[b * QK + 4 * c + i] | u[b * QK + 4 * (c + 4) + i] << 4);
                     } else {
-                        memcpy(blk + PK_VALUES + 2 * r, h + 2 * b, 2);
-                        if (fmt == PK_ASYM16)
-                            memcpy(blk + PK_VALUES + 2 * PK_ROWS + 2 * r, h + 2 * b + 1, 2);
+                        for (int c = 0; c < QK / 4; c++)
+                            memcpy(blk + (c * PK_ROWS + r) * 4, u + b * QK + 4 * c, 4);
+                    }
+                    if ((fmt & 3) == PK_ASYM32) {
+                        memcpy(blk + vb + 4 * r, sc + b, 4);
+                        memcpy(blk + vb + 4 * PK_ROWS + 4 * r, mn + b, 4);
+                    } else {
+                        memcpy(blk + vb + 2 * r, h + 2 * b, 2);
+                        if ((fmt & 3) == PK_ASYM16)
+                            memcpy(blk + vb + 2 * PK_ROWS + 2 * r, h + 2 * b + 1, 2);
                     }
                 }
             }
@@ -263,7 +279,7 @@ static void pk_group_portable(int type, const uint8_t *w, int n, const pk_x *x,
                               int64_t rows, float *y, int64_t y_stride)
 {
     const int fmt = pk_format(type);
-    const int64_t bb = pk_block_bytes(fmt);
+    const int64_t bb = pk_block_bytes(fmt), vb = pk_value_bytes(fmt);
     for (int64_t t = 0; t < rows; t++) {
         const int8_t *xq = x->q + t * x->in;
         for (int r = 0; r < n; r++) {
@@ -272,16 +288,20 @@ static void pk_group_portable(int type, const uint8_t *w, int n, const pk_x *x,
                 const uint8_t *blk = w + b * bb;
                 int32_t I = 0;
                 for (int c = 0; c < QK / 4; c++)
-                    for (int i = 0; i < 4; i++)
-                        I += (int32_t)blk[(c * PK_ROWS + r) * 4 + i] * xq[b * QK + 4 * c + i];
+                    for (int i = 0; i < 4; i++) {
+                        const int cc = fmt & PK_NIB ? c % 4 : c;
+                        const uint8_t v = blk[(cc * PK_ROWS + r) * 4 + i];
+                        const int u = fmt & PK_NIB ? (c < 4 ? v & 0xF : v >> 4) : v;
+                        I += u * xq[b * QK + 4 * c + i];
+                    }
                 float sc, mn;
-                if (fmt == PK_ASYM32) {
-                    memcpy(&sc, blk + PK_VALUES + 4 * r, 4);
-                    memcpy(&mn, blk + PK_VALUES + 4 * PK_ROWS + 4 * r, 4);
+                if ((fmt & 3) == PK_ASYM32) {
+                    memcpy(&sc, blk + vb + 4 * r, 4);
+                    memcpy(&mn, blk + vb + 4 * PK_ROWS + 4 * r, 4);
                 } else {
-                    sc = f16(u16(blk + PK_VALUES + 2 * r));
-                    mn = fmt == PK_ASYM16 ? f16(u16(blk + PK_VALUES + 2 * PK_ROWS + 2 * r))
-                                          : pk_neg_zero(type) * sc;
+                    sc = f16(u16(blk + vb + 2 * r));
+                    mn = (fmt & 3) == PK_ASYM16 ? f16(u16(blk + vb + 2 * PK_ROWS + 2 * r))
+                                                : pk_neg_zero(type) * sc;
                 }
                 const float f = (float)I * sc;
                 acc = fmaf(f, x->dx[t * x->nb + b], acc);
@@ -296,11 +316,20 @@ static void pk_group_portable(int type, const uint8_t *w, int n, const pk_x *x,
 /* ---- AVX512-VNNI: G groups x T rows of x a tile, the int32 sums in registers ---- */
 #define PK_VNNI __attribute__((target("avx512f,avx512vnni"), always_inline)) inline
 
+/* chunk c of a block's values (64 bytes: 4 values of 16 rows), as bytes */
+static PK_VNNI __m512i pk_chunk512(const uint8_t *blk, int c, int fmt)
+{
+    if (!(fmt & PK_NIB))
+        return _mm512_loadu_si512((const void *)(blk + c * 64));
+    const __m512i v = _mm512_loadu_si512((const void *)(blk + (c % 4) * 64));
+    return _mm512_and_si512(c < 4 ? v : _mm512_srli_epi32(v, 4), _mm512_set1_epi8(0x0F));
+}
+
 static PK_VNNI void pk_tile_vnni(int fmt, float neg_zero, const uint8_t *w,
                                  int64_t g_stride, int G, int T, const pk_x *x, int64_t t0,
                                  int64_t nb, float *y, int64_t y_stride, int n_last)
 {
-    const int64_t bb = pk_block_bytes(fmt);
+    const int64_t bb = pk_block_bytes(fmt), vb = pk_value_bytes(fmt);
     __m512 acc[4][8];
 #pragma GCC unroll 4
     for (int g = 0; g < G; g++)
@@ -320,8 +349,7 @@ static PK_VNNI void pk_tile_vnni(int fmt, float neg_zero, const uint8_t *w,
         for (int c = 0; c < QK / 4; c++) {
 #pragma GCC unroll 4
             for (int g = 0; g < G; g++) {
-                const __m512i wv = _mm512_loadu_si512(
-                    (const void *)(w + g * g_stride + b * bb + c * 64));
+                const __m512i wv = pk_chunk512(w + g * g_stride + b * bb, c, fmt);
 #pragma GCC unroll 8
                 for (int t = 0; t < T; t++) {
                     int32_t xv;
@@ -334,13 +362,13 @@ static PK_VNNI void pk_tile_vnni(int fmt, float neg_zero, const uint8_t *w,
         for (int g = 0; g < G; g++) {
             const uint8_t *blk = w + g * g_stride + b * bb;
             __m512 sc, mn;
-            if (fmt == PK_ASYM32) {
-                sc = _mm512_loadu_ps((const float *)(blk + PK_VALUES));
-                mn = _mm512_loadu_ps((const float *)(blk + PK_VALUES + 64));
+            if ((fmt & 3) == PK_ASYM32) {
+                sc = _mm512_loadu_ps((const float *)(blk + vb));
+                mn = _mm512_loadu_ps((const float *)(blk + vb + 64));
             } else {
-                sc = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + PK_VALUES)));
-                mn = fmt == PK_ASYM16
-                    ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + PK_VALUES + 32)))
+                sc = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + vb)));
+                mn = (fmt & 3) == PK_ASYM16
+                    ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + vb + 32)))
                     : _mm512_mul_ps(sc, _mm512_set1_ps(neg_zero));
             }
 #pragma GCC unroll 8
@@ -400,17 +428,17 @@ static __attribute__((target("avx512f,avx512vnni"))) void pk_run_vnni(
     int type, const uint8_t *w, int64_t g_stride, int G, int n_last, const pk_x *x,
     int64_t rows, float *y, int64_t y_stride)
 {
-    switch (pk_format(type)) {
-    case PK_SYM16:
-        pk_groups_vnni(PK_SYM16, pk_neg_zero(type), w, g_stride, G, n_last, x, rows, y, y_stride);
-        break;
-    case PK_ASYM16:
-        pk_groups_vnni(PK_ASYM16, 0.0f, w, g_stride, G, n_last, x, rows, y, y_stride);
-        break;
-    default:
-        pk_groups_vnni(PK_ASYM32, 0.0f, w, g_stride, G, n_last, x, rows, y, y_stride);
-        break;
+#define PK_RUN(FMT, NZ) pk_groups_vnni(FMT, NZ, w, g_stride, G, n_last, x, rows, y, y_stride)
+    switch (type) {
+    case T_Q8_0: PK_RUN(PK_SYM16, -128.0f); break;
+    case T_Q5_0: PK_RUN(PK_SYM16, -16.0f); break;
+    case T_Q4_0: PK_RUN(PK_SYM16 | PK_NIB, -8.0f); break;
+    case T_Q5_1: PK_RUN(PK_ASYM16, 0.0f); break;
+    case T_Q4_1: PK_RUN(PK_ASYM16 | PK_NIB, 0.0f); break;
+    case T_Q5_K: PK_RUN(PK_ASYM32, 0.0f); break;
+    default: PK_RUN(PK_ASYM32 | PK_NIB, 0.0f); break;  /* T_Q4_K */
     }
+#undef PK_RUN
 }
 #endif
 
@@ -437,7 +465,7 @@ static inline __attribute__((always_inline)) void pk_tile_avx2(
     int fmt, float neg_zero, int q8, const uint8_t *w, int64_t g_stride, int H, int T,
     const pk_x *x, int64_t t0, int64_t nb, float *y, int64_t y_stride, int n_valid)
 {
-    const int64_t bb = pk_block_bytes(fmt);
+    const int64_t bb = pk_block_bytes(fmt), vb = pk_value_bytes(fmt);
     __m256 acc[4][3];
 #pragma GCC unroll 4
     for (int h = 0; h < H; h++)
@@ -465,8 +493,15 @@ static inline __attribute__((always_inline)) void pk_tile_avx2(
             }
 #pragma GCC unroll 4
             for (int h = 0; h < H; h++) {
-                const __m256i wv = _mm256_loadu_si256((const __m256i *)(
-                    w + (h / 2) * g_stride + b * bb + c * 64 + (h % 2) * 32));
+                const uint8_t *at = w + (h / 2) * g_stride + b * bb + (h % 2) * 32;
+                __m256i wv;
+                if (fmt & PK_NIB) {
+                    const __m256i v = _mm256_loadu_si256((const __m256i *)(at + (c % 4) * 64));
+                    wv = _mm256_and_si256(c < 4 ? v : _mm256_srli_epi32(v, 4),
+                                          _mm256_set1_epi8(0x0F));
+                } else {
+                    wv = _mm256_loadu_si256((const __m256i *)(at + c * 64));
+                }
 #pragma GCC unroll 3
                 for (int t = 0; t < T; t++)
                     I[h][t] = _mm256_add_epi32(I[h][t], pk_dot8_avx2(wv, xb[t], q8));
@@ -477,13 +512,13 @@ static inline __attribute__((always_inline)) void pk_tile_avx2(
             const uint8_t *blk = w + (h / 2) * g_stride + b * bb;
             const int r0 = (h % 2) * 8;
             __m256 sc, mn;
-            if (fmt == PK_ASYM32) {
-                sc = _mm256_loadu_ps((const float *)(blk + PK_VALUES) + r0);
-                mn = _mm256_loadu_ps((const float *)(blk + PK_VALUES + 64) + r0);
+            if ((fmt & 3) == PK_ASYM32) {
+                sc = _mm256_loadu_ps((const float *)(blk + vb) + r0);
+                mn = _mm256_loadu_ps((const float *)(blk + vb + 64) + r0);
             } else {
-                sc = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + PK_VALUES + 2 * r0)));
-                mn = fmt == PK_ASYM16
-                    ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + PK_VALUES + 32 + 2 * r0)))
+                sc = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + vb + 2 * r0)));
+                mn = (fmt & 3) == PK_ASYM16
+                    ? _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(blk + vb + 32 + 2 * r0)))
                     : _mm256_mul_ps(sc, _mm256_set1_ps(neg_zero));
             }
 #pragma GCC unroll 3
@@ -545,21 +580,18 @@ static inline __attribute__((always_inline)) void pk_groups_avx2(
 static void pk_run_avx2(int type, const uint8_t *w, int64_t g_stride, int G, int n_valid,
                         const pk_x *x, int64_t rows, float *y, int64_t y_stride)
 {
+#define PK_RUN(FMT, NZ, Q8) pk_groups_avx2(FMT, NZ, Q8, w, g_stride, G, n_valid, x, rows, y, \
+                                           y_stride)
     switch (type) {
-    case T_Q8_0:
-        pk_groups_avx2(PK_SYM16, -128.0f, 1, w, g_stride, G, n_valid, x, rows, y, y_stride);
-        break;
-    case T_Q4_0: case T_Q5_0:
-        pk_groups_avx2(PK_SYM16, pk_neg_zero(type), 0, w, g_stride, G, n_valid, x, rows, y,
-                       y_stride);
-        break;
-    case T_Q4_1: case T_Q5_1:
-        pk_groups_avx2(PK_ASYM16, 0.0f, 0, w, g_stride, G, n_valid, x, rows, y, y_stride);
-        break;
-    default:
-        pk_groups_avx2(PK_ASYM32, 0.0f, 0, w, g_stride, G, n_valid, x, rows, y, y_stride);
-        break;
+    case T_Q8_0: PK_RUN(PK_SYM16, -128.0f, 1); break;
+    case T_Q5_0: PK_RUN(PK_SYM16, -16.0f, 0); break;
+    case T_Q4_0: PK_RUN(PK_SYM16 | PK_NIB, -8.0f, 0); break;
+    case T_Q5_1: PK_RUN(PK_ASYM16, 0.0f, 0); break;
+    case T_Q4_1: PK_RUN(PK_ASYM16 | PK_NIB, 0.0f, 0); break;
+    case T_Q5_K: PK_RUN(PK_ASYM32, 0.0f, 0); break;
+    default: PK_RUN(PK_ASYM32 | PK_NIB, 0.0f, 0); break;  /* T_Q4_K */
     }
+#undef PK_RUN
 }
 #endif
 
