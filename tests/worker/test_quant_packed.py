@@ -130,8 +130,20 @@ def test_segments_not_repacked_keep_the_exact_path_in_the_same_weight():
         assert torch.equal(got[:, lo:hi], alone), i
         if i in (1, 3):
             assert torch.equal(got[:, lo:hi], exact[:, lo:hi]), i
-    ids = torch.tensor([0, 40, 90])
-    assert torch.equal(LIB.gather(packed, ids), LIB.gather(fused, ids))  # lookups: blocks
+    ids = torch.arange(92)  # lookups widen the repacked copy to the blocks' values
+    assert torch.equal(LIB.gather(packed, ids).view(torch.int32),
+                       LIB.gather(fused, ids).view(torch.int32))
+
+
+@pytest.mark.parametrize("kind", TYPES)
+def test_a_repacked_weight_holds_no_blocks_and_widens_to_their_values(kind):
+    """The repacked copy replaces the blocks (a tied head's embedding lookup reads it):
+    gather gives gguf.quants.dequantize's floats bit for bit."""
+    w, w_ref = weight(kind, 37, 512)
+    packed = pack(w)
+    assert packed.segments[0][1].is_meta and packed.tensors() == (packed.packed[0],)
+    got = LIB.gather(packed, torch.arange(37)).numpy()
+    assert np.array_equal(got.view(np.uint32), w_ref.view(np.uint32))
 
 
 def test_a_repacked_copy_for_a_type_the_kernel_cannot_read_is_refused():

@@ -986,6 +986,8 @@ static int read_desc(const int64_t *desc, int64_t out, int64_t in, segment *seg,
             return -1;
         if (quant_row_bytes(seg[s].type, in) != seg[s].row_bytes || seg[s].rows < 0)
             return -1;
+        if (seg[s].data == NULL && seg[s].packed == NULL)  /* (blocks dropped: packed only) */
+            return -1;
         first += seg[s].rows;
     }
     *nseg = (int)n;
@@ -1189,9 +1191,12 @@ int quant_gather_rows(const int64_t *desc, int64_t out, int64_t in, const int64_
         return -3;
 #pragma omp parallel for num_threads(num_threads) schedule(static) if (n > 16)
     for (int64_t i = 0; i < n; i++) {
-        int type;
-        const uint8_t *src = row_of(seg, nseg, ids[i], &type);
-        quant_dequant_row(type, src, in, dst + i * in);
+        const int s = segment_of(seg, nseg, ids[i]);
+        if (seg[s].packed)  /* the repacked copy's values: the same floats */
+            pk_gather_row(seg[s].type, seg[s].packed, ids[i] - seg[s].first, in, dst + i * in);
+        else
+            quant_dequant_row(seg[s].type, seg[s].data + (ids[i] - seg[s].first) * seg[s].row_bytes,
+                              in, dst + i * in);
     }
     return 0;
 }

@@ -235,6 +235,39 @@ int quant_pack(int type, const uint8_t *data, int64_t rows, int64_t row_bytes, i
     return failed ? -2 : 0;
 }
 
+/* Row r of a repacked weight widened to fp32 as gguf.quants.dequantize does: d * (u - z)
+ * for Q8_0, Q4_0 and Q5_0 (a zero keeps the sign of d), sc * u + mn with the same two
+ * roundings as its d * q + m (or d1 * q - m1, the K-quants) for the others. Its values
+ * bit for bit, so a repacked weight needs no blocks beside it, the embedding lookup of
+ * a tied head included. */
+static void pk_gather_row(int type, const uint8_t *packed, int64_t r, int64_t in, float *dst)
+{
+    const int fmt = pk_format(type);
+    const int64_t bb = pk_block_bytes(fmt), vb = pk_value_bytes(fmt), nb = in / QK;
+    const int rr = (int)(r % PK_ROWS);
+    const uint8_t *w = packed + (r / PK_ROWS) * nb * bb;
+    for (int64_t b = 0; b < nb; b++) {
+        const uint8_t *blk = w + b * bb;
+        float sc, mn;
+        if ((fmt & 3) == PK_ASYM32) {
+            memcpy(&sc, blk + vb + 4 * rr, 4);
+            memcpy(&mn, blk + vb + 4 * PK_ROWS + 4 * rr, 4);
+        } else {
+            sc = f16(u16(blk + vb + 2 * rr));
+            mn = (fmt & 3) == PK_ASYM16 ? f16(u16(blk + vb + 2 * PK_ROWS + 2 * rr))
+                                        : pk_neg_zero(type) * sc;
+        }
+        for (int c = 0; c < QK / 4; c++)
+            for (int i = 0; i < 4; i++) {
+                const int cc = fmt & PK_NIB ? c % 4 : c;
+                const uint8_t v = blk[(cc * PK_ROWS + rr) * 4 + i];
+                const int u = fmt & PK_NIB ? (c < 4 ? v & 0xF : v >> 4) : v;
+                dst[b * QK + 4 * c + i] = (fmt & 3) == PK_SYM16
+                    ? sc * (float)(u + (int)pk_neg_zero(type)) : sc * (float)u + mn;
+            }
+    }
+}
+
 /* x's rows quantized per 32 values: q [rows][in], dx and dx * S [rows][nb] */
 typedef struct {
     int8_t *q;

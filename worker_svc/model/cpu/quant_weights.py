@@ -79,6 +79,8 @@ class QuantWeight:
         if self.packed:
             if len(self.packed) != len(self.segments):
                 raise ValueError("one repacked copy (or None) per segment")
+            if any(d.is_meta and p is None for (_, d), p in zip(self.segments, self.packed)):
+                raise ValueError("a segment without blocks needs its repacked copy")
             flat[0] |= _PACKED_FLAG
             flat += [0 if p is None else p.data_ptr() for p in self.packed]
         object.__setattr__(self, "desc", torch.tensor(flat, dtype=torch.int64))
@@ -96,9 +98,10 @@ class QuantWeight:
         return tuple(kind for kind, _ in self.segments)
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
-        """Every tensor it holds: the blocks and any repacked copies."""
-        return tuple(d for _, d in self.segments) + tuple(p for p in self.packed
-                                                         if p is not None)
+        """Every tensor it holds: the blocks (not a repacked segment's shape-only
+        stand-in) and the repacked copies."""
+        return tuple(d for _, d in self.segments if not d.is_meta) + tuple(
+            p for p in self.packed if p is not None)
 
     def dequantize(self) -> torch.Tensor:
         """fp32 [out, in] (the kernel's widening, every row)."""
@@ -109,9 +112,11 @@ class QuantWeight:
 
 
 def pack(weight: QuantWeight) -> QuantWeight:
-    """The weight with a repacked copy of each segment of a type in PACKS (the int8-
-    activation path, csrc/quant_packed.h); other segments keep the exact path. The
-    file's blocks stay (the embedding lookup widens them)."""
+    """The weight with each segment of a type in PACKS repacked (the int8-activation
+    path, csrc/quant_packed.h) in place of its blocks: a shape-only ("meta") tensor
+    stands for them, as the repacked copy widens to the same values (`gather`,
+    `dequantize`: quant_packed.h's pk_gather_row). Other segments keep their blocks
+    and the exact path."""
     lib = load()
     if lib is None:
         raise RuntimeError("the quantized-weight kernel is not built (no C compiler)")
@@ -128,7 +133,10 @@ def pack(weight: QuantWeight) -> QuantWeight:
             raise MemoryError(f"quant_pack: could not repack a {kind} [{rows}, "
                               f"{weight.in_features}] weight")
         packed.append(dst)
-    return QuantWeight(weight.segments, weight.in_features, tuple(packed))
+    segments = tuple((kind, data if p is None else torch.empty(data.shape, dtype=torch.uint8,
+                                                              device="meta"))
+                     for (kind, data), p in zip(weight.segments, packed))
+    return QuantWeight(segments, weight.in_features, tuple(packed))
 
 
 def concat(parts: list[QuantWeight]) -> QuantWeight:
