@@ -114,6 +114,17 @@ def test_a_nan_stays_in_its_row_and_a_zero_row_gives_zeros():
     assert bool(torch.isnan(LIB(x, w)[1]).all())  # never a finite number from saturation
 
 
+def test_a_block_too_small_to_scale_counts_as_zeros_in_every_build(built):
+    """amax below 1e-30 (127 / amax would overflow): the block is zeros, not an
+    undefined conversion of infinity; the other blocks of the row are kept."""
+    w = pack(weight("Q4_K", 24, 256)[0])
+    x = torch.randn(2, 256, generator=torch.Generator().manual_seed(2))
+    x[0, :32] = 1e-38
+    zeroed = x.clone()
+    zeroed[0, :32] = 0.0
+    assert torch.equal(built(x, w), LIB(zeroed, w, portable=True))
+
+
 def test_segments_not_repacked_keep_the_exact_path_in_the_same_weight():
     """[q; k; v] of a Q4_K_M-like file: a Q6_K and an F32 part between repacked ones;
     their rows are the exact kernel's, the others the int8 path's."""
