@@ -314,6 +314,41 @@ static void pk_quantize_block(const float *v, int8_t *q, float *dx, float *dxs, 
     _mm_storeu_si128((__m128i *)q, _mm512_cvtepi32_epi8(qa));
     _mm_storeu_si128((__m128i *)(q + 16), _mm512_cvtepi32_epi8(qb));
     pk_block_scales(amax, 0, _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb)), dx, dxs, s);
+#elif defined(__AVX2__)
+    __m256 a[4], m = _mm256_setzero_ps();
+    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    int bad = 0;
+    for (int k = 0; k < 4; k++) {
+        a[k] = _mm256_loadu_ps(v + 8 * k);
+        const __m256 z = _mm256_mul_ps(a[k], _mm256_setzero_ps());  /* NaN: NaN or inf */
+        bad |= _mm256_movemask_ps(_mm256_cmp_ps(z, z, _CMP_UNORD_Q));
+        m = _mm256_max_ps(m, _mm256_and_ps(a[k], abs_mask));
+    }
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+    const float amax = _mm_cvtss_f32(h);
+    if (bad || !(amax >= PK_TINY)) {
+        memset(q, 0, QK);
+        pk_block_scales(amax, bad != 0, 0, dx, dxs, s);
+        return;
+    }
+    const __m256 id = _mm256_set1_ps(127.0f / amax);
+    __m256i qi[4], sum = _mm256_setzero_si256();
+    for (int k = 0; k < 4; k++) {
+        qi[k] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(a[k], id),
+                                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+        sum = _mm256_add_epi32(sum, qi[k]);
+    }
+    /* packs work within 128-bit lanes: the permute puts the 4-byte groups in order */
+    const __m256i bytes = _mm256_permutevar8x32_epi32(
+        _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3])),
+        _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256((__m256i *)q, bytes);
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+    pk_block_scales(amax, 0, _mm_cvtsi128_si32(s4), dx, dxs, s);
 #else
     float amax = 0.0f, probe = 0.0f;
     for (int i = 0; i < QK; i++) {
