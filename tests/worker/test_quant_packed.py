@@ -126,10 +126,10 @@ def test_a_block_too_small_to_scale_counts_as_zeros_in_every_build(built):
 
 
 def test_segments_not_repacked_keep_the_exact_path_in_the_same_weight():
-    """[q; k; v] of a Q4_K_M-like file: a Q6_K and an F32 part between repacked ones;
-    their rows are the exact kernel's, the others the int8 path's."""
+    """A fused weight with float parts (F16, F32: a Q3_K tensor is held as F32) between
+    repacked ones: their rows are the exact kernel's, the others the int8 path's."""
     parts = [weight(k, n, 512, seed=i) for i, (k, n) in
-             enumerate((("Q4_K", 33), ("Q6_K", 20), ("Q8_0", 16), ("F32", 5), ("Q5_0", 18)))]
+             enumerate((("Q4_K", 33), ("F16", 20), ("Q6_K", 16), ("F32", 5), ("Q5_0", 18)))]
     fused = concat([p[0] for p in parts])
     packed = pack(fused)
     assert [p is not None for p in packed.packed] == [True, False, True, False, True]
@@ -158,19 +158,20 @@ def test_a_repacked_weight_holds_no_blocks_and_widens_to_their_values(kind):
 
 
 def test_a_repacked_copy_for_a_type_the_kernel_cannot_read_is_refused():
-    q6, _ = weight("Q6_K", 16, 256)
-    forged = QuantWeight(q6.segments, 256, (torch.zeros(16 * 8 * 544, dtype=torch.uint8),))
+    f16, _ = weight("F16", 16, 256)
+    forged = QuantWeight(f16.segments, 256, (torch.zeros(16 * 8 * 544, dtype=torch.uint8),))
     with pytest.raises(ValueError, match="malformed weight"):
         LIB(torch.randn(1, 256), forged)
     with pytest.raises(ValueError, match="one repacked copy"):
-        QuantWeight(q6.segments, 256, (None, None))
+        QuantWeight(f16.segments, 256, (None, None))
 
 
 def test_the_repacked_copy_is_the_files_size_for_fp16_scaled_types():
     """A lone stream reads every weight byte once a token: Q8_0's and Q4_1's repacked
-    copies keep the file's bytes a value (4-bit values two to a byte); Q5's take a
-    byte a value, the K-quants fp32 scales and mins."""
+    copies keep the file's bytes a value (4-bit values two to a byte); Q5's and Q6_K's
+    take a byte a value, the K-quants fp32 scales and mins (Q6_K its int8 ones)."""
     for kind, per_value in (("Q8_0", 34 / 32), ("Q4_0", 18 / 32), ("Q4_1", 20 / 32),
-                            ("Q5_0", 34 / 32), ("Q4_K", 24 / 32), ("Q5_K", 40 / 32)):
+                            ("Q5_0", 34 / 32), ("Q4_K", 24 / 32), ("Q5_K", 40 / 32),
+                            ("Q6_K", 36 / 32)):
         w = pack(weight(kind, 32, 512)[0])
         assert w.packed[0].numel() == 32 * 512 * per_value, kind

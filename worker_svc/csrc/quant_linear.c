@@ -982,7 +982,8 @@ static int read_desc(const int64_t *desc, int64_t out, int64_t in, segment *seg,
         /* after the segments, with PACKED_FLAG: each one's repacked copy or 0 */
         seg[s].packed = packed ? (const uint8_t *)(intptr_t)desc[1 + 4 * n + s] : NULL;
         if (seg[s].packed && (!quant_packs(seg[s].type) || in % QK
-                              || ((seg[s].type == T_Q4_K || seg[s].type == T_Q5_K) && in % QK_K)))
+                              || ((seg[s].type == T_Q4_K || seg[s].type == T_Q5_K
+                                   || seg[s].type == T_Q6_K) && in % QK_K)))
             return -1;
         if (quant_row_bytes(seg[s].type, in) != seg[s].row_bytes || seg[s].rows < 0)
             return -1;

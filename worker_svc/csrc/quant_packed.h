@@ -28,8 +28,9 @@
  *
  * (dx_b, S_b: x's scale and the sum of its int8 values in the block.) So a row's output
  * does not depend on which other rows share the step, how they are tiled or which
- * build ran it (tests/worker/test_quant_packed.py). Q6_K (two scales a block) and the
- * float types are not repacked: their rows keep the exact path.
+ * build ran it (tests/worker/test_quant_packed.py). Q6_K's two scales a block keep
+ * its sum in integers to the end (PK_Q6K); the float types are not repacked: their
+ * rows keep the exact path.
  *
  * Included by quant_linear.c after its block helpers (f16, u16, scale_min_k4, T_*). */
 #ifndef GAPSERVE_QUANT_PACKED_H
@@ -41,14 +42,19 @@
 
 /* how a type's scales and mins are held after the values (the low two bits), and
  * PK_NIB where its values are 4 bits: two to a byte, chunk c in the low nibbles of
- * the 64 bytes at 64 c and chunk c + 4 in their high nibbles (256 bytes a block) */
-enum { PK_SYM16 = 0, PK_ASYM16 = 1, PK_ASYM32 = 2, PK_NIB = 4 };
+ * the 64 bytes at 64 c and chunk c + 4 in their high nibbles (256 bytes a block).
+ * PK_Q6K: Q6_K's two int8 scales a block (one per 16 values: sc_a [16], sc_b [16])
+ * and its fp16 d [16]; a value is d * sc * (u - 32), and a block's sum stays an
+ * integer to the end: J = sc_a (I_a - 32 S_a) + sc_b (I_b - 32 S_b), the halves' sums
+ * of u * q and of q; then acc = fma((float)J * d, dx, acc). */
+enum { PK_SYM16 = 0, PK_ASYM16 = 1, PK_ASYM32 = 2, PK_Q6K = 3, PK_NIB = 4 };
 
 static inline int pk_format(int type)
 {
     const int nib = type == T_Q4_0 || type == T_Q4_1 || type == T_Q4_K ? PK_NIB : 0;
     return nib | (type == T_Q4_1 || type == T_Q5_1 ? PK_ASYM16
-                  : type == T_Q4_K || type == T_Q5_K ? PK_ASYM32 : PK_SYM16);
+                  : type == T_Q4_K || type == T_Q5_K ? PK_ASYM32
+                  : type == T_Q6_K ? PK_Q6K : PK_SYM16);
 }
 
 /* bytes of a block's values: 16 rows of 32 */
@@ -61,7 +67,7 @@ static inline int64_t pk_value_bytes(int fmt)
 static inline int64_t pk_block_bytes(int fmt)
 {
     const int scales = fmt & 3;
-    return pk_value_bytes(fmt) + (scales == PK_SYM16 ? 32 : scales == PK_ASYM16 ? 64 : 128);
+    return pk_value_bytes(fmt) + (scales == PK_SYM16 ? 32 : scales == PK_ASYM32 ? 128 : 64);
 }
 
 /* -z of a PK_SYM16 type: its min is -z times its scale */
@@ -75,6 +81,7 @@ int quant_packs(int type)
 {
     switch (type) {
     case T_Q8_0: case T_Q4_0: case T_Q4_1: case T_Q5_0: case T_Q5_1: case T_Q4_K: case T_Q5_K:
+    case T_Q6_K:
         return 1;
     default:
         return 0;
@@ -88,12 +95,32 @@ int64_t quant_pack_bytes(int type, int64_t rows, int64_t in)
 }
 
 /* One row's values as unsigned integers u [in] with sc and mn per 32 values (h: the
- * file's fp16 words of them where it has them, sc then mn). 0, or -1 for a type not
- * repacked. */
+ * file's fp16 words of them where it has them, sc then mn; Q6_K: d in h, its two int8
+ * scales a block in s6). 0, or -1 for a type not repacked. */
 static int pk_unpack_row(int type, const uint8_t *src, int64_t in, uint8_t *u, float *sc,
-                         float *mn, uint16_t *h)
+                         float *mn, uint16_t *h, int8_t *s6)
 {
     switch (type) {
+    case T_Q6_K:
+        for (int64_t sb = 0; sb < in / QK_K; sb++, src += 210) {
+            const uint8_t *ql = src, *qh = src + 128;
+            const int8_t *scales = (const int8_t *)(src + 192);
+            for (int n = 0; n < 2; n++, ql += 64, qh += 32, scales += 8) {
+                const int64_t b0 = sb * 8 + n * 4;  /* the half's first 32-value block */
+                for (int j = 0; j < 4; j++) {
+                    h[2 * (b0 + j)] = u16(src + 208);
+                    s6[2 * (b0 + j)] = scales[2 * j];
+                    s6[2 * (b0 + j) + 1] = scales[2 * j + 1];
+                }
+                for (int l = 0; l < 32; l++) {
+                    u[(b0 + 0) * QK + l] = (uint8_t)((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4));
+                    u[(b0 + 1) * QK + l] = (uint8_t)((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4));
+                    u[(b0 + 2) * QK + l] = (uint8_t)((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4));
+                    u[(b0 + 3) * QK + l] = (uint8_t)((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4));
+                }
+            }
+        }
+        return 0;
     case T_Q8_0:
         for (int64_t b = 0; b < in / QK; b++, src += 34, u += QK) {
             const float d = f16(u16(src));
@@ -183,7 +210,7 @@ int quant_pack(int type, const uint8_t *data, int64_t rows, int64_t row_bytes, i
                uint8_t *dst, int num_threads)
 {
     if (!quant_packs(type) || in % QK || quant_row_bytes(type, in) != row_bytes
-        || ((type == T_Q4_K || type == T_Q5_K) && in % QK_K))
+        || ((type == T_Q4_K || type == T_Q5_K || type == T_Q6_K) && in % QK_K))
         return -1;
     const int64_t nb = in / QK, groups = (rows + PK_ROWS - 1) / PK_ROWS;
     const int fmt = pk_format(type);
@@ -195,16 +222,17 @@ int quant_pack(int type, const uint8_t *data, int64_t rows, int64_t row_bytes, i
         uint8_t *u = malloc((size_t)in);
         float *sc = malloc((size_t)nb * 4), *mn = malloc((size_t)nb * 4);
         uint16_t *h = malloc((size_t)nb * 4);
-        if (!u || !sc || !mn || !h) {
+        int8_t *s6 = malloc((size_t)nb * 2);
+        if (!u || !sc || !mn || !h || !s6) {
 #pragma omp atomic write
             failed = 1;
         }
 #pragma omp for schedule(static)
         for (int64_t g = 0; g < groups; g++) {
-            if (!u || !sc || !mn || !h)
+            if (!u || !sc || !mn || !h || !s6)
                 continue;
             for (int r = 0; r < PK_ROWS && g * PK_ROWS + r < rows; r++) {
-                pk_unpack_row(type, data + (g * PK_ROWS + r) * row_bytes, in, u, sc, mn, h);
+                pk_unpack_row(type, data + (g * PK_ROWS + r) * row_bytes, in, u, sc, mn, h, s6);
                 for (int64_t b = 0; b < nb; b++) {
                     uint8_t *blk = dst + (g * nb + b) * bb;
                     if (fmt & PK_NIB) {
@@ -216,7 +244,11 @@ int quant_pack(int type, const uint8_t *data, int64_t rows, int64_t row_bytes, i
                         for (int c = 0; c < QK / 4; c++)
                             memcpy(blk + (c * PK_ROWS + r) * 4, u + b * QK + 4 * c, 4);
                     }
-                    if ((fmt & 3) == PK_ASYM32) {
+                    if ((fmt & 3) == PK_Q6K) {
+                        blk[vb + r] = (uint8_t)s6[2 * b];
+                        blk[vb + PK_ROWS + r] = (uint8_t)s6[2 * b + 1];
+                        memcpy(blk + vb + 2 * PK_ROWS + 2 * r, h + 2 * b, 2);
+                    } else if ((fmt & 3) == PK_ASYM32) {
                         memcpy(blk + vb + 4 * r, sc + b, 4);
                         memcpy(blk + vb + 4 * PK_ROWS + 4 * r, mn + b, 4);
                     } else {
@@ -227,6 +259,7 @@ int quant_pack(int type, const uint8_t *data, int64_t rows, int64_t row_bytes, i
                 }
             }
         }
+        free(s6);
         free(h);
         free(u);
         free(sc);
@@ -248,7 +281,17 @@ static void pk_gather_row(int type, const uint8_t *packed, int64_t r, int64_t in
     const uint8_t *w = packed + (r / PK_ROWS) * nb * bb;
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *blk = w + b * bb;
-        float sc, mn;
+        float sc = 0.0f, mn = 0.0f;
+        if ((fmt & 3) == PK_Q6K) {  /* gguf's (d * sc) * (q - 32), a scale per 16 */
+            const float d = f16(u16(blk + vb + 2 * PK_ROWS + 2 * rr));
+            const float ds[2] = {d * (float)(int8_t)blk[vb + rr],
+                                 d * (float)(int8_t)blk[vb + PK_ROWS + rr]};
+            for (int c = 0; c < QK / 4; c++)
+                for (int i = 0; i < 4; i++)
+                    dst[b * QK + 4 * c + i] = ds[c / 4]
+                        * (float)((int)blk[(c * PK_ROWS + rr) * 4 + i] - 32);
+            continue;
+        }
         if ((fmt & 3) == PK_ASYM32) {
             memcpy(&sc, blk + vb + 4 * rr, 4);
             memcpy(&mn, blk + vb + 4 * PK_ROWS + 4 * rr, 4);
@@ -273,6 +316,7 @@ typedef struct {
     int8_t *q;
     float *dx, *dxs;
     int32_t *s;  /* the sum of the block's q (the AVX2 loop's Q8_0 sums signed values) */
+    int32_t *s16;  /* [rows][nb][2]: the sums of its two halves' q (Q6_K) */
     int64_t in, nb;
 } pk_x;
 
@@ -292,7 +336,8 @@ static void pk_block_scales(float amax, int bad, int32_t sum, float *dx, float *
     *s = sum;
 }
 
-static void pk_quantize_block(const float *v, int8_t *q, float *dx, float *dxs, int32_t *s)
+static void pk_quantize_block(const float *v, int8_t *q, float *dx, float *dxs, int32_t *s,
+                              int32_t *s16)
 {
 #if defined(__AVX512F__)
     const __m512 a = _mm512_loadu_ps(v), b = _mm512_loadu_ps(v + 16);
@@ -303,6 +348,7 @@ static void pk_quantize_block(const float *v, int8_t *q, float *dx, float *dxs, 
     const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
     if (bad || !(amax >= PK_TINY)) {
         memset(q, 0, QK);
+        s16[0] = s16[1] = 0;
         pk_block_scales(amax, bad, 0, dx, dxs, s);
         return;
     }
@@ -313,7 +359,9 @@ static void pk_quantize_block(const float *v, int8_t *q, float *dx, float *dxs, 
         _mm512_mul_ps(b, id), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
     _mm_storeu_si128((__m128i *)q, _mm512_cvtepi32_epi8(qa));
     _mm_storeu_si128((__m128i *)(q + 16), _mm512_cvtepi32_epi8(qb));
-    pk_block_scales(amax, 0, _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb)), dx, dxs, s);
+    s16[0] = _mm512_reduce_add_epi32(qa);
+    s16[1] = _mm512_reduce_add_epi32(qb);
+    pk_block_scales(amax, 0, s16[0] + s16[1], dx, dxs, s);
 #elif defined(__AVX2__)
     __m256 a[4], m = _mm256_setzero_ps();
     const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
@@ -330,25 +378,28 @@ static void pk_quantize_block(const float *v, int8_t *q, float *dx, float *dxs, 
     const float amax = _mm_cvtss_f32(h);
     if (bad || !(amax >= PK_TINY)) {
         memset(q, 0, QK);
+        s16[0] = s16[1] = 0;
         pk_block_scales(amax, bad != 0, 0, dx, dxs, s);
         return;
     }
     const __m256 id = _mm256_set1_ps(127.0f / amax);
-    __m256i qi[4], sum = _mm256_setzero_si256();
-    for (int k = 0; k < 4; k++) {
+    __m256i qi[4];
+    for (int k = 0; k < 4; k++)
         qi[k] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(a[k], id),
                                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-        sum = _mm256_add_epi32(sum, qi[k]);
-    }
     /* packs work within 128-bit lanes: the permute puts the 4-byte groups in order */
     const __m256i bytes = _mm256_permutevar8x32_epi32(
         _mm256_packs_epi16(_mm256_packs_epi32(qi[0], qi[1]), _mm256_packs_epi32(qi[2], qi[3])),
         _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
     _mm256_storeu_si256((__m256i *)q, bytes);
-    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
-    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
-    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
-    pk_block_scales(amax, 0, _mm_cvtsi128_si32(s4), dx, dxs, s);
+    for (int half = 0; half < 2; half++) {
+        const __m256i sum = _mm256_add_epi32(qi[2 * half], qi[2 * half + 1]);
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+        s16[half] = _mm_cvtsi128_si32(s4);
+    }
+    pk_block_scales(amax, 0, s16[0] + s16[1], dx, dxs, s);
 #else
     float amax = 0.0f, probe = 0.0f;
     for (int i = 0; i < QK; i++) {
@@ -358,17 +409,18 @@ static void pk_quantize_block(const float *v, int8_t *q, float *dx, float *dxs, 
     const int bad = probe != 0.0f;
     if (bad || !(amax >= PK_TINY)) {
         memset(q, 0, QK);
+        s16[0] = s16[1] = 0;
         pk_block_scales(amax, bad, 0, dx, dxs, s);
         return;
     }
     const float id = 127.0f / amax;
-    int32_t sum = 0;
+    s16[0] = s16[1] = 0;
     for (int i = 0; i < QK; i++) {
         const int32_t v8 = (int32_t)rintf(v[i] * id);  /* |v8| <= 127 */
         q[i] = (int8_t)v8;
-        sum += v8;
+        s16[i / 16] += v8;
     }
-    pk_block_scales(amax, 0, sum, dx, dxs, s);
+    pk_block_scales(amax, 0, s16[0] + s16[1], dx, dxs, s);
 #endif
 }
 
@@ -387,14 +439,23 @@ static void pk_group_portable(int type, const uint8_t *w, int n, const pk_x *x,
             float acc = 0.0f;
             for (int64_t b = 0; b < x->nb; b++) {
                 const uint8_t *blk = w + b * bb;
-                int32_t I = 0;
+                int32_t I = 0, half[2] = {0, 0};
                 for (int c = 0; c < QK / 4; c++)
                     for (int i = 0; i < 4; i++) {
                         const int cc = fmt & PK_NIB ? c % 4 : c;
                         const uint8_t v = blk[(cc * PK_ROWS + r) * 4 + i];
                         const int u = fmt & PK_NIB ? (c < 4 ? v & 0xF : v >> 4) : v;
                         I += u * xq[b * QK + 4 * c + i];
+                        half[c / 4] += u * xq[b * QK + 4 * c + i];
                     }
+                if ((fmt & 3) == PK_Q6K) {
+                    const int32_t *S = x->s16 + 2 * (t * x->nb + b);
+                    const int32_t J = (int8_t)blk[vb + r] * (half[0] - 32 * S[0])
+                                    + (int8_t)blk[vb + PK_ROWS + r] * (half[1] - 32 * S[1]);
+                    const float d = f16(u16(blk + vb + 2 * PK_ROWS + 2 * r));
+                    acc = fmaf((float)J * d, x->dx[t * x->nb + b], acc);
+                    continue;
+                }
                 float sc, mn;
                 if ((fmt & 3) == PK_ASYM32) {
                     memcpy(&sc, blk + vb + 4 * r, 4);
@@ -439,13 +500,14 @@ static PK_VNNI void pk_tile_vnni(int fmt, float neg_zero, const uint8_t *w,
             acc[g][t] = _mm512_setzero_ps();
     const int8_t *xq = x->q + t0 * x->in;
     const float *dx = x->dx + t0 * nb, *dxs = x->dxs + t0 * nb;
+    const int q6k = (fmt & 3) == PK_Q6K;
     for (int64_t b = 0; b < nb; b++) {
-        __m512i I[4][8];
+        __m512i I[4][8], I2[4][8];  /* I2: Q6_K's second half (chunks 4..7) */
 #pragma GCC unroll 4
         for (int g = 0; g < G; g++)
 #pragma GCC unroll 8
             for (int t = 0; t < T; t++)
-                I[g][t] = _mm512_setzero_si512();
+                I[g][t] = I2[g][t] = _mm512_setzero_si512();
 #pragma GCC unroll 8
         for (int c = 0; c < QK / 4; c++) {
 #pragma GCC unroll 4
@@ -455,13 +517,33 @@ static PK_VNNI void pk_tile_vnni(int fmt, float neg_zero, const uint8_t *w,
                 for (int t = 0; t < T; t++) {
                     int32_t xv;
                     memcpy(&xv, xq + t * x->in + b * QK + 4 * c, 4);
-                    I[g][t] = _mm512_dpbusd_epi32(I[g][t], wv, _mm512_set1_epi32(xv));
+                    if (q6k && c >= 4)
+                        I2[g][t] = _mm512_dpbusd_epi32(I2[g][t], wv, _mm512_set1_epi32(xv));
+                    else
+                        I[g][t] = _mm512_dpbusd_epi32(I[g][t], wv, _mm512_set1_epi32(xv));
                 }
             }
         }
 #pragma GCC unroll 4
         for (int g = 0; g < G; g++) {
             const uint8_t *blk = w + g * g_stride + b * bb;
+            if (q6k) {
+                const __m512i sa = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + vb)));
+                const __m512i sb = _mm512_cvtepi8_epi32(
+                    _mm_loadu_si128((const __m128i *)(blk + vb + PK_ROWS)));
+                const __m512 d = _mm512_cvtph_ps(
+                    _mm256_loadu_si256((const __m256i *)(blk + vb + 2 * PK_ROWS)));
+#pragma GCC unroll 8
+                for (int t = 0; t < T; t++) {
+                    const int32_t *S = x->s16 + 2 * ((t0 + t) * nb + b);
+                    const __m512i J = _mm512_add_epi32(
+                        _mm512_mullo_epi32(_mm512_sub_epi32(I[g][t], _mm512_set1_epi32(32 * S[0])), sa),
+                        _mm512_mullo_epi32(_mm512_sub_epi32(I2[g][t], _mm512_set1_epi32(32 * S[1])), sb));
+                    const __m512 f = _mm512_mul_ps(_mm512_cvtepi32_ps(J), d);
+                    acc[g][t] = _mm512_fmadd_ps(f, _mm512_set1_ps(dx[t * nb + b]), acc[g][t]);
+                }
+                continue;
+            }
             __m512 sc, mn;
             if ((fmt & 3) == PK_ASYM32) {
                 sc = _mm512_loadu_ps((const float *)(blk + vb));
@@ -537,6 +619,7 @@ static __attribute__((target("avx512f,avx512vnni"))) void pk_run_vnni(
     case T_Q5_1: PK_RUN(PK_ASYM16, 0.0f); break;
     case T_Q4_1: PK_RUN(PK_ASYM16 | PK_NIB, 0.0f); break;
     case T_Q5_K: PK_RUN(PK_ASYM32, 0.0f); break;
+    case T_Q6_K: PK_RUN(PK_Q6K, 0.0f); break;
     default: PK_RUN(PK_ASYM32 | PK_NIB, 0.0f); break;  /* T_Q4_K */
     }
 #undef PK_RUN
@@ -576,13 +659,14 @@ static inline __attribute__((always_inline)) void pk_tile_avx2(
     const int8_t *xq = x->q + t0 * x->in;
     const float *dx = x->dx + t0 * nb, *dxs = x->dxs + t0 * nb;
     const int32_t *xs = x->s + t0 * nb;
+    const int q6k = (fmt & 3) == PK_Q6K;
     for (int64_t b = 0; b < nb; b++) {
-        __m256i I[4][3];
+        __m256i I[4][3], I2[4][3];  /* I2: Q6_K's second half (chunks 4..7) */
 #pragma GCC unroll 4
         for (int h = 0; h < H; h++)
 #pragma GCC unroll 3
             for (int t = 0; t < T; t++)
-                I[h][t] = _mm256_setzero_si256();
+                I[h][t] = I2[h][t] = _mm256_setzero_si256();
 #pragma GCC unroll 8
         for (int c = 0; c < QK / 4; c++) {
             __m256i xb[3];
@@ -604,14 +688,35 @@ static inline __attribute__((always_inline)) void pk_tile_avx2(
                     wv = _mm256_loadu_si256((const __m256i *)(at + c * 64));
                 }
 #pragma GCC unroll 3
-                for (int t = 0; t < T; t++)
-                    I[h][t] = _mm256_add_epi32(I[h][t], pk_dot8_avx2(wv, xb[t], q8));
+                for (int t = 0; t < T; t++) {
+                    if (q6k && c >= 4)
+                        I2[h][t] = _mm256_add_epi32(I2[h][t], pk_dot8_avx2(wv, xb[t], 0));
+                    else
+                        I[h][t] = _mm256_add_epi32(I[h][t], pk_dot8_avx2(wv, xb[t], q8));
+                }
             }
         }
 #pragma GCC unroll 4
         for (int h = 0; h < H; h++) {
             const uint8_t *blk = w + (h / 2) * g_stride + b * bb;
             const int r0 = (h % 2) * 8;
+            if (q6k) {
+                const __m256i sa = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + vb + r0)));
+                const __m256i sb = _mm256_cvtepi8_epi32(
+                    _mm_loadl_epi64((const __m128i *)(blk + vb + PK_ROWS + r0)));
+                const __m256 d = _mm256_cvtph_ps(
+                    _mm_loadu_si128((const __m128i *)(blk + vb + 2 * PK_ROWS + 2 * r0)));
+#pragma GCC unroll 3
+                for (int t = 0; t < T; t++) {
+                    const int32_t *S = x->s16 + 2 * ((t0 + t) * nb + b);
+                    const __m256i J = _mm256_add_epi32(
+                        _mm256_mullo_epi32(_mm256_sub_epi32(I[h][t], _mm256_set1_epi32(32 * S[0])), sa),
+                        _mm256_mullo_epi32(_mm256_sub_epi32(I2[h][t], _mm256_set1_epi32(32 * S[1])), sb));
+                    const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(J), d);
+                    acc[h][t] = _mm256_fmadd_ps(f, _mm256_set1_ps(dx[t * nb + b]), acc[h][t]);
+                }
+                continue;
+            }
             __m256 sc, mn;
             if ((fmt & 3) == PK_ASYM32) {
                 sc = _mm256_loadu_ps((const float *)(blk + vb) + r0);
@@ -690,6 +795,7 @@ static void pk_run_avx2(int type, const uint8_t *w, int64_t g_stride, int G, int
     case T_Q5_1: PK_RUN(PK_ASYM16, 0.0f, 0); break;
     case T_Q4_1: PK_RUN(PK_ASYM16 | PK_NIB, 0.0f, 0); break;
     case T_Q5_K: PK_RUN(PK_ASYM32, 0.0f, 0); break;
+    case T_Q6_K: PK_RUN(PK_Q6K, 0.0f, 0); break;
     default: PK_RUN(PK_ASYM32 | PK_NIB, 0.0f, 0); break;  /* T_Q4_K */
     }
 #undef PK_RUN
@@ -736,9 +842,10 @@ static int pk_linear(const float *x, int64_t x_stride, int64_t rows, const pk_se
 {
     const int64_t nb = in / QK;
     pk_x xs = {malloc((size_t)(rows * in)), malloc((size_t)(rows * nb) * 4),
-               malloc((size_t)(rows * nb) * 4), malloc((size_t)(rows * nb) * 4), in, nb};
-    if (!xs.q || !xs.dx || !xs.dxs || !xs.s) {
-        free(xs.q); free(xs.dx); free(xs.dxs); free(xs.s);
+               malloc((size_t)(rows * nb) * 4), malloc((size_t)(rows * nb) * 4),
+               malloc((size_t)(rows * nb) * 8), in, nb};
+    if (!xs.q || !xs.dx || !xs.dxs || !xs.s || !xs.s16) {
+        free(xs.q); free(xs.dx); free(xs.dxs); free(xs.s); free(xs.s16);
         return -2;
     }
     const int loop = pk_loop(force_portable);
@@ -757,7 +864,7 @@ static int pk_linear(const float *x, int64_t x_stride, int64_t rows, const pk_se
         for (int64_t i = 0; i < rows * nb; i++) {
             const int64_t t = i / nb, b = i % nb;
             pk_quantize_block(x + t * x_stride + b * QK, xs.q + t * in + b * QK, xs.dx + i,
-                              xs.dxs + i, xs.s + i);
+                              xs.dxs + i, xs.s + i, xs.s16 + 2 * i);
         }
 #pragma omp for schedule(static)
         for (int64_t item = 0; item < start[nseg]; item++) {
@@ -796,6 +903,7 @@ static int pk_linear(const float *x, int64_t x_stride, int64_t rows, const pk_se
     free(xs.dx);
     free(xs.dxs);
     free(xs.s);
+    free(xs.s16);
     return 0;
 }
 

@@ -42,7 +42,7 @@ BLOCK = {"F32": (1, 4), "F16": (1, 2), "BF16": (1, 2), "Q4_0": (32, 18), "Q4_1":
 MAX_SEGMENTS = 8  # quant_linear.c's
 _PACKED_FLAG = 1 << 16  # quant_linear.c's read_desc: repacked copies follow the segments
 # the types quant_pack repacks for the int8-activation path (csrc/quant_packed.h)
-PACKS = frozenset({"Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K"})
+PACKS = frozenset({"Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"})
 PACKED_LOOPS = ("portable", "avx2", "avx512_vnni")  # by quant_packed_loop()'s value
 
 
