@@ -7,12 +7,15 @@ load time and resident memory on each path.
 
 Matmuls: one pass over every weight of the model (30 layers of qkv, o_proj, gate_up,
 down, then the vocabulary projection), as the file holds them (SmolLM2's Q4_1 layers,
-Q8_0 embedding) through the quantized kernel (csrc/quant_linear.c), and the same
+Q8_0 embedding) through the quantized kernel (csrc/quant_linear.c), the same weights
+repacked for the int8-activation path (--quant-activations int8, csrc/quant_packed.h),
+and the same
 weights dequantized to fp32 through the small-batch kernel (csrc/small_linear.c) and
 oneDNN prepacked: methods in alternation, --repeats rounds, median ms per pass, the
 spread and the bytes each method reads per second. Loads: a worker's ModelRunner
 built in a fresh process per path (alternating, --loads times each): seconds to
-build it, its RSS after loading and the weight bytes it holds.
+build it, its RSS after loading and the weight bytes it holds; the int8 path's load
+includes its repacking.
 """
 
 from __future__ import annotations
@@ -54,19 +57,23 @@ def bench_matmuls(args, model_dir: Path) -> None:
     quant, plain = matmul_weights(model_dir)
     packed = [torch.ops.mkldnn._reorder_linear_weight(t, PACK_BATCH) for t in plain]
     kq, kf = quant_weights.load(), small_linear.load()
+    repacked = [quant_weights.pack(q) for q in quant]
     methods = {
         "quant_linear": (quant, kq),
+        "quant_linear int8": (repacked, kq),
         "small_linear fp32": (plain, kf),
         "oneDNN fp32": (packed, lambda x, w: torch.ops.mkldnn._linear_pointwise(
             x, w, None, "none", [], "")),
     }
     nbytes = {"quant_linear": sum(t.numel() for q in quant for t in q.tensors()),
+              "quant_linear int8": sum(t.numel() for q in repacked for t in q.tensors()),
               "small_linear fp32": sum(t.numel() * 4 for t in plain)}
     nbytes["oneDNN fp32"] = nbytes["small_linear fp32"]
     types = sorted({k for q in quant for k in q.types})
     print(f"\n## matmuls: one pass over the model's weights ({'+'.join(types)}: "
           f"{nbytes['quant_linear'] / 2**20:.1f} MiB quantized, "
           f"{nbytes['oneDNN fp32'] / 2**20:.1f} MiB fp32)")
+    print(f"(int8: its loop is {kq.packed_loop})")
     print(f"{'rows':>4} {'method':18} {'median ms':>9} {'spread ms':>15} {'GB/s':>6} "
           f"{'vs fp32 kernel':>14}")
     for rows in [int(r) for r in args.rows.split(",")]:
@@ -86,7 +93,7 @@ def bench_matmuls(args, model_dir: Path) -> None:
                   f"{max(ts) * 1e3:7.2f} {nbytes[name] / med / 1e9:6.1f} {ref / med:13.2f}x")
 
 
-def _load_once(model_dir: str, dtype: str, threads: int) -> dict:
+def _load_once(model_dir: str, dtype: str, threads: int, activations: str) -> dict:
     """A worker's load in a fresh process: seconds, RSS, weight bytes."""
     code = f"""
 import json, time, torch
@@ -96,7 +103,7 @@ from worker_svc.config import WorkerConfig
 from worker_svc.runner import ModelRunner
 r = ModelRunner(WorkerConfig(model={model_dir!r}, device="cpu", dtype={dtype!r},
                              max_model_len=512, num_gpu_blocks_override=40, max_num_seqs=4,
-                             cpu_threads={threads}))
+                             cpu_threads={threads}, quant_activations={activations!r}))
 took = time.perf_counter() - start
 rss = int(next(l for l in open("/proc/self/status") if l.startswith("VmRSS")).split()[1])
 print(json.dumps(dict(load_s=took, rss_mib=rss / 1024, weight_mib=r.weight_bytes / 2**20,
@@ -108,20 +115,22 @@ print(json.dumps(dict(load_s=took, rss_mib=rss / 1024, weight_mib=r.weight_bytes
 
 
 def bench_loads(args, model_dir: Path) -> None:
-    paths = {"quantized (default)": "auto", "exact (--dtype float32)": "float32"}
+    paths = {"quantized (default)": ("auto", "float32"),
+             "quantized, int8 activations": ("auto", "int8"),
+             "exact (--dtype float32)": ("float32", "float32")}
     runs = {name: [] for name in paths}
     for _ in range(args.loads):
-        for name, dtype in paths.items():
-            runs[name].append(_load_once(str(model_dir), dtype, args.threads))
+        for name, (dtype, activations) in paths.items():
+            runs[name].append(_load_once(str(model_dir), dtype, args.threads, activations))
     from shared.model_files.gguf_model import gguf_source
     source = gguf_source(model_dir)
     size = source.stat().st_size if source is not None else 0
     print(f"\n## worker load ({args.loads} alternating loads each, medians; GGUF file "
           f"{size / 2**20:.1f} MiB; KV cache 40 blocks)")
-    print(f"{'path':26} {'load s':>7} {'RSS MiB':>8} {'weights MiB':>11}")
+    print(f"{'path':28} {'load s':>7} {'RSS MiB':>8} {'weights MiB':>11}")
     for name, rs in runs.items():
         med = lambda k: statistics.median(r[k] for r in rs)  # noqa: E731
-        print(f"{name:26} {med('load_s'):7.2f} {med('rss_mib'):8.1f} {med('weight_mib'):11.1f}")
+        print(f"{name:28} {med('load_s'):7.2f} {med('rss_mib'):8.1f} {med('weight_mib'):11.1f}")
 
 
 def main() -> None:

@@ -37,7 +37,7 @@ from worker_svc.model.layers import longrope_rows
 from worker_svc.model.loading.dummy_weights import dummy_weights
 from worker_svc.model.cpu import quant_weights
 from worker_svc.model.loading.gguf_quantized import (held_types, load_quantized_weights,
-                                                     pack_weights)
+                                                     pack_weights, return_freed_memory)
 from worker_svc.model.loading.gguf_tensors import matmul_types
 from worker_svc.model.registry import FAMILIES
 from worker_svc.model.loading.weights import weight_bytes
@@ -98,7 +98,8 @@ class ModelRunner:
             elif plan.weights == "gguf_quantized":  # a GGUF's blocks as they are
                 weights = load_quantized_weights(self.model_dir, cfg, module)
                 if plan.quant_activations == "int8":
-                    weights = pack_weights(weights)
+                    weights = pack_weights(weights)  # the blocks it replaced are freed:
+                    return_freed_memory()            # give their pages back
                     loop = quant_weights.load().packed_loop
                     if loop == "portable":
                         log.warning("quant_activations_portable_loop",

@@ -107,6 +107,19 @@ def pack_weights(weights):
     return visit(weights)
 
 
+def return_freed_memory() -> None:
+    """Freed heap pages back to the OS: glibc keeps them in its arenas until
+    malloc_trim (after repacking, the file's blocks: 104 MiB of RSS on the default
+    model's Q8_0 file). Call it once the blocks are unreferenced. A no-op off glibc."""
+    import ctypes
+    import ctypes.util
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def held_types(weights) -> dict[str, int]:
     """GGUF type -> bytes held in it, over every quantized weight (the start log's),
     of any family's weights: QuantWeights found through dataclass fields and lists."""
