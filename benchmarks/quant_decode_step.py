@@ -1,11 +1,13 @@
-"""Lone-stream decode step time of the default model on the GGUF quantized path
-(default) and the exact path (--dtype float32): two ModelRunners in one process,
+"""Lone-stream decode step time of the default model (or --gguf FILE) on the GGUF
+quantized path (default), the quantized path with int8 activations
+(--quant-activations int8) and the exact path (--dtype float32): ModelRunners in one process,
 alternating --rounds rounds of 48 greedy decode steps after a short prompt; prints
 the best and median step time per path, and the median of each part of a step: input
 preparation, the embedding lookup, the decoder layers (one C call), the final norm
 and vocabulary projection, sampling (the rest: the runner's bookkeeping).
 
-    python benchmarks/quant_decode_step.py [--rounds 3] [--paths quantized,exact]
+    python benchmarks/quant_decode_step.py [--rounds 3] [--paths quantized,int8,exact]
+                                           [--gguf FILE]
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ from worker_svc.runner import ModelRunner  # noqa: E402
 
 import torch  # noqa: E402  (after worker_svc: its OpenMP wait policy is set before torch loads)
 
-PATHS = {"quantized": "auto", "exact": "float32"}  # the default path; --dtype float32
+# the default path; --quant-activations int8; --dtype float32
+PATHS = {"quantized": ("auto", "float32"), "int8": ("auto", "int8"),
+         "exact": ("float32", "float32")}
 # the runner's and model's methods timed as a step's parts (their wall time per call)
 PARTS = (("prepare", "runner", "_prepare_inputs"), ("embed", "model", "_embed"),
          ("layers", "layers", "run"), ("logits", "model", "_logits"),
@@ -60,14 +64,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--paths", default=",".join(PATHS), help="comma list of " + ", ".join(PATHS))
+    ap.add_argument("--gguf", default=None, help="a GGUF (default: the default model's)")
     args = ap.parse_args()
     names = [n.strip() for n in args.paths.split(",") if n.strip()]
     if not names or any(n not in PATHS for n in names):
         ap.error(f"--paths takes {', '.join(PATHS)}")
-    model = resolve_model(None)
+    model = resolve_model(args.gguf)
     runners = {name: ModelRunner(WorkerConfig(model=str(model), device="cpu",
-                                              dtype=PATHS[name], max_model_len=512,
-                                              num_gpu_blocks_override=64, max_num_seqs=4))
+                                              dtype=PATHS[name][0], max_model_len=512,
+                                              num_gpu_blocks_override=64, max_num_seqs=4,
+                                              quant_activations=PATHS[name][1]))
                for name in names}
     parts = {name: time_parts(runner) for name, runner in runners.items()}
     times: dict[str, list[float]] = {name: [] for name in runners}

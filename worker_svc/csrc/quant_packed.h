@@ -502,6 +502,12 @@ static PK_VNNI void pk_tile_vnni(int fmt, float neg_zero, const uint8_t *w,
     const float *dx = x->dx + t0 * nb, *dxs = x->dxs + t0 * nb;
     const int q6k = (fmt & 3) == PK_Q6K;
     for (int64_t b = 0; b < nb; b++) {
+        if (T <= 2)  /* a lone stream streams the weights once: fetch blocks ahead */
+#pragma GCC unroll 4
+            for (int g = 0; g < G; g++)
+                for (int64_t at = 0; at < bb; at += 64)
+                    _mm_prefetch((const char *)(w + g * g_stride + (b + 4) * bb + at),
+                                 _MM_HINT_T0);
         __m512i I[4][8], I2[4][8];  /* I2: Q6_K's second half (chunks 4..7) */
 #pragma GCC unroll 4
         for (int g = 0; g < G; g++)
@@ -836,18 +842,51 @@ typedef struct {
     int64_t first, rows;
 } pk_segment;
 
+/* buffers for `rows` rows of x quantized; 0, or -1 without memory (all freed) */
+static int pk_x_alloc(pk_x *xs, int64_t rows, int64_t in)
+{
+    const int64_t nb = in / QK;
+    *xs = (pk_x){malloc((size_t)(rows * in)), malloc((size_t)(rows * nb) * 4),
+                 malloc((size_t)(rows * nb) * 4), malloc((size_t)(rows * nb) * 4),
+                 malloc((size_t)(rows * nb) * 8), in, nb};
+    if (xs->q && xs->dx && xs->dxs && xs->s && xs->s16)
+        return 0;
+    free(xs->q); free(xs->dx); free(xs->dxs); free(xs->s); free(xs->s16);
+    xs->q = NULL;
+    return -1;
+}
+
+static void pk_x_free(pk_x *xs)
+{
+    if (xs->q == NULL)
+        return;
+    free(xs->q); free(xs->dx); free(xs->dxs); free(xs->s); free(xs->s16);
+}
+
+static void pk_quantize_rows(const float *x, int64_t x_stride, const pk_x *xs, int64_t i0,
+                             int64_t i1)
+{
+    for (int64_t i = i0; i < i1; i++) {  /* i: row * nb + block */
+        const int64_t t = i / xs->nb, b = i % xs->nb;
+        pk_quantize_block(x + t * x_stride + b * QK, xs->q + t * xs->in + b * QK, xs->dx + i,
+                          xs->dxs + i, xs->s + i, xs->s16 + 2 * i);
+    }
+}
+
+/* x of at most this many values is quantized by every thread for itself: no barrier
+ * between quantizing and the matmul, which on a lone stream's 121 small calls a token
+ * is the cost (a thread descheduled at a barrier stalls the other) */
+#define PK_PRIVATE_X 16384
+
 static int pk_linear(const float *x, int64_t x_stride, int64_t rows, const pk_segment *seg,
                      int nseg, int64_t in, float *y, int64_t y_stride, int num_threads,
                      int force_portable)
 {
     const int64_t nb = in / QK;
-    pk_x xs = {malloc((size_t)(rows * in)), malloc((size_t)(rows * nb) * 4),
-               malloc((size_t)(rows * nb) * 4), malloc((size_t)(rows * nb) * 4),
-               malloc((size_t)(rows * nb) * 8), in, nb};
-    if (!xs.q || !xs.dx || !xs.dxs || !xs.s || !xs.s16) {
-        free(xs.q); free(xs.dx); free(xs.dxs); free(xs.s); free(xs.s16);
+    const int private_x = rows * in <= PK_PRIVATE_X;
+    pk_x shared = {0};
+    if (!private_x && pk_x_alloc(&shared, rows, in))
         return -2;
-    }
     const int loop = pk_loop(force_portable);
     /* work items: pairs of row groups, per segment (two groups by four rows of x a
      * tile measured faster than one by eight even on a 3072-value row) */
@@ -858,16 +897,28 @@ static int pk_linear(const float *x, int64_t x_stride, int64_t rows, const pk_se
         const int64_t groups = seg[s].packed ? (seg[s].rows + PK_ROWS - 1) / PK_ROWS : 0;
         start[s + 1] = start[s] + (groups + per - 1) / per;
     }
+    int failed = 0;
 #pragma omp parallel num_threads(num_threads)
     {
+        pk_x own = {0};
+        const pk_x *xs = &shared;
+        if (private_x) {
+            if (pk_x_alloc(&own, rows, in) == 0) {
+                pk_quantize_rows(x, x_stride, &own, 0, rows * nb);
+                xs = &own;
+            } else {
+#pragma omp atomic write
+                failed = 1;
+            }
+        } else {
 #pragma omp for schedule(static)
-        for (int64_t i = 0; i < rows * nb; i++) {
-            const int64_t t = i / nb, b = i % nb;
-            pk_quantize_block(x + t * x_stride + b * QK, xs.q + t * in + b * QK, xs.dx + i,
-                              xs.dxs + i, xs.s + i, xs.s16 + 2 * i);
+            for (int64_t i = 0; i < rows * nb; i++)
+                pk_quantize_rows(x, x_stride, &shared, i, i + 1);
         }
 #pragma omp for schedule(static)
         for (int64_t item = 0; item < start[nseg]; item++) {
+            if (xs->q == NULL)
+                continue;
             int s = 0;
             while (item >= start[s + 1])
                 s++;
@@ -882,13 +933,13 @@ static int pk_linear(const float *x, int64_t x_stride, int64_t rows, const pk_se
             float *yo = y + seg[s].first + g0 * PK_ROWS;
 #if defined(__AVX512F__)
             if (loop == PK_VNNI_LOOP) {
-                pk_run_vnni(seg[s].type, w, g_stride, G, n_last, &xs, rows, yo, y_stride);
+                pk_run_vnni(seg[s].type, w, g_stride, G, n_last, xs, rows, yo, y_stride);
                 continue;
             }
 #endif
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
             if (loop == PK_AVX2_LOOP) {
-                pk_run_avx2(seg[s].type, w, g_stride, G, (G - 1) * PK_ROWS + n_last, &xs,
+                pk_run_avx2(seg[s].type, w, g_stride, G, (G - 1) * PK_ROWS + n_last, xs,
                             rows, yo, y_stride);
                 continue;
             }
@@ -896,15 +947,12 @@ static int pk_linear(const float *x, int64_t x_stride, int64_t rows, const pk_se
             (void)loop;
             for (int g = 0; g < G; g++)
                 pk_group_portable(seg[s].type, w + g * g_stride, g == G - 1 ? n_last : PK_ROWS,
-                                  &xs, rows, yo + g * PK_ROWS, y_stride);
+                                  xs, rows, yo + g * PK_ROWS, y_stride);
         }
+        pk_x_free(&own);
     }
-    free(xs.q);
-    free(xs.dx);
-    free(xs.dxs);
-    free(xs.s);
-    free(xs.s16);
-    return 0;
+    pk_x_free(&shared);
+    return failed ? -2 : 0;
 }
 
 #endif
