@@ -46,9 +46,10 @@ def seeded(base: int):
 class Streams:
     """NUM_STREAMS concurrent streaming completions on threads (the openai client)."""
 
-    def __init__(self, stack, sampling=greedy) -> None:
+    def __init__(self, stack, sampling=greedy, max_tokens: int = MAX_TOKENS) -> None:
         self.client = stack.openai(timeout=120.0)
         self.sampling = sampling
+        self.max_tokens = max_tokens
         self.chunks = [0] * NUM_STREAMS
         self.text = [""] * NUM_STREAMS
         self.finish = [None] * NUM_STREAMS
@@ -62,7 +63,7 @@ class Streams:
     def _one(self, i: int) -> None:
         try:
             stream = self.client.completions.create(
-                model=self._model, prompt=PROMPTS[i], max_tokens=MAX_TOKENS,
+                model=self._model, prompt=PROMPTS[i], max_tokens=self.max_tokens,
                 stream=True, extra_body={"ignore_eos": True}, **self.sampling(i))
             for chunk in stream:
                 choice = chunk.choices[0]
@@ -136,15 +137,15 @@ def replace_worker(stack) -> None:
     sup.launch(child, env={k: v for k, v in sup.env.items() if k != FAULT_ENV})
 
 
-def start_faulty_run(stack, sampling=greedy) -> Streams:
+def start_faulty_run(stack, sampling=greedy, max_tokens: int = MAX_TOKENS) -> Streams:
     """16 streams; returns once the worker has stopped itself mid-stream."""
-    run = Streams(stack, sampling)
+    run = Streams(stack, sampling, max_tokens)
     wait_until(lambda: process_stopped(stack.process("worker").pid), "the worker to stop")
     # every request reached the scheduler (a thread may start late on a busy machine)
     wait_until(lambda: (lambda s: s["num_running"] + s["num_waiting"])(
         httpx.get(stack.http_url + "/v1/status", timeout=30).json()) == NUM_STREAMS,
         "all requests at the scheduler")
-    assert min(run.chunks) < MAX_TOKENS and run.finish.count(None) == NUM_STREAMS
+    assert min(run.chunks) < max_tokens and run.finish.count(None) == NUM_STREAMS
     return run
 
 
@@ -157,7 +158,7 @@ def assert_recovered(stack, metrics_port: int, run: Streams, sampling=greedy) ->
     assert scheduler_metric(metrics_port, "gapserve:requests_recovered_total") >= 1
     assert check_health(stack.scheduler_address)  # SERVING again
     wait_until(lambda: httpx.get(stack.http_url + "/ready").status_code == 200, "ready")
-    reference = Streams(stack, sampling)  # no fault now
+    reference = Streams(stack, sampling, run.max_tokens)  # no fault now
     reference.join()
     assert reference.finish == ["length"] * NUM_STREAMS
     assert run.text == reference.text  # greedy or seeded: identical to the no-fault run
