@@ -15,6 +15,8 @@ from pathlib import Path
 import pydantic
 import pytest
 
+from tests.integration.cut_search import cut_by_max_tokens
+
 pytestmark = pytest.mark.e2e
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -83,16 +85,16 @@ def required(client, stack, **kwargs):
 def test_a_call_cut_by_max_tokens_is_dropped_and_the_stream_names_it(client, stack):
     full = client.chat.completions.create(**required(client, stack, max_tokens=300))
     n = full.usage.completion_tokens
-    # greedy: the same prefix for every max_tokens; the first below n that ends inside
-    # a call's arguments (not between calls) is the cut this test needs
-    for max_tokens in range(n - 2, max(n - 12, 3), -1):
-        kwargs = required(client, stack, max_tokens=max_tokens)
-        chunks = [c for c in client.chat.completions.create(stream=True, **kwargs)
-                  if c.choices]
-        cut = (chunks[-1].choices[0].model_extra or {}).get("cut_tool_calls")
-        if cut:
-            break
-    assert cut and cut[0]["name"] == "get_weather", "no max_tokens cut a call"
+    # greedy: the same prefix for every max_tokens; the largest below n that ends
+    # inside a call's arguments (not between calls) is the cut this test needs
+    found = cut_by_max_tokens(lambda m: [
+        c for c in client.chat.completions.create(
+            stream=True, **required(client, stack, max_tokens=m)) if c.choices], n)
+    assert found, "no max_tokens cut a call"
+    max_tokens, chunks = found
+    kwargs = required(client, stack, max_tokens=max_tokens)
+    cut = chunks[-1].choices[0].model_extra["cut_tool_calls"]
+    assert cut and cut[0]["name"] == "get_weather"
     assert chunks[-1].choices[0].finish_reason == "length"
     reply = client.chat.completions.create(**kwargs)
     choice = reply.choices[0]

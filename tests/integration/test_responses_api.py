@@ -12,6 +12,8 @@ import json
 import httpx
 import pytest
 
+from tests.integration.cut_search import cut_by_max_tokens
+
 pytestmark = pytest.mark.e2e
 
 MODEL = "SmolLM2-135M-Instruct"
@@ -111,13 +113,10 @@ def test_a_call_cut_by_max_output_tokens_is_never_sent_streamed_or_not(client):
                 tool_choice="required")
     n = client.chat.completions.create(max_tokens=300, **chat).usage.completion_tokens
     # greedy, and the same chat request underneath: the chat stream names the cut
-    for max_tokens in range(n - 2, max(n - 12, 3), -1):
-        chunks = [c for c in client.chat.completions.create(
-            stream=True, max_tokens=max_tokens, **chat) if c.choices]
-        if (chunks[-1].choices[0].model_extra or {}).get("cut_tool_calls"):
-            break
-    else:
-        pytest.fail("no max_tokens cut a call")
+    found = cut_by_max_tokens(lambda m: [c for c in client.chat.completions.create(
+        stream=True, max_tokens=m, **chat) if c.choices], n)
+    assert found, "no max_tokens cut a call"
+    max_tokens, _ = found
     kept = client.chat.completions.create(max_tokens=max_tokens, **chat)
     kept = [c.function.arguments for c in kept.choices[0].message.tool_calls or []]
     common = dict(model=MODEL, input=ask, tools=[tool], tool_choice="required",
