@@ -225,6 +225,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.instance_id = args.instance_id or new_instance_id()
     try:
         supervisor = Supervisor(children(args))
+        if (backoff := flags.restart_backoff_s()) is not None:
+            supervisor.backoff_s = backoff
     except (OSError, ValueError) as e:  # an unreadable --tls-* file, a lone --tls-cert
         parser.error(str(e))
     try:  # every port, in serve's own flags, before anything starts or is announced

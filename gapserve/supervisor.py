@@ -62,9 +62,10 @@ def _with_nice(child: Child) -> str:
     return f"{child.name} (nice {nice})" if nice else child.name
 
 
-def restart_delay(failures: int) -> float:
-    """Seconds before the restart that follows the failures-th failure in the window."""
-    return min(RESTART_BACKOFF_S * 2 ** max(failures - 1, 0), RESTART_BACKOFF_MAX_S)
+def restart_delay(failures: int, first_s: float = RESTART_BACKOFF_S) -> float:
+    """Seconds before the restart that follows the failures-th failure in the window
+    (first_s: the first delay; GAPSERVE_RESTART_BACKOFF_S sets it, for tests)."""
+    return min(first_s * 2 ** max(failures - 1, 0), RESTART_BACKOFF_MAX_S)
 
 
 @dataclass(slots=True)
@@ -117,6 +118,7 @@ class Supervisor:
     log_dir: Path | None = None
     env: dict[str, str] | None = None
     restarts: int = 0
+    backoff_s: float = RESTART_BACKOFF_S  # the first restart delay
     _write: threading.Lock = field(default_factory=threading.Lock)
 
     def start(self, log_dir: Path | None = None, env: dict[str, str] | None = None) -> None:
@@ -215,7 +217,7 @@ class Supervisor:
                              f"times within {RESTART_WINDOW_S:.0f} s (last with code "
                              f"{code}); giving up and stopping")
                     return child
-                delay = restart_delay(len(child.failures))
+                delay = restart_delay(len(child.failures), self.backoff_s)
                 # The others carry on (docs/resilience.md): a restarted worker is
                 # reconnected by the scheduler, a restarted scheduler by the frontend.
                 self.say(f"gapserve serve: {child.name} exited with code {code}; "

@@ -533,6 +533,7 @@ CACHE_DIR_ENV = ENV_PREFIX + "CACHE_DIR"
 DEFAULT_MODEL_WHEEL_ENV = ENV_PREFIX + "DEFAULT_MODEL_WHEEL"
 GEMMA3_WHEELS_ENV = ENV_PREFIX + "GEMMA3_WHEELS"
 CPU_ISA_ENV = ENV_PREFIX + "CPU_ISA"
+RESTART_BACKOFF_ENV = ENV_PREFIX + "RESTART_BACKOFF_S"
 VARIABLES = {  # docs/flags.md lists them after the flags
     FAULT_STOP_AFTER_STEPS_ENV: "tests only: the worker stops answering after this many "
                                 "steps (worker_svc/fault_injection.py)",
@@ -547,6 +548,9 @@ VARIABLES = {  # docs/flags.md lists them after the flags
     CPU_ISA_ENV: "the highest ISA level the worker's C kernels use (avx512, avx2, x86-64-v2): "
                  "runs a lower level's code on a CPU that has a higher one (tests, "
                  "reproducing another machine); unset: the best this CPU runs",
+    RESTART_BACKOFF_ENV: "tests only: the first restart delay of `gapserve serve`'s "
+                         "supervisor, in seconds (default 0.5; it doubles per failure "
+                         "up to 30 s, gapserve/supervisor.py)",
 }
 
 
@@ -554,6 +558,12 @@ def fault_stop_after_steps(environ: Mapping[str, str] | None = None) -> int | No
     """GAPSERVE_FAULT_STOP_AFTER_STEPS, read by the worker's main into WorkerConfig."""
     value = (os.environ if environ is None else environ).get(FAULT_STOP_AFTER_STEPS_ENV, "")
     return int(value) if value.strip() else None
+
+
+def restart_backoff_s(environ: Mapping[str, str] | None = None) -> float | None:
+    """GAPSERVE_RESTART_BACKOFF_S, read by `gapserve serve` (None: unset)."""
+    value = (os.environ if environ is None else environ).get(RESTART_BACKOFF_ENV, "")
+    return float(value) if value.strip() else None
 
 
 def fault_fail_on_token(environ: Mapping[str, str] | None = None) -> int | None:

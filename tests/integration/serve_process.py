@@ -57,11 +57,13 @@ def port_flags() -> dict[str, int]:
 
 
 def start_serve(model_dir: Path, log: Path, *flags: str,
-                ports: dict[str, int] | None = None) -> Serve:
-    """`gapserve serve` with the tiny flags (then `flags`), not waited for."""
+                ports: dict[str, int] | None = None,
+                env: dict[str, str] | None = None) -> Serve:
+    """`gapserve serve` with the tiny flags (then `flags`), not waited for; env is
+    added to its environment (none of this process's GAPSERVE_ variables is)."""
     ports = ports or port_flags()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GAPSERVE_")}
-    env["OMP_NUM_THREADS"] = "1"
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("GAPSERVE_")},
+           "OMP_NUM_THREADS": "1", **(env or {})}
     with open(log, "wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "gapserve", "serve", "--model", str(model_dir),

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from gapserve import supervisor
+from shared import config
 from tests.integration.serve_process import start_serve
 from tests.integration.test_services import _children
 from tests.wire.session_client import wait_for
@@ -61,11 +62,18 @@ def test_a_kv_cache_too_small_for_max_model_len_is_the_last_line_naming_both_fla
     assert last.endswith("lower --max-model-len or raise --kv-cache-memory")
 
 
+# The first restart delay this test runs with (GAPSERVE_RESTART_BACKOFF_S): the rule,
+# doubling per failure, is the same as from the default 0.5 s (the test above), and
+# the four delays take 1.5 s instead of 7.5.
+FIRST_DELAY_S = 0.1
+
+
 def test_a_worker_that_keeps_dying_is_restarted_with_backoff_then_given_up_on(
         tiny_model_dir, tmp_path):
     model = tmp_path / "model"
     shutil.copytree(tiny_model_dir, model)
-    serve = start_serve(model, tmp_path / "serve.log")
+    serve = start_serve(model, tmp_path / "serve.log",
+                        env={config.RESTART_BACKOFF_ENV: str(FIRST_DELAY_S)})
     try:
         serve.wait_ready()
         # every restart from now on refuses the checkpoint
@@ -81,7 +89,9 @@ def test_a_worker_that_keeps_dying_is_restarted_with_backoff_then_given_up_on(
     delays = [line.rsplit(" in ", 1)[1] for line in lines
               if line.startswith("gapserve serve: worker-0 exited with code")
               and "restarting it" in line]
-    assert delays == ["0.5 s", "1 s", "2 s", "4 s"][:supervisor.RESTART_LIMIT - 1]
+    assert delays == ["0.1 s", "0.2 s", "0.4 s", "0.8 s"][:supervisor.RESTART_LIMIT - 1]
+    assert delays == [f"{supervisor.restart_delay(n, FIRST_DELAY_S):g} s"
+                      for n in range(1, supervisor.RESTART_LIMIT)]
     assert lines[-2] == (f"gapserve serve: worker-0 exited {supervisor.RESTART_LIMIT} times "
                          f"within {supervisor.RESTART_WINDOW_S:.0f} s (last with code 2); "
                          f"giving up and stopping")
