@@ -23,6 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from shared.model_files.gguf_header import Header, HeaderError, TensorInfo, read_header
 from shared.progress import Progress
 from shared.telemetry import get_logger
 
@@ -76,28 +77,45 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def check_gguf(path: Path, reader=None) -> str:
-    """Refuse, by name, an architecture no family serves or a tensor type the exact
-    path does not dequantize (IQ*, TQ*, MXFP4...); return the architecture. reader: the
-    file's GGUFReader if the caller has one (a parse of a 262k-token vocabulary's
-    metadata takes ~10 s on a 2-core VM)."""
-    from gguf import GGUFReader
+def gguf_header(path: Path) -> Header:
+    """The file's header (gguf_header.read_header: its metadata arrays stepped over,
+    not parsed), or, for a file that reader does not read, GGUFReader's parse of it."""
+    try:
+        return read_header(path)
+    except HeaderError:
+        from gguf import GGUFReader, GGUFValueType
+        reader = GGUFReader(str(path))
+        return Header(
+            {name: (f.contents() if f.types and f.types[0] != GGUFValueType.ARRAY
+                    else (int(f.types[-1]), len(f.data))) for name, f in reader.fields.items()},
+            tuple(TensorInfo(t.name, tuple(int(d) for d in t.shape), int(t.tensor_type),
+                             int(t.data_offset), int(t.n_bytes)) for t in reader.tensors))
 
-    reader = reader or GGUFReader(str(path))
-    field = reader.fields.get("general.architecture")
-    if field is None:
+
+def type_name(ggml_type: int) -> str:
+    from gguf import GGMLQuantizationType
+    return GGMLQuantizationType(ggml_type).name
+
+
+def check_gguf(path: Path, header: Header | None = None) -> str:
+    """Refuse, by name, an architecture no family serves or a tensor type the exact
+    path does not dequantize (IQ*, TQ*, MXFP4...); return the architecture. header:
+    the file's (gguf_header), if the caller has read it."""
+    header = header or gguf_header(path)
+    arch = header.fields.get("general.architecture")
+    if arch is None:
         raise GGUFError(f"{path}: no general.architecture in its metadata")
-    arch = str(field.contents())
+    arch = str(arch)
     if arch not in ARCHITECTURES:
         raise GGUFError(f"{path}: GGUF architecture {arch!r} is not served (served: "
                         f"{', '.join(ARCHITECTURES)})")
-    for t in reader.tensors:
+    for t in header.tensors:
         if arch == "phi3" and t.name.startswith("rope_factors_"):
             raise GGUFError(f"{path}: a phi3 GGUF with longrope factors ({t.name}) is not "
                             "served: transformers' GGUF load drops longrope, so no "
                             "reference checks it; serve its Hugging Face checkpoint")
-        if t.tensor_type.name not in SUPPORTED_TYPES:
-            raise GGUFError(f"{path}: tensor {t.name} has GGUF type {t.tensor_type.name}, "
+        if type_name(t.ggml_type) not in SUPPORTED_TYPES:
+            raise GGUFError(f"{path}: tensor {t.name} has GGUF type {type_name(t.ggml_type)}, "
                             "which gapserve does not load (loaded: "
                             f"{', '.join(SUPPORTED_TYPES)})")
     return arch
@@ -153,9 +171,8 @@ def _check_expert_width(gguf_path: Path, arch: str, config) -> None:
     768): a file of another width is refused by name rather than loaded misread."""
     if arch != "qwen3moe":
         return
-    from gguf import GGUFReader
-    field = GGUFReader(str(gguf_path)).fields.get("qwen3moe.expert_feed_forward_length")
-    width = int(field.contents()) if field is not None else None
+    field = gguf_header(gguf_path).fields.get("qwen3moe.expert_feed_forward_length")
+    width = int(field) if field is not None else None
     if width is not None and width != config.moe_intermediate_size:
         raise GGUFError(f"{gguf_path}: qwen3moe.expert_feed_forward_length {width} is not "
                         f"what transformers' GGUF load reads ({config.moe_intermediate_size}"
@@ -163,7 +180,6 @@ def _check_expert_width(gguf_path: Path, arch: str, config) -> None:
 
 
 def _write_view(gguf_path: Path, arch: str, out: Path) -> None:
-    from gguf import GGUFReader
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
     directory, name = str(gguf_path.parent), gguf_path.name
@@ -178,9 +194,9 @@ def _write_view(gguf_path: Path, arch: str, out: Path) -> None:
         progress.advance()
         tok = AutoTokenizer.from_pretrained(directory, gguf_file=name)
         progress.advance()
-    template = GGUFReader(str(gguf_path)).fields.get("tokenizer.chat_template")
+    template = gguf_header(gguf_path).fields.get("tokenizer.chat_template")
     if template is not None:
-        tok.chat_template = str(template.contents())
+        tok.chat_template = str(template)
     config.dtype = "float32"  # the exact path: dequantized to float32
     config.save_pretrained(str(out))
     GenerationConfig.from_model_config(config).save_pretrained(str(out))

@@ -24,7 +24,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from shared.model_files.gguf_model import SUPPORTED_TYPES, GGUFError, check_gguf
+from shared.model_files.gguf_model import (SUPPORTED_TYPES, GGUFError, check_gguf,
+                                           gguf_header, type_name)
 from shared.telemetry import get_logger
 from worker_svc.model.loading.safetensors_io import TensorEntry
 
@@ -127,15 +128,13 @@ def _listing(path: Path) -> tuple[str, tuple[_Tensor, ...]]:
 
 @functools.lru_cache(maxsize=4)
 def _parsed(path: Path, size: int, mtime_ns: int) -> tuple[str, tuple[_Tensor, ...]]:
-    from gguf import GGUFReader
-
-    reader = GGUFReader(str(path))
-    arch = check_gguf(path, reader)
+    header = gguf_header(path)  # its metadata arrays (the vocabulary) stepped over
+    arch = check_gguf(path, header)
     return arch, tuple(
-        _Tensor(name=t.name, shape=tuple(int(d) for d in reversed(t.shape)),  # inner-first
-                kind=t.tensor_type.name, ggml_type=int(t.tensor_type),
-                data_offset=int(t.data_offset), n_bytes=int(t.n_bytes))
-        for t in reader.tensors)
+        _Tensor(name=t.name, shape=tuple(reversed(t.dims)),  # the file lists inner-first
+                kind=type_name(t.ggml_type), ggml_type=t.ggml_type,
+                data_offset=t.data_offset, n_bytes=t.n_bytes)
+        for t in header.tensors)
 
 
 def raw_blocks(entry: TensorEntry, raw: np.ndarray) -> tuple[np.ndarray, int]:
