@@ -50,16 +50,23 @@ def _teacher_forced(runner, prompt: list[int], tokens: list[int]) -> list[torch.
     return out
 
 
-def _agree_step_by_step(quant, exact) -> None:
-    """The exact path's greedy continuation, step by step, fed to the quantized one:
-    every step's logits within BOUND and the same greedy token."""
-    prompt = [t % 261 for t in _prompt(0, 40)]
+def _exact_greedy(exact, prompt: list[int]) -> tuple[list[torch.Tensor], list[int]]:
+    """The exact path's logits of the prompt and of each of its DECODE_STEPS greedy
+    steps, and the tokens it chose."""
     state = _state(prompt)
     steps, tokens = [_chunk_logits(exact, state, len(prompt))], []
     for _ in range(DECODE_STEPS):
         tokens.append(int(steps[-1][-1].argmax()))
         state.token_ids.append(tokens[-1])
         steps.append(_chunk_logits(exact, state, 1))
+    return steps, tokens
+
+
+def _agree_step_by_step(quant, exact) -> None:
+    """The exact path's greedy continuation, step by step, fed to the quantized one:
+    every step's logits within BOUND and the same greedy token."""
+    prompt = [t % 261 for t in _prompt(0, 40)]
+    steps, tokens = _exact_greedy(exact, prompt)
     got = _teacher_forced(quant, prompt, tokens)
     for i, (g, w) in enumerate(zip(got, steps)):
         assert _relative_error(g, w) < BOUND, f"step {i}"
@@ -157,12 +164,7 @@ def test_int8_activations_serve_every_loop_close_to_the_exact_path(tmp_path, arc
     assert all(p is not None for p in w.layers[0].qkv.packed)  # repacked at load
     assert w.lm_head is w.embed or not w.embed.packed  # a lookup-only table is not
     prompt = [t % 261 for t in _prompt(1, 40)]
-    state = _state(prompt)
-    steps, tokens = [_chunk_logits(exact, state, len(prompt))], []
-    for _ in range(DECODE_STEPS):
-        tokens.append(int(steps[-1][-1].argmax()))
-        state.token_ids.append(tokens[-1])
-        steps.append(_chunk_logits(exact, state, 1))
+    steps, tokens = _exact_greedy(exact, prompt)
     errors = [_relative_error(g, want) for g, want in
               zip(_teacher_forced(quant, prompt, tokens), steps)]
     assert max(errors) < INT8_BOUND, errors
