@@ -9,6 +9,11 @@ with every row of x in fp32: only the order of the sums differs from dequantize-
 matmul, for any number of rows. `gather` widens rows by index (the embedding lookup
 of a quantized token_embd).
 
+`pack` (--quant-activations int8) replaces each segment's blocks with a repacked copy
+for the int8-activation path (csrc/quant_packed.h): x rounded to int8 per 32 values,
+block sums in integers, not exact; the copy rides in the descriptor after the
+segments (PACKED_FLAG), so every caller, the C layer loops included, takes it.
+
 QuantLinear is called where the small-batch kernel is (small_linear.SmallLinear hands
 a QuantWeight here), where the torch-layer families' layers.linear meets one (and
 layers.vocab_parallel_embed calls `gather`), and the C layer loop calls `quant_linear`
