@@ -94,6 +94,10 @@ int64_t quant_row_bytes(int type, int64_t in)
     }
 }
 
+/* the int8-activation path's repacking, and the one decoder of the block layouts the
+ * portable widening below shares with it */
+#include "quant_packed.h"
+
 #if defined(__AVX512F__)
 /* AVX-512 widening of the common block types, 16 values a vector, the same products
  * in the same order as the portable code below (so the same bits). GCC leaves the
@@ -439,110 +443,8 @@ int quant_dequant_row(int type, const uint8_t *src, int64_t in, float *dst)
             memcpy(dst + i, &bits, 4);
         }
         return 0;
-    case T_Q8_0:
-        for (int64_t b = 0; b < in / QK; b++, src += 34, dst += QK) {
-            const float d = f16(u16(src));
-            const int8_t *q = (const int8_t *)(src + 2);
-            for (int l = 0; l < QK; l++)
-                dst[l] = (float)q[l] * d;
-        }
-        return 0;
-    case T_Q4_0:
-        for (int64_t b = 0; b < in / QK; b++, src += 18, dst += QK) {
-            const float d = f16(u16(src));
-            const uint8_t *q = src + 2;
-            for (int l = 0; l < 16; l++) {
-                dst[l] = d * (float)((int)(q[l] & 0xF) - 8);
-                dst[l + 16] = d * (float)((int)(q[l] >> 4) - 8);
-            }
-        }
-        return 0;
-    case T_Q4_1:
-        for (int64_t b = 0; b < in / QK; b++, src += 20, dst += QK) {
-            const float d = f16(u16(src)), m = f16(u16(src + 2));
-            const uint8_t *q = src + 4;
-            for (int l = 0; l < 16; l++) {
-                dst[l] = d * (float)(q[l] & 0xF) + m;
-                dst[l + 16] = d * (float)(q[l] >> 4) + m;
-            }
-        }
-        return 0;
-    case T_Q5_0:
-    case T_Q5_1: {
-        const int with_min = type == T_Q5_1;
-        const int64_t size = with_min ? 24 : 22;
-        for (int64_t b = 0; b < in / QK; b++, src += size, dst += QK) {
-            const float d = f16(u16(src)), m = with_min ? f16(u16(src + 2)) : 0.0f;
-            uint32_t qh;
-            memcpy(&qh, src + (with_min ? 4 : 2), 4);
-            const uint8_t *q = src + (with_min ? 8 : 6);
-            for (int l = 0; l < 16; l++) {
-                const int lo = (q[l] & 0xF) | (int)(((qh >> l) & 1u) << 4);
-                const int hi = (q[l] >> 4) | (int)(((qh >> (l + 16)) & 1u) << 4);
-                if (with_min) {
-                    dst[l] = d * (float)lo + m;
-                    dst[l + 16] = d * (float)hi + m;
-                } else {
-                    dst[l] = d * (float)(lo - 16);
-                    dst[l + 16] = d * (float)(hi - 16);
-                }
-            }
-        }
-        return 0;
-    }
-    case T_Q4_K:
-    case T_Q5_K: {
-        const int five = type == T_Q5_K;
-        const int64_t size = five ? 176 : 144;
-        for (int64_t b = 0; b < in / QK_K; b++, src += size) {
-            const float d = f16(u16(src)), dmin = f16(u16(src + 2));
-            const uint8_t *scales = src + 4, *qh = src + 16;
-            const uint8_t *q = src + (five ? 48 : 16);
-            for (int j = 0; j < 4; j++, q += 32) {  /* 64 values: two sub-blocks */
-                uint8_t sc, mn;
-                scale_min_k4(2 * j, scales, &sc, &mn);
-                const float d1 = d * (float)sc, m1 = dmin * (float)mn;
-                scale_min_k4(2 * j + 1, scales, &sc, &mn);
-                const float d2 = d * (float)sc, m2 = dmin * (float)mn;
-                for (int l = 0; l < 32; l++) {
-                    int lo = q[l] & 0xF, hi = q[l] >> 4;
-                    if (five) {
-                        lo |= ((qh[l] >> (2 * j)) & 1) << 4;
-                        hi |= ((qh[l] >> (2 * j + 1)) & 1) << 4;
-                    }
-                    dst[l] = d1 * (float)lo - m1;
-                    dst[l + 32] = d2 * (float)hi - m2;
-                }
-                dst += 64;
-            }
-        }
-        return 0;
-    }
-    case T_Q6_K:
-        for (int64_t b = 0; b < in / QK_K; b++, src += 210) {
-            const uint8_t *ql = src, *qh = src + 128;
-            const int8_t *sc = (const int8_t *)(src + 192);
-            const float d = f16(u16(src + 208));
-            for (int n = 0; n < 2; n++, ql += 64, qh += 32, sc += 8, dst += 128) {
-                float ds[8];
-                for (int k = 0; k < 8; k++)
-                    ds[k] = d * (float)sc[k];
-                for (int l = 0; l < 32; l++) {
-                    const int is = l / 16;
-                    const int q1 = ((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
-                    const int q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
-                    const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
-                    const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
-                    dst[l] = ds[is] * (float)q1;
-                    dst[l + 32] = ds[is + 2] * (float)q2;
-                    dst[l + 64] = ds[is + 4] * (float)q3;
-                    dst[l + 96] = ds[is + 6] * (float)q4;
-                }
-            }
-        }
-        return 0;
-    default:
-        return -1;
+    default:  /* the block types: their layouts decoded once, in quant_packed.h */
+        return pk_widen_blocks(type, src, in, dst);
     }
 }
 
@@ -954,8 +856,6 @@ static void tile_all_rows(const float *x, int64_t x_stride, int64_t rows, const 
     }
 }
 #endif
-
-#include "quant_packed.h"
 
 typedef struct {
     int type;

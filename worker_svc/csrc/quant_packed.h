@@ -268,11 +268,48 @@ int quant_pack(int type, const uint8_t *data, int64_t rows, int64_t row_bytes, i
     return failed ? -2 : 0;
 }
 
-/* Row r of a repacked weight widened to fp32 as gguf.quants.dequantize does: d * (u - z)
- * for Q8_0, Q4_0 and Q5_0 (a zero keeps the sign of d), sc * u + mn with the same two
- * roundings as its d * q + m (or d1 * q - m1, the K-quants) for the others. Its values
- * bit for bit, so a repacked weight needs no blocks beside it, the embedding lookup of
- * a tied head included. */
+/* One value as gguf.quants.dequantize computes it from its integer u: d * (u - z) for
+ * Q8_0, Q4_0 and Q5_0 (a zero keeps the sign of d), sc * u + mn with the same two
+ * roundings as its d * q + m (or d1 * q - m1, the K-quants) for the others, and
+ * (d * sc) * (u - 32) for Q6_K (ds: that product, per 16 values). */
+static inline float pk_value(int type, int fmt, int u, float sc, float mn)
+{
+    switch (fmt & 3) {
+    case PK_SYM16: return sc * (float)(u + (int)pk_neg_zero(type));
+    case PK_Q6K: return sc * (float)(u - 32);
+    default: return sc * (float)u + mn;
+    }
+}
+
+/* A row of a type quant_pack reads widened to fp32 from the file's blocks, through
+ * the one decoder of their layouts (pk_unpack_row) and pk_value: the exact path's
+ * portable widening (quant_dequant_row). 0, or -1 for a type not read here. */
+static int pk_widen_blocks(int type, const uint8_t *src, int64_t in, float *dst)
+{
+    if (!quant_packs(type))
+        return -1;
+    const int fmt = pk_format(type);
+    const int64_t chunk = type == T_Q4_K || type == T_Q5_K || type == T_Q6_K ? QK_K : QK;
+    const int64_t bytes = quant_row_bytes(type, chunk);
+    uint8_t u[QK_K];
+    float sc[QK_K / QK], mn[QK_K / QK];
+    uint16_t h[2 * QK_K / QK];
+    int8_t s6[2 * QK_K / QK];
+    for (int64_t at = 0; at < in; at += chunk, src += bytes) {
+        pk_unpack_row(type, src, chunk, u, sc, mn, h, s6);
+        for (int64_t b = 0; b < chunk / QK; b++)
+            for (int i = 0; i < QK; i++) {
+                const float scale = (fmt & 3) == PK_Q6K
+                    ? f16(h[2 * b]) * (float)s6[2 * b + i / 16] : sc[b];
+                dst[at + b * QK + i] = pk_value(type, fmt, u[b * QK + i], scale, mn[b]);
+            }
+    }
+    return 0;
+}
+
+/* Row r of a repacked weight widened to fp32: pk_value of its values, so the file's
+ * dequantized values bit for bit, and a repacked weight needs no blocks beside it
+ * (the embedding lookup of a tied head reads it). */
 static void pk_gather_row(int type, const uint8_t *packed, int64_t r, int64_t in, float *dst)
 {
     const int fmt = pk_format(type);
@@ -281,32 +318,26 @@ static void pk_gather_row(int type, const uint8_t *packed, int64_t r, int64_t in
     const uint8_t *w = packed + (r / PK_ROWS) * nb * bb;
     for (int64_t b = 0; b < nb; b++) {
         const uint8_t *blk = w + b * bb;
-        float sc = 0.0f, mn = 0.0f;
-        if ((fmt & 3) == PK_Q6K) {  /* gguf's (d * sc) * (q - 32), a scale per 16 */
+        float sc[2] = {0.0f, 0.0f}, mn = 0.0f;  /* Q6_K: a scale per 16 values */
+        if ((fmt & 3) == PK_Q6K) {
             const float d = f16(u16(blk + vb + 2 * PK_ROWS + 2 * rr));
-            const float ds[2] = {d * (float)(int8_t)blk[vb + rr],
-                                 d * (float)(int8_t)blk[vb + PK_ROWS + rr]};
-            for (int c = 0; c < QK / 4; c++)
-                for (int i = 0; i < 4; i++)
-                    dst[b * QK + 4 * c + i] = ds[c / 4]
-                        * (float)((int)blk[(c * PK_ROWS + rr) * 4 + i] - 32);
-            continue;
-        }
-        if ((fmt & 3) == PK_ASYM32) {
-            memcpy(&sc, blk + vb + 4 * rr, 4);
+            sc[0] = d * (float)(int8_t)blk[vb + rr];
+            sc[1] = d * (float)(int8_t)blk[vb + PK_ROWS + rr];
+        } else if ((fmt & 3) == PK_ASYM32) {
+            memcpy(&sc[0], blk + vb + 4 * rr, 4);
             memcpy(&mn, blk + vb + 4 * PK_ROWS + 4 * rr, 4);
         } else {
-            sc = f16(u16(blk + vb + 2 * rr));
-            mn = (fmt & 3) == PK_ASYM16 ? f16(u16(blk + vb + 2 * PK_ROWS + 2 * rr))
-                                        : pk_neg_zero(type) * sc;
+            sc[0] = f16(u16(blk + vb + 2 * rr));
+            mn = (fmt & 3) == PK_ASYM16 ? f16(u16(blk + vb + 2 * PK_ROWS + 2 * rr)) : 0.0f;
         }
+        if ((fmt & 3) != PK_Q6K)
+            sc[1] = sc[0];
         for (int c = 0; c < QK / 4; c++)
             for (int i = 0; i < 4; i++) {
                 const int cc = fmt & PK_NIB ? c % 4 : c;
                 const uint8_t v = blk[(cc * PK_ROWS + rr) * 4 + i];
                 const int u = fmt & PK_NIB ? (c < 4 ? v & 0xF : v >> 4) : v;
-                dst[b * QK + 4 * c + i] = (fmt & 3) == PK_SYM16
-                    ? sc * (float)(u + (int)pk_neg_zero(type)) : sc * (float)u + mn;
+                dst[b * QK + 4 * c + i] = pk_value(type, fmt, u, sc[c / 4], mn);
             }
     }
 }
