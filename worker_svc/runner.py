@@ -36,8 +36,7 @@ from worker_svc.model.cpu.cpu_dtype import native_bf16
 from worker_svc.model.layers import longrope_rows
 from worker_svc.model.loading.dummy_weights import dummy_weights
 from worker_svc.model.cpu import quant_weights
-from worker_svc.model.loading.gguf_quantized import (held_types, load_quantized_weights,
-                                                     pack_weights, return_freed_memory)
+from worker_svc.model.loading.gguf_quantized import held_types, load_quantized_weights
 from worker_svc.model.loading.gguf_tensors import matmul_types
 from worker_svc.model.registry import FAMILIES
 from worker_svc.model.loading.weights import weight_bytes
@@ -96,16 +95,8 @@ class ModelRunner:
             if config.load_format == "dummy":  # never split: refused with tensor parallelism
                 weights = dummy_weights(cfg, act_dtype, self.device, seed=config.seed)
             elif plan.weights == "gguf_quantized":  # a GGUF's blocks as they are
-                weights = load_quantized_weights(self.model_dir, cfg, module)
-                if plan.quant_activations == "int8":
-                    weights = pack_weights(weights)  # the blocks it replaced are freed:
-                    return_freed_memory()            # give their pages back
-                    loop = quant_weights.load().packed_loop
-                    if loop == "portable":
-                        log.warning("quant_activations_portable_loop",
-                                    reason="this build has no AVX2 loop for the int8 path: "
-                                    "its portable loop is slower than the float32 path's; "
-                                    "--quant-activations float32 is faster here")
+                weights = load_quantized_weights(self.model_dir, cfg, module,
+                                                 plan.quant_activations)
             else:
                 weights = module.load_weights(self.model_dir, cfg, act_dtype, self.device,
                                               self.plan, matmul_dtype=self.dtype)

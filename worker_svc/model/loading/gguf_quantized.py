@@ -19,11 +19,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from shared.telemetry import get_logger
 from worker_svc.model.config import ModelConfig
-from worker_svc.model.cpu.quant_weights import TYPES, QuantWeight, concat, pack
+from worker_svc.model.cpu.quant_weights import TYPES, QuantWeight, concat, load, pack
 from worker_svc.model.loading.gguf_tensors import dequantized, quantized_rows
 from worker_svc.model.loading.safetensors_io import TensorEntry
 from worker_svc.model.loading.weights import CheckpointSlices
+
+log = get_logger(service="worker")
 
 
 def _quant(e: TensorEntry) -> QuantWeight:
@@ -67,11 +70,23 @@ class QuantizedSlices(CheckpointSlices):
         return embed, _quant(self.entry("lm_head.weight"))
 
 
-def load_quantized_weights(model_dir: Path, cfg: ModelConfig, module):
+def load_quantized_weights(model_dir: Path, cfg: ModelConfig, module,
+                           activations: str = "float32"):
     """The whole model (one rank) as the family `module` holds it, with QuantWeights
-    where its exact path has float matmul weights."""
-    return module.load_weights(model_dir, cfg, torch.float32, torch.device("cpu"),
-                               slices=QuantizedSlices)
+    where its exact path has float matmul weights; repacked for the int8-activation
+    path when `activations` is "int8" (--quant-activations)."""
+    weights = module.load_weights(model_dir, cfg, torch.float32, torch.device("cpu"),
+                                  slices=QuantizedSlices)
+    if activations != "int8":
+        return weights
+    weights = pack_weights(weights)  # the blocks it replaced are unreferenced now:
+    return_freed_memory()            # their pages go back
+    if load().packed_loop == "portable":
+        log.warning("quant_activations_portable_loop",
+                    reason="this build has no AVX2 loop for the int8 path: its portable "
+                    "loop is slower than the float32 path's; --quant-activations float32 "
+                    "is faster here")
+    return weights
 
 
 def pack_weights(weights):
