@@ -80,6 +80,9 @@ def main(argv: Sequence[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     _start_nice(command)
+    if command in ("serve", "worker", "scheduler", "frontend"):
+        from shared.shutdown import dump_stacks_on_sigusr1
+        dump_stacks_on_sigusr1()  # `kill -USR1 <pid>`: every thread's stack to its log
     module, _, function = target.partition(":")
     result = getattr(importlib.import_module(module), function)(rest)
     return int(result or 0)

@@ -11,7 +11,6 @@ live in scheduler_svc/core and the loop in scheduler_svc/engine.py.
 from __future__ import annotations
 
 import queue
-import signal
 import sys
 import threading
 import time
@@ -38,6 +37,7 @@ from shared.arg_types import worker_groups
 from shared.grpc_server import COALESCE_BYTES, ServiceServer
 from shared.link_security import LinkSecurity, inner_bind_problem
 from shared.ports import PortUnavailable, check_free
+from shared.shutdown import stop_on_signals, wait_for_stop
 from shared.proto import common_pb2, engine_pb2, engine_pb2_grpc
 from smg_grpc_proto import vllm_engine_pb2_grpc
 from shared.speculative_config import parse_speculative_config
@@ -250,9 +250,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = flags.parse_args(flags.scheduler_parser(), argv)
     setup_telemetry("scheduler", otlp_endpoint=args.otlp_traces_endpoint,
                     log_format=args.log_format, log_level=args.log_level)
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    stop = stop_on_signals()
     servicer = EngineServicer()
     security = LinkSecurity.from_args(args)
     if (problem := inner_bind_problem(args.host, security, args.allow_insecure_inner)):
@@ -316,7 +314,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                  sliding_window=cfg.sliding_window, max_num_seqs=cfg.max_num_seqs,
                  max_num_batched_tokens=cfg.max_num_batched_tokens,
                  max_open_requests=engine.max_open_requests)
-        stop.wait()
+        wait_for_stop(stop)
         if not failed.is_set():
             _drain(engine, scheduler, server, args.drain_timeout_s)
     except ConfigError as e:

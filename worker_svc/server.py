@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import queue
-import signal
 import sys
 import threading
 import time
@@ -26,6 +25,7 @@ from shared.wire.worker import runner_output_to_proto, scheduler_output_from_pro
 from shared.grpc_server import ServiceServer
 from shared.link_security import LinkSecurity, inner_bind_problem
 from shared.ports import PortUnavailable, check_free
+from shared.shutdown import stop_on_signals, wait_for_stop
 from shared.proto import worker_pb2, worker_pb2_grpc
 from shared.telemetry import get_logger, setup_telemetry, start_metrics_server
 from shared.types import ModelRunnerOutput, SchedulerOutput
@@ -295,9 +295,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(e))
     setup_telemetry(f"worker-{args.rank}", otlp_endpoint=args.otlp_traces_endpoint,
                     log_format=args.log_format, log_level=args.log_level)
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    stop = stop_on_signals()
     security = LinkSecurity.from_args(args)
     if (problem := inner_bind_problem(args.host, security, args.allow_insecure_inner)):
         log.error("insecure_bind_refused", host=args.host)
@@ -336,7 +334,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         log.info("worker_ready", model=info.model_name, num_kv_blocks=info.num_kv_blocks,
                  block_size=info.block_size, max_model_len=info.max_model_len, dtype=info.dtype,
                  compute_plan=info.compute_plan)
-        stop.wait()
+        wait_for_stop(stop)
         servicer.drain(server, args.drain_timeout_s)
     except (ValueError, FileNotFoundError) as e:
         log.error("worker_failed_to_start", error=str(e))

@@ -82,12 +82,30 @@ class Streams:
         assert not self.errors, self.errors
 
 
-def wait_until(predicate, what: str, timeout_s: float = 60.0):
+def wait_until(predicate, what: str, timeout_s: float = 60.0, explain=None):
+    """explain(): more for the failure's message, e.g. a stuck service's stacks."""
     deadline = time.monotonic() + timeout_s
     while not (value := predicate()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out waiting for {what}"
+                                 + (f"\n{explain()}" if explain is not None else ""))
         time.sleep(0.01)
     return value
+
+
+def stacks(process, log: Path) -> str:
+    """A service's every thread's stack (SIGUSR1, shared/shutdown.py), from its log;
+    for a failure's message only."""
+    start = log.stat().st_size
+    process.send_signal(signal.SIGUSR1)
+    deadline, text = time.monotonic() + 30, ""
+    while time.monotonic() < deadline:
+        time.sleep(0.2)
+        grown = log.read_bytes()[start:].decode(errors="replace")
+        if "most recent call first" in grown and grown == text:
+            break  # written and no longer growing
+        text = grown
+    return text or "(no stacks written)"
 
 
 def process_stopped(pid: int) -> bool:
@@ -285,7 +303,8 @@ def test_sigterm_drains_the_scheduler_running_requests_finish_there(fault_stack)
     scheduler = next(c for c in sup.children if c.name == "scheduler")
     log = stack.log_dir / "scheduler.log"
     scheduler.process.send_signal(signal.SIGTERM)
-    wait_until(lambda: b'"draining"' in log.read_bytes(), "the scheduler to start draining")
+    wait_until(lambda: b'"draining"' in log.read_bytes(), "the scheduler to start draining",
+               explain=lambda: stacks(scheduler.process, log))
     os.kill(stack.process("worker").pid, signal.SIGCONT)
     run.join()  # finished on the draining scheduler, not re-submitted
     assert run.finish == ["length"] * NUM_STREAMS
