@@ -45,7 +45,7 @@ def time_parts(runner: ModelRunner) -> dict[str, list[float]]:
     spent: dict[str, list[float]] = {}
     for part, owner_name, method in PARTS:
         owner = owners[owner_name]
-        if owner is None:
+        if owner is None or not hasattr(owner, method):  # e.g. Gemma 3's own model class
             continue
         spent[part] = []
 
