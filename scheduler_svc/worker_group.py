@@ -23,6 +23,7 @@ from shared.wire.common import model_info_from_proto
 from shared.wire.worker import runner_output_from_proto, scheduler_output_to_proto
 from shared.arg_types import WorkerGroups, worker_groups
 from shared.grpc_server import CHANNEL_OPTIONS
+from shared.instance import SCHEDULER_HEADER, new_scheduler_id
 from shared.link_security import LinkSecurity
 from shared.proto import worker_pb2, worker_pb2_grpc
 from shared.telemetry import context_carrier, get_logger
@@ -48,6 +49,9 @@ class WorkerGroup:
         self.num_failovers = 0
         self.step_timeout_s = step_timeout_s  # None: wait for a step's answer forever
         self._security = security or LinkSecurity()  # TLS and the workers' internal token
+        # this scheduler on its Step streams: a worker hands itself over at once to the
+        # same scheduler reconnecting, while its old stream is still closing there
+        self.scheduler_id = new_scheduler_id()
         self._stubs: dict[int, list] = {}  # group -> a stub per rank, made on first use
         self._channels: list[grpc.Channel] = []
         self._outboxes: list[queue.SimpleQueue] = []
@@ -112,7 +116,8 @@ class WorkerGroup:
             self._outboxes.append(outbox)
             self._answers.append(answers)
             self._accepted.append(accepted)
-            replies = stub.Step(iter(outbox.get, None), metadata=self._security.metadata)
+            replies = stub.Step(iter(outbox.get, None), metadata=(
+                *self._security.metadata, (SCHEDULER_HEADER, self.scheduler_id)))
             self._replies.append(replies)
             threading.Thread(target=self._read,
                              args=(address, replies, answers, self.generation, accepted),

@@ -18,3 +18,13 @@ def health_service(instance_id: str) -> str:
     """The grpc.health.v1 service name that answers SERVING exactly when the whole
     service does; any other server answers NOT_FOUND for it."""
     return f"gapserve.instance.{instance_id}"
+
+
+# Which scheduler drives a worker: the scheduler's WorkerGroup draws an id per process
+# and sends it on every Step stream, so a worker tells the same scheduler reconnecting
+# (its old stream not yet closed here) from another scheduler (worker_svc/server.py).
+SCHEDULER_HEADER = "x-gapserve-scheduler"
+
+
+def new_scheduler_id() -> str:
+    return uuid.uuid4().hex[:16]

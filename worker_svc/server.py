@@ -24,6 +24,7 @@ from shared.wire.readout import message_from
 from shared.wire.worker import runner_output_to_proto, scheduler_output_from_proto
 from shared.grpc_server import ServiceServer
 from shared.link_security import LinkSecurity, inner_bind_problem
+from shared.instance import SCHEDULER_HEADER
 from shared.ports import PortUnavailable, check_free
 from shared.shutdown import stop_on_signals, wait_for_stop
 from shared.proto import worker_pb2, worker_pb2_grpc
@@ -35,8 +36,10 @@ from worker_svc.parallel import GroupLost
 
 log = get_logger(service="worker")
 
-# longest a new Step stream waits for the one before it to end: under the scheduler's
-# reconnect wait (2 s), so a live other scheduler's stream is refused by name first
+# longest a new Step stream from another (or an unnamed) scheduler waits for the one
+# before it to end: under the scheduler's reconnect wait (2 s), so a live other
+# scheduler's stream is refused by name first. The same scheduler reconnecting is
+# handed the worker as soon as its old stream has ended, which the worker then ends.
 STREAM_HANDOVER_S = 1.0
 
 
@@ -178,6 +181,8 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         self.telemetry = None  # worker_svc.metrics.WorkerTelemetry
         # One scheduler drives a worker: a second Step stream would interleave steps.
         self._stream_lock = threading.Lock()
+        # the stream holding it: its scheduler's id (shared/instance.py) and context
+        self._holder: tuple[str, object] | None = None
 
     def _runner(self, context):
         if self.runner is None:
@@ -209,9 +214,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         once when no next step is waiting), so neither reading nor sending ever sits
         between two steps."""
         runner = self._runner(context)
-        # a scheduler that reconnects (its own old stream still closing here) gets the
-        # worker once that stream ends; another scheduler's live stream keeps it
-        if not self._stream_lock.acquire(timeout=STREAM_HANDOVER_S):
+        if not self._take_stream(context):
             context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                           "another scheduler already drives this worker")
         context.send_initial_metadata(())  # tells the scheduler it has the stream
@@ -242,7 +245,32 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
                 pipe.stop()  # waits for the step being computed, runs no further one
                 self._forget_all(runner)
             finally:
+                self._holder = None
                 self._stream_lock.release()
+
+    def _take_stream(self, context) -> bool:
+        """Whether this Step stream now drives the worker. The scheduler that holds it
+        reconnecting (it ended its old stream, whose end may not have reached this
+        worker yet) gets it once that stream has ended: the worker ends it too, and the
+        wait lasts while the new stream is open (a step being computed finishes
+        first). Another scheduler's live stream keeps it: refused after
+        STREAM_HANDOVER_S."""
+        caller = dict(context.invocation_metadata() or ()).get(SCHEDULER_HEADER)
+        if self._stream_lock.acquire(blocking=False):
+            self._holder = (caller, context)
+            return True
+        holder = self._holder
+        if caller is None or holder is None or caller != holder[0]:
+            if not self._stream_lock.acquire(timeout=STREAM_HANDOVER_S):
+                return False
+        else:
+            log.info("step_stream_superseded", scheduler=caller)
+            holder[1].cancel()  # its reader and sender stop; its handler releases the lock
+            while not self._stream_lock.acquire(timeout=0.1):
+                if not context.is_active():  # the reconnecting scheduler gave up
+                    return False
+        self._holder = (caller, context)
+        return True
 
     def drain(self, server, timeout_s: float) -> None:
         """SIGTERM: NOT_SERVING, then keep executing steps while a scheduler still

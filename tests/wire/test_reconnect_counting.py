@@ -14,6 +14,7 @@ from scheduler_svc.core.config import SchedulerConfig
 from scheduler_svc.core.request import Request
 from scheduler_svc.core.scheduler import Scheduler
 from scheduler_svc.engine import CLOSED, Engine
+from scheduler_svc.engine_errors import WorkerLost
 from scheduler_svc.worker_group import WorkerGroup
 from shared.types import SamplingParams
 from tests.wire.conftest import start_worker
@@ -64,4 +65,31 @@ def test_a_refused_step_stream_is_a_failed_round_and_the_accepted_one_counts_onc
         engine.stop()
         group.close()
         old.close()
+        worker.stop(0)
+
+
+def test_the_same_scheduler_reconnecting_is_handed_the_worker_before_its_old_stream_ends(
+        tiny_runner):
+    """A reconnect ends the scheduler's stream and opens a new one at once; on a loaded
+    machine the old stream's end reached the worker after its handover wait and the
+    scheduler failed over to a spare. The worker knows the scheduler by its id on the
+    stream: it ends the old stream itself and takes the new one, while a different
+    scheduler is still refused."""
+    worker, port = start_worker(tiny_runner)
+    address = f"127.0.0.1:{port}"
+    group, other = WorkerGroup([address]), WorkerGroup([address])
+    try:
+        group.handshake(timeout_s=10)
+        group.open_streams()
+        assert group._await_accepted(10) is None
+        old_answers = group._answers[0]
+        group.open_streams()  # the old stream left open: its end has not reached the worker
+        assert group._await_accepted(10) is None
+        assert isinstance(old_answers.get(timeout=30), WorkerLost)  # the worker ended it
+        other.handshake(timeout_s=10)
+        other.open_streams()
+        assert HELD in other._await_accepted(10)
+    finally:
+        other.close()
+        group.close()
         worker.stop(0)
