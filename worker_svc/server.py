@@ -182,7 +182,7 @@ class WorkerServicer(worker_pb2_grpc.WorkerServicer):
         # One scheduler drives a worker: a second Step stream would interleave steps.
         self._stream_lock = threading.Lock()
         # the stream holding it: its scheduler's id (shared/instance.py) and context
-        self._holder: tuple[str, object] | None = None
+        self._holder: tuple[str | None, object] | None = None
 
     def _runner(self, context):
         if self.runner is None:
